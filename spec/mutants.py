@@ -1,0 +1,146 @@
+"""Deliberately broken variants of the spec: negative controls for every checker.
+
+Each mutant is a bug that real RL stacks ship (REFERENCE.md section 4): a fail-open
+resume, a retried collective, an ignored reset result... The exhaustive explorer, TLC
+and the property-based tests must each catch every one of them with a counterexample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rolloutcore.spec.lifecycle import (
+    ALL_EVIDENCE,
+    NO_OP,
+    TIERS,
+    Phase,
+    Spec,
+)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    doc: str
+    apply: Callable[[Spec], Spec]
+
+
+def _drop_drain_guard(spec: Spec) -> Spec:
+    return spec.replace_action(
+        "pause_begin", when=lambda c, _p: c.pending == NO_OP, when_tla='pending = "none"'
+    )
+
+
+def _publish_before_validation(spec: Spec) -> Spec:
+    without = frozenset({"resumed", "probe"})
+    return spec.replace_action("invalidated", dest=Phase.RESUMING).replace_action(
+        "publish",
+        when=lambda c, _p: c.pending == NO_OP and c.target != 0 and without <= c.evidence,
+        when_tla=r'pending = "none" /\ target # 0 /\ {"resumed", "probe"} \subseteq evidence',
+    )
+
+
+def _skip_encoder_tier(spec: Spec) -> Spec:
+    rest = frozenset(TIERS) - {"encoder"}
+    return spec.replace_action(
+        "invalidated",
+        when=lambda c, _p: c.pending == NO_OP and rest <= c.cleared,
+        when_tla=r'pending = "none" /\ Tiers \ {"encoder"} \subseteq cleared',
+    )
+
+
+def _resume_after_ambiguous(spec: Spec) -> Spec:
+    return spec.replace_action("mutate_ambiguous", dest=Phase.INVALIDATING)
+
+
+def _unverified_reset_counts(spec: Spec) -> Spec:
+    return spec.replace_action(
+        "reset_failed",
+        control=lambda c, t: {"pending": NO_OP, "cleared": c.cleared | {t}},
+        control_tla={"pending": '"none"', "cleared": r"cleared \cup {t}"},
+    )
+
+
+def _retry_collective(spec: Spec) -> Spec:
+    return spec.replace_action("mutate_ambiguous", dest=Phase.QUIESCED)
+
+
+def _admit_outside_ready(spec: Spec) -> Spec:
+    return spec.replace_action(
+        "admit", sources=frozenset({Phase.READY, Phase.DRAINING, Phase.QUIESCED})
+    )
+
+
+def _label_only_validation(spec: Spec) -> Spec:
+    return spec.replace_action(
+        "validate_ok", truth=lambda s, _p: s.label == s.target, truth_tla="label = target"
+    ).replace_action(
+        "validate_mismatch", truth=lambda s, _p: s.label != s.target, truth_tla="label # target"
+    )
+
+
+def _skip_probe(spec: Spec) -> Spec:
+    needed = ALL_EVIDENCE - {"probe"}
+    return spec.replace_action(
+        "publish",
+        when=lambda c, _p: c.pending == NO_OP and c.target != 0 and needed <= c.evidence,
+        when_tla=r'pending = "none" /\ target # 0 /\ {"version", "identity", "resumed"} '
+        r"\subseteq evidence",
+    ).replace_action(
+        "bootstrap_ok",
+        control=lambda _c, _p: {"pending": NO_OP, "committed": 1, "evidence": needed},
+        control_tla={"pending": '"none"', "committed": "1",
+                     "evidence": '{"version", "identity", "resumed"}'},
+    ).replace_action(
+        "reopen",
+        when=lambda c, _p: c.pending == NO_OP and c.target == 0 and needed <= c.evidence,
+        when_tla=r'pending = "none" /\ target = 0 /\ {"version", "identity", "resumed"} '
+        r"\subseteq evidence",
+    )
+
+
+def _pause_keep_mode(spec: Spec) -> Spec:
+    return spec.replace_action("pause_ok", truth=lambda _s, _p: True, truth_tla="TRUE")
+
+
+MUTANTS: tuple[Mutant, ...] = (
+    Mutant("drop_drain_guard",
+           "Pause (and so mutate) without waiting for bound rollouts to be released.",
+           _drop_drain_guard),
+    Mutant("publish_before_validation",
+           "Skip VALIDATING: publish on the transfer's word without label or identity.",
+           _publish_before_validation),
+    Mutant("skip_encoder_tier",
+           "Invalidate prefix KV and multimodal caches but forget the encoder cache.",
+           _skip_encoder_tier),
+    Mutant("resume_after_ambiguous",
+           "Carry on after an ambiguous mutation as if it had succeeded (fail open).",
+           _resume_after_ambiguous),
+    Mutant("unverified_reset_counts",
+           "Count a refused or unverifiable cache reset (200 with success:false or an "
+           "empty body) as done.",
+           _unverified_reset_counts),
+    Mutant("retry_collective",
+           "Retry the weight transfer after an ambiguous failure instead of latching.",
+           _retry_collective),
+    Mutant("admit_outside_ready",
+           "Admit rollouts while draining or quiesced.",
+           _admit_outside_ready),
+    Mutant("label_only_validation",
+           "Validate by the version label alone: a label is not an identity.",
+           _label_only_validation),
+    Mutant("skip_probe",
+           "Publish without the post-update probe generation.",
+           _skip_probe),
+    Mutant("pause_keep_mode",
+           "Pause in keep mode: in-flight requests freeze and finish on the new weights.",
+           _pause_keep_mode),
+)
+
+
+def mutant(name: str) -> Mutant:
+    for m in MUTANTS:
+        if m.name == name:
+            return m
+    raise KeyError(f"no mutant named {name!r}; known: {', '.join(m.name for m in MUTANTS)}")
