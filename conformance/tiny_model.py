@@ -65,34 +65,84 @@ SHORT_MAX_TOKENS = 16
 LONG_ROLLOUT_TOKENS = 256
 
 _SUBJECTS = (
-    "the trainer", "the policy", "the rollout worker", "the engine", "a replica",
-    "the scheduler", "the fleet", "the controller", "the learner", "the sampler",
-    "every shard", "the cache", "the checkpoint", "the gateway", "the verifier",
+    "the trainer",
+    "the policy",
+    "the rollout worker",
+    "the engine",
+    "a replica",
+    "the scheduler",
+    "the fleet",
+    "the controller",
+    "the learner",
+    "the sampler",
+    "every shard",
+    "the cache",
+    "the checkpoint",
+    "the gateway",
+    "the verifier",
 )
 _VERBS = (
-    "sends", "loads", "pauses", "resumes", "checks", "streams", "rejects",
-    "commits", "aborts", "drains", "updates", "hashes", "records", "replays",
-    "measures", "signs", "releases", "queues", "retries", "compares",
+    "sends",
+    "loads",
+    "pauses",
+    "resumes",
+    "checks",
+    "streams",
+    "rejects",
+    "commits",
+    "aborts",
+    "drains",
+    "updates",
+    "hashes",
+    "records",
+    "replays",
+    "measures",
+    "signs",
+    "releases",
+    "queues",
+    "retries",
+    "compares",
 )
 _OBJECTS = (
-    "the new weights", "a stale prefix", "the version label", "every request",
-    "the block table", "a partial tensor", "the manifest", "the old policy",
-    "a long prompt", "the token ids", "the health probe", "the metrics",
-    "an ambiguous update", "the kv cache", "the whole batch", "a fresh seed",
+    "the new weights",
+    "a stale prefix",
+    "the version label",
+    "every request",
+    "the block table",
+    "a partial tensor",
+    "the manifest",
+    "the old policy",
+    "a long prompt",
+    "the token ids",
+    "the health probe",
+    "the metrics",
+    "an ambiguous update",
+    "the kv cache",
+    "the whole batch",
+    "a fresh seed",
 )
 _TAILS = (
-    "before the next step", "after the barrier", "without a gap",
-    "while the fleet is paused", "in a single transaction", "on every replica",
-    "once the hash matches", "when the lease expires", "at the end of the epoch",
-    "if nothing else fails", "so that no rollout spans two policies",
-    "and then waits", "with exactly one writer", "under a fixed seed",
+    "before the next step",
+    "after the barrier",
+    "without a gap",
+    "while the fleet is paused",
+    "in a single transaction",
+    "on every replica",
+    "once the hash matches",
+    "when the lease expires",
+    "at the end of the epoch",
+    "if nothing else fails",
+    "so that no rollout spans two policies",
+    "and then waits",
+    "with exactly one writer",
+    "under a fixed seed",
 )
 _EXTRA = (
     "Numbers like 0 1 2 3 4 5 6 7 8 9 10 32 64 128 256 512 1024 appear in logs.",
     "Punctuation: commas, periods. Questions? Answers! (parentheses) [brackets] {braces}.",
     "Code: def update(weights): return hash(weights) == manifest['sha256']",
     "Paths such as /models/v1/model.safetensors and URLs like http://127.0.0.1:8000/health.",
-    "JSON: {\"weight_version\": \"v2\", \"status\": \"paused\", \"success\": true}",
+    'JSON: {"weight_version": "v2", "status": "paused", "success": true}',
 )
 
 PROBE_PROMPTS: tuple[tuple[str, str], ...] = (
@@ -376,7 +426,9 @@ def _compute_references(model: Any, tokenizer_dir: Path, recipe: VersionRecipe) 
 
 
 def _manifest(state: dict[str, torch.Tensor]) -> list[list[Any]]:
-    return [[k, str(v.dtype).removeprefix("torch."), list(v.shape)] for k, v in sorted(state.items())]
+    return [
+        [k, str(v.dtype).removeprefix("torch."), list(v.shape)] for k, v in sorted(state.items())
+    ]
 
 
 def _build_version(out_dir: Path, recipe: VersionRecipe) -> Path:

@@ -123,7 +123,7 @@ def explore(spec: Spec, *, max_states: int = 2_000_000) -> Exploration:
             graph.add_edge(s, t, key=(action.name, param))
             for prop in spec.action_properties:
                 if prop.name not in violations and not prop.holds(s, t):
-                    tr = trace_to(s) + (Step(action.name, param, t),)
+                    tr = (*trace_to(s), Step(action.name, param, t))
                     violations[prop.name] = Violation(prop.name, "action property", tr)
             if t not in parent:
                 parent[t] = (s, action.name, param)

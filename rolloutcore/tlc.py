@@ -68,7 +68,9 @@ Dot dump (``-dump dot,actionlabels FILE``)
     ``{rank = same; ...}`` lines and two ``}`` lines (:attr:`TlcGraph.closed`).
     TLC closes the file properly also when it stops at a violation, so a closed
     dump is the *whole* state space only if TLC exited 0; after a parse error
-    the file holds the header alone.
+    the file holds the header alone. With a ``CONSTRAINT`` in the .cfg, states
+    that violate it are dropped altogether: not in the dump, no edge to them,
+    not counted as distinct (they do count as generated).
 
 Action labels (dot and ``State N: <Name line ...>`` trace headers)
     TLC splits the next-state relation through ``\\/``, ``\\E`` and operator
@@ -95,7 +97,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Seq
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 __all__ = [
     "TLA2TOOLS_SHA256",
@@ -235,9 +237,7 @@ class TlaRecord(Mapping[object, object]):
 
     __slots__ = ("_d", "_hash")
 
-    def __init__(
-        self, items: Mapping[object, object] | Iterable[tuple[object, object]] = ()
-    ) -> None:
+    def __init__(self, items: Mapping[Any, object] | Iterable[tuple[object, object]] = ()) -> None:
         d: dict[object, object] = dict(items)
         for k, v in d.items():
             hash(k)

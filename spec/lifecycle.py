@@ -116,7 +116,7 @@ GHOST_VARS: tuple[str, ...] = (
     "weights", "label", "paused", "req", "caches", "amb", "stale", "faults",
 )
 VARIABLES: tuple[str, ...] = CONTROL_VARS + GHOST_VARS
-assert VARIABLES == State._fields
+assert State._fields == VARIABLES
 
 
 def initial_state(bounds: Bounds) -> State:
@@ -223,14 +223,14 @@ OPS = ("bootstrap", "pause", "mutate", "reset", "validate", "resume", "probe")
 
 
 def _set(seq: tuple[int, ...], slot: int, value: int) -> tuple[int, ...]:
-    return seq[: slot - 1] + (value,) + seq[slot:]
+    return (*seq[:slot - 1], value, *seq[slot:])
 
 
 def _with_tier(caches: tuple[frozenset[int], ...], tier: str, value: frozenset[int]) -> tuple[
     frozenset[int], ...
 ]:
     i = TIERS.index(tier)
-    return caches[:i] + (value,) + caches[i + 1 :]
+    return (*caches[:i], value, *caches[i + 1:])
 
 
 def _pending_is(op: str) -> Guard:
@@ -860,8 +860,9 @@ class Spec:
                 if a.fault:
                     ctl["faults"] = s.faults + 1
                 seen: set[State] = set()
+                rebuild: Callable[..., State] = s._replace  # updates are checked by TLC parity
                 for world in a.world(s, p):
-                    nxt = s._replace(**ctl, **world)
+                    nxt = rebuild(**ctl, **world)
                     if nxt not in seen:
                         seen.add(nxt)
                         out.append((a, p, nxt))

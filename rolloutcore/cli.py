@@ -1,0 +1,163 @@
+"""``rolloutcore``: command-line entry point."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rolloutcore.spec.lifecycle import SPEC, Bounds
+
+Handler = Callable[[argparse.Namespace], int]
+_COMMANDS: dict[tuple[str, ...], Handler] = {}
+
+
+def _print_json(obj: Any) -> None:
+    print(json.dumps(obj, indent=2, sort_keys=True, default=str))
+
+
+# ------------------------------------------------------------------------------- spec
+
+
+def _spec_check(args: argparse.Namespace) -> int:
+    from rolloutcore.explore import explore
+
+    bounds = Bounds(args.rollouts, args.generations, args.faults)
+    ex = explore(SPEC.with_bounds(bounds))
+    props = [(i.name, "invariant") for i in SPEC.invariants] + [
+        (p.name, "action property") for p in SPEC.action_properties
+    ] + [("Deadlock", "terminal states only in " + ", ".join(sorted(SPEC.terminal_phases)))]
+    verdicts = {name: ("violated" if name in ex.violations else "holds") for name, _ in props}
+    if args.json:
+        _print_json({
+            "bounds": vars(bounds), "states": ex.states, "edges": ex.edges,
+            "seconds": round(ex.seconds, 3), "properties": verdicts,
+            "unreachable_actions": list(ex.unreachable_actions), "ok": ex.ok,
+            "counterexamples": {n: [s.label() for s in v.trace] for n, v in ex.violations.items()},
+        })
+    else:
+        print(f"bounds: {bounds.rollouts} rollouts, {bounds.generations} generations, "
+              f"{bounds.faults} faults")
+        print(f"explored {ex.states} states, {ex.edges} edges in {ex.seconds:.2f} s")
+        for name, kind in props:
+            print(f"  {verdicts[name]:8s} {name} ({kind})")
+        print(f"actions reachable: {len(SPEC.actions) - len(ex.unreachable_actions)}"
+              f"/{len(SPEC.actions)}" + (f"; never: {', '.join(ex.unreachable_actions)}"
+                                         if ex.unreachable_actions else ""))
+        cex = ex.shortest_counterexample()
+        if cex is not None:
+            print(cex.describe())
+    return 0 if ex.ok else 1
+
+
+def _spec_mutants(args: argparse.Namespace) -> int:
+    from rolloutcore import modelcheck
+
+    why_not = modelcheck.tlc_available() if not args.no_tlc else "--no-tlc"
+    verdicts = modelcheck.check_mutants(with_tlc=why_not is None)
+    rows = [v.as_json() for v in verdicts]
+    if args.json:
+        _print_json({"tlc": why_not or "ran", "mutants": rows})
+    else:
+        if why_not:
+            print(f"TLC not run: {why_not}")
+        print(f"{'mutant':28s} {'verdict':7s} {'explorer (len)':40s} TLC (len)")
+        for r in rows:
+            ex = f"{r['explorer_violated']} ({r['explorer_counterexample_length']})"
+            t = f"{r['tlc_violated']} ({r['tlc_counterexample_length']})" if r["tlc_ran"] else "-"
+            print(f"{r['mutant']:28s} {'caught' if r['caught'] else 'MISSED':7s} {ex:40s} {t}")
+    return 0 if all(v.caught for v in verdicts) else 1
+
+
+def _write_or_check(check: bool, which: Sequence[str], as_json: bool) -> int:
+    from rolloutcore import modelcheck
+
+    files = {p: t for p, t in modelcheck.generated_files().items() if p.suffix[1:] in which}
+    stale = modelcheck.stale_files(files)
+    if check:
+        if as_json:
+            _print_json({"stale": [str(p) for p in stale]})
+        for p in stale:
+            print(f"stale: {p} (run `rolloutcore spec {'doc' if p.suffix == '.md' else 'tla'}`)",
+                  file=sys.stderr)
+        return 1 if stale else 0
+    for p, text in files.items():
+        p.write_text(text)
+        print(f"wrote {p}")
+    return 0
+
+
+def _spec_tla(args: argparse.Namespace) -> int:
+    return _write_or_check(args.check, ("tla", "cfg"), args.json)
+
+
+def _spec_doc(args: argparse.Namespace) -> int:
+    return _write_or_check(args.check, ("md",), args.json)
+
+
+def _spec_tlc(args: argparse.Namespace) -> int:
+    from rolloutcore import modelcheck
+
+    why_not = modelcheck.tlc_available()
+    if why_not:
+        print(f"cannot run TLC: {why_not}", file=sys.stderr)
+        return 2
+    run = modelcheck.run_tlc()
+    if args.json:
+        _print_json(run.as_json())
+    else:
+        r = run.result
+        print(f"TLC exit {r.exit_code} in {r.seconds:.1f} s"
+              + (f": {r.violation} {r.violated_name}" if r.violation else ": no error"))
+        print(f"python: {run.python_states} states, {run.python_edges} edges")
+        print(f"TLC:    {run.tlc_states} states, {run.tlc_edges} edges")
+        print(f"graphs equal edge for edge: {run.graphs_equal}")
+        for line in run.only_python:
+            print(f"  only in python: {line}")
+        for line in run.only_tlc:
+            print(f"  only in TLC: {line}")
+    return 0 if run.result.exit_code == 0 and run.graphs_equal else 1
+
+
+# ------------------------------------------------------------------------------ parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rolloutcore", description=__doc__)
+    sub = p.add_subparsers(dest="group", required=True)
+
+    spec = sub.add_parser("spec", help="the lifecycle spec: model checking and generated files")
+    ssub = spec.add_subparsers(dest="cmd", required=True)
+    c = ssub.add_parser("check", help="explore every reachable state, check every property")
+    d = SPEC.bounds
+    c.add_argument("--rollouts", type=int, default=d.rollouts)
+    c.add_argument("--generations", type=int, default=d.generations)
+    c.add_argument("--faults", type=int, default=d.faults)
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=_spec_check)
+    m = ssub.add_parser("mutants", help="check that every broken spec variant is caught")
+    m.add_argument("--json", action="store_true")
+    m.add_argument("--no-tlc", action="store_true", help="explorer only")
+    m.set_defaults(func=_spec_mutants)
+    for name, func, what in (("tla", _spec_tla, "TLA+ module and TLC config"),
+                             ("doc", _spec_doc, "review document spec/SPEC.md")):
+        g = ssub.add_parser(name, help=f"write (or --check) the generated {what}")
+        g.add_argument("--check", action="store_true", help="exit 1 if the file is stale")
+        g.add_argument("--json", action="store_true")
+        g.set_defaults(func=func)
+    t = ssub.add_parser("tlc", help="run TLC and compare its graph with the explorer's")
+    t.add_argument("--json", action="store_true")
+    t.set_defaults(func=_spec_tlc)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    func: Handler = args.func
+    return func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

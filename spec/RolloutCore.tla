@@ -1,0 +1,507 @@
+---------------------------- MODULE RolloutCore ----------------------------
+\* Generated from rolloutcore/spec/lifecycle.py by `rolloutcore spec tla`.
+\* Do not edit: change the Python spec and regenerate.
+EXTENDS Integers, FiniteSets, Sequences
+
+CONSTANTS NumSlots, MaxGen, MaxFaults
+
+Slots == 1..NumSlots
+Tiers == {"encoder", "mm", "prefix"}
+Phases == {"DRAINING", "INVALIDATING", "QUIESCED", "READY", "RESUMING", "TAINTED", "UNINITIALIZED", "UPDATING", "VALIDATING"}
+AllEvidence == {"identity", "probe", "resumed", "version"}
+WeightEvidence == {"identity", "probe", "version"}
+QuietPhases == {"INVALIDATING", "QUIESCED", "UPDATING", "VALIDATING"}
+PostMutationPhases == {"INVALIDATING", "RESUMING", "VALIDATING"}
+MIXED == -1
+BROKEN == -2
+
+VARIABLES phase, committed, target, pending, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults
+vars == <<phase, committed, target, pending, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+
+Init ==
+    /\ phase = "UNINITIALIZED"
+    /\ committed = 0
+    /\ target = 0
+    /\ pending = "none"
+    /\ bind = [i \in Slots |-> 0]
+    /\ cleared = {}
+    /\ evidence = {}
+    /\ weights = 1
+    /\ label = 1
+    /\ paused = FALSE
+    /\ req = [i \in Slots |-> 0]
+    /\ caches = [t \in Tiers |-> {}]
+    /\ amb = FALSE
+    /\ stale = FALSE
+    /\ faults = 0
+
+\* bootstrap_begin [control]: Read the fresh engine: label, weight identity, a probe generation.
+BootstrapBegin ==
+    /\ phase \in {"UNINITIALIZED"}
+    /\ pending = "none"
+    /\ pending' = "bootstrap"
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+
+\* bootstrap_ok [outcome]: The engine reports the initial generation's label and identity, is running, and its probe output matches: generation 1 is committed and admissions open.
+BootstrapOk ==
+    /\ phase \in {"UNINITIALIZED"}
+    /\ pending = "bootstrap"
+    /\ weights = 1 /\ label = 1 /\ ~paused
+    /\ phase' = "READY"
+    /\ pending' = "none"
+    /\ committed' = 1
+    /\ evidence' = AllEvidence
+    /\ UNCHANGED <<target, bind, cleared, weights, label, paused, req, caches, amb, stale, faults>>
+
+\* bootstrap_failed [outcome]: The engine could not be read (or disagreed); stay uninitialised.
+BootstrapFailed ==
+    /\ phase \in {"UNINITIALIZED"}
+    /\ pending = "bootstrap"
+    /\ faults < MaxFaults
+    /\ pending' = "none"
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale>>
+
+\* admit [control]: Admit a rollout: bind it to the committed generation; the engine starts it.
+Admit(i) ==
+    /\ phase \in {"READY"}
+    /\ bind[i] = 0
+    /\ req[i] = 0
+    /\ bind' = [bind EXCEPT ![i] = committed]
+    /\ req' = [req EXCEPT ![i] = weights]
+    /\ stale' = (stale \/ \E t \in Tiers : caches[t] \ {weights} # {})
+    /\ caches' = [t \in Tiers |-> caches[t] \cup {weights}]
+    /\ UNCHANGED <<phase, committed, target, pending, cleared, evidence, weights, label, paused, amb, faults>>
+
+\* engine_finish [environment]: The engine finishes a request (maybe before the application releases it).
+EngineFinish(i) ==
+    /\ phase \in {"DRAINING", "INVALIDATING", "QUIESCED", "READY", "RESUMING", "TAINTED", "UNINITIALIZED", "UPDATING", "VALIDATING"}
+    /\ req[i] # 0 /\ ~paused
+    /\ req' = [req EXCEPT ![i] = 0]
+    /\ UNCHANGED <<phase, committed, target, pending, bind, cleared, evidence, weights, label, paused, caches, amb, stale, faults>>
+
+\* release [control]: The application releases a rollout's binding. If the engine still runs the request (the client gave up), the request lives on as an orphan.
+Release(i) ==
+    /\ phase \in {"DRAINING", "READY"}
+    /\ bind[i] # 0
+    /\ bind' = [bind EXCEPT ![i] = 0]
+    /\ UNCHANGED <<phase, committed, target, pending, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+
+\* request_update [control]: The trainer asks for the next generation: admissions close, draining starts.
+RequestUpdate ==
+    /\ phase \in {"READY"}
+    /\ pending = "none"
+    /\ committed < MaxGen
+    /\ phase' = "DRAINING"
+    /\ target' = committed + 1
+    /\ UNCHANGED <<committed, pending, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+
+\* cancel_update [control]: The pending update is cancelled while draining: admissions reopen, nothing moved.
+CancelUpdate ==
+    /\ phase \in {"DRAINING"}
+    /\ pending = "none"
+    /\ phase' = "READY"
+    /\ target' = 0
+    /\ UNCHANGED <<committed, pending, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+
+\* pause_begin [control]: Every local binding is released: pause the engine in wait mode (it returns only once its own requests, orphans included, have finished).
+PauseBegin ==
+    /\ phase \in {"DRAINING"}
+    /\ pending = "none" /\ \A j \in Slots : bind[j] = 0
+    /\ pending' = "pause"
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+
+\* pause_ok [outcome]: The engine reports paused with no request running: quiesced.
+PauseOk ==
+    /\ phase \in {"DRAINING"}
+    /\ pending = "pause"
+    /\ \A j \in Slots : req[j] = 0
+    /\ phase' = "QUIESCED"
+    /\ pending' = "none"
+    /\ evidence' = evidence \ {"resumed"}
+    /\ paused' = TRUE
+    /\ UNCHANGED <<committed, target, bind, cleared, weights, label, req, caches, amb, stale, faults>>
+
+\* pause_failed [outcome]: The pause failed and the engine reads as not paused; drain goes on.
+PauseFailed ==
+    /\ phase \in {"DRAINING"}
+    /\ pending = "pause"
+    /\ faults < MaxFaults
+    /\ phase' = "DRAINING"
+    /\ pending' = "none"
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale>>
+
+\* abandon_update [control]: Give up the update before any mutation: resume the committed generation.
+AbandonUpdate ==
+    /\ phase \in {"QUIESCED"}
+    /\ pending = "none"
+    /\ phase' = "RESUMING"
+    /\ target' = 0
+    /\ UNCHANGED <<committed, pending, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+
+\* mutate_begin [control]: Start the weight mutation (a collective: never retried).
+MutateBegin ==
+    /\ phase \in {"QUIESCED"}
+    /\ pending = "none" /\ target # 0
+    /\ phase' = "UPDATING"
+    /\ pending' = "mutate"
+    /\ evidence' = {}
+    /\ cleared' = {}
+    /\ UNCHANGED <<committed, target, bind, weights, label, paused, req, caches, amb, stale, faults>>
+
+\* mutate_ok [outcome]: The transfer finalised with the target's label and the target's weights.
+MutateOk ==
+    /\ phase \in {"UPDATING"}
+    /\ pending = "mutate"
+    /\ phase' = "INVALIDATING"
+    /\ pending' = "none"
+    /\ weights' = target /\ label' = target
+    /\ UNCHANGED <<committed, target, bind, cleared, evidence, paused, req, caches, amb, stale, faults>>
+
+\* mutate_ok_unlabelled [outcome]: Returned ok, weights moved, but finalised without the target label (the seed's bug): looks like mutate_ok; validation must catch it.
+MutateOkUnlabelled ==
+    /\ phase \in {"UPDATING"}
+    /\ pending = "mutate"
+    /\ faults < MaxFaults
+    /\ phase' = "INVALIDATING"
+    /\ pending' = "none"
+    /\ weights' = target
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<committed, target, bind, cleared, evidence, label, paused, req, caches, amb, stale>>
+
+\* mutate_ok_wrong_weights [outcome]: Returned ok with the target label, but the engine holds other weights (a different checkpoint, a partial load): looks like mutate_ok.
+MutateOkWrongWeights ==
+    /\ phase \in {"UPDATING"}
+    /\ pending = "mutate"
+    /\ faults < MaxFaults
+    /\ phase' = "INVALIDATING"
+    /\ pending' = "none"
+    /\ weights' = MIXED /\ label' = target
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<committed, target, bind, cleared, evidence, paused, req, caches, amb, stale>>
+
+\* mutate_ok_broken [outcome]: Returned ok with the target label; the weights read as the target's to the identity digest but do not compute as them: only the probe can tell.
+MutateOkBroken ==
+    /\ phase \in {"UPDATING"}
+    /\ pending = "mutate"
+    /\ faults < MaxFaults
+    /\ phase' = "INVALIDATING"
+    /\ pending' = "none"
+    /\ weights' = BROKEN /\ label' = target
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<committed, target, bind, cleared, evidence, paused, req, caches, amb, stale>>
+
+\* mutate_refused [outcome]: Refused with proof that nothing moved (identity mismatch, no headroom, init refused): the update is over, the old evidence stands again.
+MutateRefused ==
+    /\ phase \in {"UPDATING"}
+    /\ pending = "mutate"
+    /\ faults < MaxFaults
+    /\ phase' = "QUIESCED"
+    /\ pending' = "none"
+    /\ target' = 0
+    /\ evidence' = WeightEvidence
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<committed, bind, cleared, weights, label, paused, req, caches, amb, stale>>
+
+\* mutate_ambiguous [outcome]: Timed out, died halfway or failed unclassifiably: the weights may be old, new or mixed. TAINTED, nothing retries the collective.
+MutateAmbiguous ==
+    /\ phase \in {"UPDATING"}
+    /\ pending = "mutate"
+    /\ faults < MaxFaults
+    /\ phase' = "TAINTED"
+    /\ pending' = "none"
+    /\ weights' \in {committed, target, MIXED}
+    /\ label' \in {committed, target}
+    /\ amb' = TRUE
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<committed, target, bind, cleared, evidence, paused, req, caches, stale>>
+
+\* reset_begin [control]: Ask the engine to reset one cache tier.
+ResetBegin(t) ==
+    /\ phase \in {"INVALIDATING"}
+    /\ pending = "none" /\ t \notin cleared
+    /\ pending' = "reset_" \o t
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+
+\* reset_ok [outcome]: The reset is verified (response body and, for prefix KV, the hit counters).
+ResetOk(t) ==
+    /\ phase \in {"INVALIDATING"}
+    /\ pending = "reset_" \o t
+    /\ pending' = "none"
+    /\ cleared' = cleared \cup {t}
+    /\ caches' = [caches EXCEPT ![t] = {}]
+    /\ UNCHANGED <<phase, committed, target, bind, evidence, weights, label, paused, req, amb, stale, faults>>
+
+\* reset_failed [outcome]: The reset was refused (success:false, blocks in use) or could not be verified (empty body): it may or may not have cleared; it does not count.
+ResetFailed(t) ==
+    /\ phase \in {"INVALIDATING"}
+    /\ pending = "reset_" \o t
+    /\ faults < MaxFaults
+    /\ phase' = "INVALIDATING"
+    /\ pending' = "none"
+    /\ caches' \in {caches, [caches EXCEPT ![t] = {}]}
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<committed, target, bind, cleared, evidence, weights, label, paused, req, amb, stale>>
+
+\* invalidated [control]: Every tier is verified clean.
+Invalidated ==
+    /\ phase \in {"INVALIDATING"}
+    /\ pending = "none" /\ cleared = Tiers
+    /\ phase' = "VALIDATING"
+    /\ UNCHANGED <<committed, target, pending, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+
+\* validate_begin [control]: Read the engine's label and the identity of the weights it holds (paused).
+ValidateBegin ==
+    /\ phase \in {"VALIDATING"}
+    /\ pending = "none"
+    /\ pending' = "validate"
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+
+\* validate_ok [outcome]: Label and weight identity read as the target's (the digest cannot see BROKEN weights).
+ValidateOk ==
+    /\ phase \in {"VALIDATING"}
+    /\ pending = "validate"
+    /\ label = target /\ weights \in {target, BROKEN}
+    /\ phase' = "RESUMING"
+    /\ pending' = "none"
+    /\ evidence' = evidence \cup {"version", "identity"}
+    /\ UNCHANGED <<committed, target, bind, cleared, weights, label, paused, req, caches, amb, stale, faults>>
+
+\* validate_failed [outcome]: The reads failed (timeout, connection reset): retry them.
+ValidateFailed ==
+    /\ phase \in {"VALIDATING"}
+    /\ pending = "validate"
+    /\ faults < MaxFaults
+    /\ phase' = "VALIDATING"
+    /\ pending' = "none"
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale>>
+
+\* validate_mismatch [outcome]: The engine holds something other than the target (label or identity): the mutation's outcome is ambiguous after all. TAINTED.
+ValidateMismatch ==
+    /\ phase \in {"VALIDATING"}
+    /\ pending = "validate"
+    /\ label # target \/ weights \notin {target, BROKEN}
+    /\ phase' = "TAINTED"
+    /\ pending' = "none"
+    /\ amb' = TRUE
+    /\ UNCHANGED <<committed, target, bind, cleared, evidence, weights, label, paused, req, caches, stale, faults>>
+
+\* resume_begin [control]: Resume the engine; admissions stay closed.
+ResumeBegin ==
+    /\ phase \in {"RESUMING"}
+    /\ pending = "none" /\ "resumed" \notin evidence
+    /\ pending' = "resume"
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+
+\* resume_ok [outcome]: The engine reads as running.
+ResumeOk ==
+    /\ phase \in {"RESUMING"}
+    /\ pending = "resume"
+    /\ pending' = "none"
+    /\ evidence' = evidence \cup {"resumed"}
+    /\ paused' = FALSE
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, weights, label, req, caches, amb, stale, faults>>
+
+\* resume_failed [outcome]: The resume failed and the engine reads as paused: retry.
+ResumeFailed ==
+    /\ phase \in {"RESUMING"}
+    /\ pending = "resume"
+    /\ faults < MaxFaults
+    /\ phase' = "RESUMING"
+    /\ pending' = "none"
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale>>
+
+\* probe_begin [control]: Run the post-update probe generation (admissions still closed).
+ProbeBegin ==
+    /\ phase \in {"RESUMING"}
+    /\ pending = "none" /\ target # 0 /\ "resumed" \in evidence /\ "probe" \notin evidence
+    /\ pending' = "probe"
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+
+\* probe_ok [outcome]: The probe's greedy tokens equal the target's reference.
+ProbeOk ==
+    /\ phase \in {"RESUMING"}
+    /\ pending = "probe"
+    /\ weights = target
+    /\ pending' = "none"
+    /\ evidence' = evidence \cup {"probe"}
+    /\ stale' = (stale \/ \E t \in Tiers : caches[t] \ {weights} # {})
+    /\ caches' = [t \in Tiers |-> caches[t] \cup {weights}]
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, weights, label, paused, req, amb, faults>>
+
+\* probe_failed [outcome]: The probe request failed (timeout, 5xx): retry.
+ProbeFailed ==
+    /\ phase \in {"RESUMING"}
+    /\ pending = "probe"
+    /\ faults < MaxFaults
+    /\ phase' = "RESUMING"
+    /\ pending' = "none"
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale>>
+
+\* probe_mismatch [outcome]: The probe generated something other than the target's reference: TAINTED.
+ProbeMismatch ==
+    /\ phase \in {"RESUMING"}
+    /\ pending = "probe"
+    /\ weights # target
+    /\ phase' = "TAINTED"
+    /\ pending' = "none"
+    /\ amb' = TRUE
+    /\ UNCHANGED <<committed, target, bind, cleared, evidence, weights, label, paused, req, caches, stale, faults>>
+
+\* publish [control]: All evidence is in: commit the target and reopen admissions.
+Publish ==
+    /\ phase \in {"RESUMING"}
+    /\ pending = "none" /\ target # 0 /\ evidence = AllEvidence
+    /\ phase' = "READY"
+    /\ committed' = target
+    /\ target' = 0
+    /\ UNCHANGED <<pending, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+
+\* reopen [control]: An abandoned update: the engine runs the committed generation again; reopen.
+Reopen ==
+    /\ phase \in {"RESUMING"}
+    /\ pending = "none" /\ target = 0 /\ evidence = AllEvidence
+    /\ phase' = "READY"
+    /\ UNCHANGED <<committed, target, pending, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+
+\* give_up [control]: Retries of an idempotent step after a mutation are exhausted: fail closed.
+GiveUp ==
+    /\ phase \in {"INVALIDATING", "RESUMING", "VALIDATING"}
+    /\ pending = "none" /\ target # 0
+    /\ phase' = "TAINTED"
+    /\ UNCHANGED <<committed, target, pending, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+
+Next ==
+    \/ BootstrapBegin
+    \/ BootstrapOk
+    \/ BootstrapFailed
+    \/ \E i \in Slots : Admit(i)
+    \/ \E i \in Slots : EngineFinish(i)
+    \/ \E i \in Slots : Release(i)
+    \/ RequestUpdate
+    \/ CancelUpdate
+    \/ PauseBegin
+    \/ PauseOk
+    \/ PauseFailed
+    \/ AbandonUpdate
+    \/ MutateBegin
+    \/ MutateOk
+    \/ MutateOkUnlabelled
+    \/ MutateOkWrongWeights
+    \/ MutateOkBroken
+    \/ MutateRefused
+    \/ MutateAmbiguous
+    \/ \E t \in Tiers : ResetBegin(t)
+    \/ \E t \in Tiers : ResetOk(t)
+    \/ \E t \in Tiers : ResetFailed(t)
+    \/ Invalidated
+    \/ ValidateBegin
+    \/ ValidateOk
+    \/ ValidateFailed
+    \/ ValidateMismatch
+    \/ ResumeBegin
+    \/ ResumeOk
+    \/ ResumeFailed
+    \/ ProbeBegin
+    \/ ProbeOk
+    \/ ProbeFailed
+    \/ ProbeMismatch
+    \/ Publish
+    \/ Reopen
+    \/ GiveUp
+
+Spec == Init /\ [][Next]_vars
+
+\* ---- invariants
+\* Every rollout, from admission to release and for as long as the engine runs it, sees exactly the weights of the generation it was admitted under.
+OneRolloutOnePolicy ==
+    \A i \in Slots : (bind[i] # 0 => weights = bind[i]) /\ (req[i] # 0 => weights = req[i])
+
+\* Every binding names the committed generation.
+BindingsUnderCommitted ==
+    \A i \in Slots : bind[i] \in {0, committed}
+
+\* Rollouts are bound only in READY and while DRAINING them.
+BindingsOnlyWhileOpen ==
+    (\E i \in Slots : bind[i] # 0) => phase \in {"READY", "DRAINING"}
+
+\* After an ambiguous outcome of a mutating step the controller is TAINTED: nothing is admitted or published.
+AmbiguityLatchesTainted ==
+    amb => phase = "TAINTED"
+
+\* In READY the engine runs, reports the committed label and holds exactly the committed generation's weights.
+ReadyEngineServesCommitted ==
+    phase = "READY" => (weights = committed /\ label = committed /\ ~paused)
+
+\* In READY no cache tier holds an entry computed under another generation.
+ReadyCachesCoherent ==
+    phase = "READY" => \A t \in Tiers : caches[t] \subseteq {committed}
+
+\* No request ever reads a cache entry computed under other weights than its own.
+NoStaleCacheUse ==
+    ~stale
+
+\* From QUIESCED to VALIDATING the engine is paused, runs no request and no rollout is bound: mutation happens only when quiesced.
+EngineQuietWhileClosed ==
+    phase \in QuietPhases => (paused /\ \A i \in Slots : bind[i] = 0 /\ req[i] = 0)
+
+\* A tier counted as cleared holds no entry of other weights than the engine's.
+ResetCountsOnlyWhenVerified ==
+    \A t \in cleared : caches[t] \subseteq {weights}
+
+\* Outside TAINTED, evidence held by the controller is true of the engine: label, weights (up to what the digest can see) and run state are those of the generation the controller believes in; a passed probe means they compute as it.
+EvidenceIsTrue ==
+    phase # "TAINTED" =>
+    LET b == IF phase \in PostMutationPhases /\ target # 0 THEN target ELSE committed
+    IN /\ ("version" \in evidence => label = b)
+       /\ ("identity" \in evidence => weights \in {b, BROKEN})
+       /\ ("probe" \in evidence => weights = b)
+       /\ ("resumed" \in evidence => ~paused)
+
+\* Admissions are open only with all evidence in hand.
+PublishedWasVerified ==
+    phase = "READY" => evidence = AllEvidence
+
+\* The target is none or the generation after the committed one; none while uninitialised or READY.
+TargetIsNext ==
+    target \in {0, committed + 1} /\ (phase \in {"UNINITIALIZED", "READY"} => target = 0)
+
+\* ---- action properties
+\* The committed generation never goes back and moves one step at a time.
+GenerationsMoveForward ==
+    [][committed' \in {committed, committed + 1}]_vars
+
+\* Once TAINTED, the controller stays TAINTED: no admission, no publish.
+TaintedIsAbsorbing ==
+    [][phase = "TAINTED" => (phase' = "TAINTED" /\ committed' = committed /\ bind' = bind)]_vars
+
+\* A rollout is admitted only in READY.
+AdmissionOnlyInReady ==
+    [][(\E i \in Slots : bind[i] = 0 /\ bind'[i] # 0) => phase = "READY" ]_vars
+
+\* The engine's weights change only in UPDATING, paused, with nothing running or bound.
+WeightsChangeOnlyWhenQuiesced ==
+    [][weights' # weights =>
+            /\ phase = "UPDATING"
+            /\ paused
+            /\ \A i \in Slots : bind[i] = 0 /\ req[i] = 0]_vars
+
+\* A new generation is published only from RESUMING with every piece of evidence, every cache tier verified clean since the mutation, and no rollout bound.
+PublishOnlyVerified ==
+    [][(committed' # committed /\ phase # "UNINITIALIZED") =>
+            /\ phase = "RESUMING"
+            /\ evidence = AllEvidence
+            /\ cleared = Tiers
+            /\ \A i \in Slots : bind[i] = 0]_vars
+
+\* Evidence is gathered only while admissions are closed and no rollout is bound.
+EvidenceOnlyWhileClosed ==
+    [][evidence' \ evidence # {} =>
+            /\ phase \notin {"READY", "DRAINING"}
+            /\ \A i \in Slots : bind[i] = 0]_vars
+
+==============================================================================

@@ -1,0 +1,114 @@
+"""Generate the spec review document (``spec/SPEC.md``) from a :class:`Spec` (pure)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from rolloutcore.spec.lifecycle import Action, Kind, Phase, Spec
+from rolloutcore.spec.mutants import MUTANTS
+from rolloutcore.spec.tla import tla_name
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _guard(a: Action) -> str:
+    parts = [f"`{a.when_tla}`"] if a.when_tla != "TRUE" else []
+    if a.truth_tla != "TRUE":
+        parts.append(f"truth: `{a.truth_tla}`")
+    if a.fault:
+        parts.append("fault budget left")
+    if a.needs_generation:
+        parts.append("a generation left (model bound)")
+    return "; ".join(parts) or "-"
+
+
+def _effect(a: Action) -> str:
+    parts = [f"`{v}' = {e}`" for v, e in a.control_tla.items()]
+    if a.world_tla != "TRUE":
+        parts.append(f"world: `{_cell(a.world_tla)}`")
+    return "; ".join(parts) or "-"
+
+
+def mermaid(spec: Spec) -> str:
+    edges: dict[tuple[Phase, Phase], list[str]] = defaultdict(list)
+    for a in spec.actions:
+        if a.dest is None or a.kind is Kind.ENVIRONMENT:
+            continue
+        for src in a.sources - {a.dest}:
+            name = a.trigger or a.name
+            if name not in edges[(src, a.dest)]:
+                edges[(src, a.dest)].append(name)
+    lines = ["stateDiagram-v2", "    [*] --> UNINITIALIZED"]
+    order = list(Phase)
+    for (src, dst), names in sorted(edges.items(), key=lambda e: (order.index(e[0][0]),
+                                                                 order.index(e[0][1]))):
+        lines.append(f"    {src.value} --> {dst.value}: {', '.join(names)}")
+    lines.append("    TAINTED --> [*]")
+    return "\n".join(lines)
+
+
+def document(spec: Spec, *, states: int, edges: int) -> str:
+    """The review document; ``states``/``edges`` come from exploring ``spec``."""
+    b = spec.bounds
+    out = [
+        "# RolloutCore lifecycle specification",
+        "",
+        "Generated from `spec/lifecycle.py` by `rolloutcore spec doc`; CI fails if it is "
+        "stale. Do not edit by hand.",
+        "",
+        "## Phases",
+        "",
+        "```mermaid",
+        mermaid(spec),
+        "```",
+        "",
+        "Self-loops (steps that keep the phase: begin steps, failed outcomes, admission and "
+        "release) are listed in the table below, not drawn.",
+        "",
+        "## Actions",
+        "",
+        "Kinds: *control* steps are taken by the controller, *outcome* steps are what it "
+        "observes of an operation in flight, *environment* steps happen in the engine "
+        "unseen. A *truth* guard constrains which outcome the engine can produce; outcomes "
+        "marked observed-as look identical to the controller.",
+        "",
+        "| action (TLA+) | kind | from | to | guard | effect | observed as |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for a in spec.actions:
+        src = ", ".join(p.value for p in Phase if p in a.sources)
+        if a.sources == frozenset(Phase):
+            src = "any"
+        dest = a.dest.value if a.dest else "(same)"
+        head = a.name + (f"({a.param})" if a.param else "") + f" ({tla_name(a.name)})"
+        obs = a.trigger if a.trigger and a.trigger != a.name else ""
+        out.append(
+            f"| {head} | {a.kind} | {src} | {dest} | {_cell(_guard(a))} | {_cell(_effect(a))} "
+            f"| {obs} |"
+        )
+    out += ["", "Each action in plain words:", ""]
+    out += [f"- **{a.name}**: {_cell(a.doc)}" for a in spec.actions]
+    out += ["", "## Invariants (every reachable state)", ""]
+    out += [f"- **{i.name}**: {i.doc}" for i in spec.invariants]
+    out += ["", "## Action properties (every step)", ""]
+    out += [f"- **{p.name}**: {p.doc}" for p in spec.action_properties]
+    out += [
+        "",
+        "## Bounds and size",
+        "",
+        f"Default bounds: {b.rollouts} rollout slots, {b.generations} generations (the "
+        f"initial one included), at most {b.faults} fault outcomes per behaviour. Terminal "
+        f"phases allowed: {', '.join(sorted(p.value for p in spec.terminal_phases))}.",
+        "",
+        f"Reachable at these bounds: **{states} states, {edges} edges** (the Python explorer "
+        "and TLC must agree edge for edge).",
+        "",
+        "## Mutants (negative controls)",
+        "",
+        "Each must be caught by the explorer, by TLC and by the property-based tests.",
+        "",
+    ]
+    out += [f"- **{m.name}**: {m.doc}" for m in MUTANTS]
+    return "\n".join(out) + "\n"
