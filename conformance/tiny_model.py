@@ -34,8 +34,12 @@ Usage: ``python -m rolloutcore.conformance.tiny_model [--out DIR] [--large] [--f
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
+import importlib.metadata
 import json
+import os
 import random
 import shutil
 import sys
@@ -52,7 +56,8 @@ if TYPE_CHECKING:
 RECIPE_VERSION = 1
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = REPO_ROOT / "models"
+# The repo's git-ignored models/ (editable install); override with ROLLOUTCORE_MODELS_DIR.
+DEFAULT_OUT = Path(os.environ.get("ROLLOUTCORE_MODELS_DIR", str(REPO_ROOT / "models")))
 
 VOCAB_SIZE = 1024
 SPECIAL_TOKENS = ("<s>", "</s>", "<unk>", "<pad>")
@@ -213,6 +218,7 @@ class VersionRecipe:
             "short_max_tokens": SHORT_MAX_TOKENS,
             "long_rollout_tokens": LONG_ROLLOUT_TOKENS,
             "tokenizer": _tokenizer_recipe(),
+            "libraries": _library_versions(),
         }
 
     def digest(self) -> str:
@@ -232,6 +238,17 @@ LARGE_RECIPES = (
 
 
 # --------------------------------------------------------------------------- tokenizer
+
+
+def _library_versions() -> dict[str, str]:
+    """Versions that could change the built bytes (read without importing torch)."""
+    out: dict[str, str] = {}
+    for dist in ("torch", "transformers", "tokenizers", "safetensors"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = "missing"
+    return out
 
 
 def _tokenizer_recipe() -> dict[str, Any]:
@@ -283,7 +300,8 @@ def build_tokenizer(out_dir: Path) -> None:
         show_progress=False,
     )
     tok.train_from_iterator(_iter_batches(corpus_lines()), trainer=trainer)
-    fast = PreTrainedTokenizerFast(
+    fast_cls: Any = PreTrainedTokenizerFast  # its __init__ is untyped
+    fast = fast_cls(
         tokenizer_object=tok,
         bos_token=BOS_TOKEN,
         eos_token=EOS_TOKEN,
@@ -315,7 +333,7 @@ def _llama_config(spec: ModelSpec, tokenizer_dir: Path) -> Any:
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
-        torch_dtype="float32",
+        dtype="float32",
     )
 
 
@@ -324,7 +342,8 @@ def _make_model(recipe: VersionRecipe, config: Any) -> Any:
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(recipe.seed)
-    model = LlamaForCausalLM(config).to(torch.float32)
+    model_cls: Any = LlamaForCausalLM  # its __init__ is untyped
+    model = model_cls(config).to(torch.float32)
     model.eval()
     with torch.no_grad():
         # Seeded re-initialisation independent of transformers' init order.
@@ -433,6 +452,11 @@ def _manifest(state: dict[str, torch.Tensor]) -> list[list[Any]]:
 
 def _build_version(out_dir: Path, recipe: VersionRecipe) -> Path:
     from safetensors.torch import load_file
+    from transformers.utils import logging as _hf_logging
+
+    hf_logging: Any = _hf_logging  # untyped functions
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
 
     target = out_dir / recipe.name
     tmp = out_dir / f".{recipe.name}.tmp"
@@ -454,6 +478,13 @@ def _build_version(out_dir: Path, recipe: VersionRecipe) -> Path:
         shutil.rmtree(target)
     tmp.rename(target)
     return target
+
+
+def _quiet_transformers() -> None:
+    """No progress bars or info chatter while building (safe if not imported yet)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def _is_current(target: Path, recipe: VersionRecipe) -> bool:
@@ -496,15 +527,28 @@ def build_models(
     """Build (or reuse) every version directory; return ``{name: path}``."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    _quiet_transformers()
     recipes = SMALL_RECIPES + (LARGE_RECIPES if large else ())
     paths: dict[str, Path] = {}
-    for recipe in recipes:
-        target = out_dir / recipe.name
-        if force or not _is_current(target, recipe):
-            _build_version(out_dir, recipe)
-        paths[recipe.name] = target
-    _check_distinct(paths)
+    # One builder at a time per output directory (parallel test sessions).
+    with _locked(out_dir / ".build.lock"):
+        for recipe in recipes:
+            target = out_dir / recipe.name
+            if force or not _is_current(target, recipe):
+                _build_version(out_dir, recipe)
+            paths[recipe.name] = target
+        _check_distinct(paths)
     return paths
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

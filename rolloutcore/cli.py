@@ -121,6 +121,131 @@ def _spec_tlc(args: argparse.Namespace) -> int:
     return 0 if run.result.exit_code == 0 and run.graphs_equal else 1
 
 
+# ------------------------------------------------------------------- trace, journal
+
+
+def _trace_check(args: argparse.Namespace) -> int:
+    from rolloutcore.conformance.trace_check import TraceInputError, check_file
+
+    try:
+        v = check_file(args.file)
+    except TraceInputError as e:
+        if args.json:
+            _print_json({"file": args.file, "error": str(e)})
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        _print_json({"file": args.file, **v.as_json()})
+    elif v.accepted:
+        print(f"{v.message} (at most {v.states_max} consistent spec states)")
+    else:
+        print(f"rejected at line {v.first_bad_line}: {v.violated}\n  {v.message}")
+    return 0 if v.accepted else 1
+
+
+def _journal_verify(args: argparse.Namespace) -> int:
+    from rolloutcore.journal import verify_chain
+
+    try:
+        r = verify_chain(args.file)
+    except OSError as e:
+        if args.json:
+            _print_json({"file": args.file, "error": f"cannot read: {e.strerror or e}"})
+        print(f"error: {args.file}: cannot read: {e.strerror or e}", file=sys.stderr)
+        return 2
+    if args.json:
+        _print_json({"file": args.file, "ok": r.ok, "records": r.records,
+                     "first_bad_line": r.first_bad_line, "reason": r.reason,
+                     "truncated": r.truncated, "last_seq": r.last_seq})
+    elif r.ok:
+        print(f"chain intact: {r.records} records (last seq {r.last_seq})")
+    else:
+        print(f"broken at line {r.first_bad_line}: {r.reason}"
+              + (" (a crash mid-write; recovery ignores that step)" if r.truncated else ""))
+    return 0 if r.ok else 1
+
+
+def _add_trace_journal_parsers(sub: Any) -> None:
+    trace = sub.add_parser("trace", help="check journals against the spec")
+    tsub = trace.add_subparsers(dest="cmd", required=True)
+    tc = tsub.add_parser("check", help="conformance and history checks of a journal "
+                         "(exit 0 accepted, 1 rejected, 2 unreadable)")
+    tc.add_argument("file")
+    tc.add_argument("--json", action="store_true")
+    tc.set_defaults(func=_trace_check)
+    journal = sub.add_parser("journal", help="the append-only step journal")
+    jsub = journal.add_subparsers(dest="cmd", required=True)
+    jv = jsub.add_parser("verify", help="check the hash chain (exit 0 intact, 1 broken, "
+                         "2 unreadable)")
+    jv.add_argument("file")
+    jv.add_argument("--json", action="store_true")
+    jv.set_defaults(func=_journal_verify)
+
+
+# --------------------------------------------------------------------------- simulate
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rolloutcore.simulate import simulate
+
+    try:
+        result = simulate(args.cycles, faults=args.faults,
+                          journal=Path(args.journal) if args.journal else None)
+    except ValueError as e:  # a malformed fault spec: say so, change nothing
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        _print_json(result.as_json())
+    else:
+        for n, c in enumerate(result.cycles, 1):
+            print(f"cycle {n} -> {c.target.label}: {'published' if c.published else 'NOT published'}"
+                  f", {c.final_phase}, {c.total_s * 1e3:.2f} ms (drain {c.drain_wait_s * 1e3:.2f} ms)")
+            for s in c.steps:
+                print(f"    {s.step:18s} {s.outcome:18s} x{s.attempts} {s.seconds * 1e3:8.3f} ms")
+        print(f"final: {result.final_phase}, committed generation {result.committed}; "
+              f"{result.rollouts} rollouts, {result.crossings} crossed a mutation")
+        if result.injected:
+            print("faults injected: " + ", ".join(f"{o}={k}" for o, k in result.injected))
+        print(f"journal: {result.journal} (chain {'intact' if result.chain_ok else 'BROKEN'}; "
+              f"trace check: {result.trace.message})")
+    return 0 if result.ok else 1
+
+
+# ------------------------------------------------------------------ demo, conformance
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from rolloutcore.demo import main as demo_main
+
+    return demo_main(as_json=args.json)
+
+
+def _conformance_run(args: argparse.Namespace) -> int:
+    from rolloutcore.conformance.harness import cli_run
+
+    return cli_run(args.engine, args.scenario, as_json=args.json)
+
+
+def _add_demo_conformance_parsers(sub: Any) -> None:
+    demo = sub.add_parser("demo", help="live updates of a real vLLM CPU server through "
+                          "RolloutCore, verified end to end (exit 0 only if all checks pass)")
+    demo.add_argument("--json", action="store_true")
+    demo.set_defaults(func=_demo)
+    conf = sub.add_parser("conformance", help="the scenario corpus against real vLLM and the "
+                          "simulator")
+    csub = conf.add_subparsers(dest="cmd", required=True)
+    run = csub.add_parser("run", help="run scenarios; per scenario pass/fail, evidence and the "
+                          "journal's trace-check verdict")
+    run.add_argument("--engine", choices=("sim", "vllm", "both"), default="both",
+                     help="both (default) also reports verdicts that differ between them")
+    run.add_argument("--scenario", action="append", help="a scenario name (repeatable; "
+                     "default: all)")
+    run.add_argument("--json", action="store_true")
+    run.set_defaults(func=_conformance_run)
+
+
 # ------------------------------------------------------------------------------ parser
 
 
@@ -150,6 +275,15 @@ def build_parser() -> argparse.ArgumentParser:
     t = ssub.add_parser("tlc", help="run TLC and compare its graph with the explorer's")
     t.add_argument("--json", action="store_true")
     t.set_defaults(func=_spec_tlc)
+    _add_trace_journal_parsers(sub)
+    sim = sub.add_parser("simulate", help="update cycles against the simulated engine")
+    sim.add_argument("--cycles", type=int, default=3)
+    sim.add_argument("--faults", default="",
+                     help="faults to inject, e.g. 'mutate=hang' or 'reset_prefix=fail_body'")
+    sim.add_argument("--journal", help="journal file (default: a new file)")
+    sim.add_argument("--json", action="store_true")
+    sim.set_defaults(func=_simulate)
+    _add_demo_conformance_parsers(sub)
     return p
 
 

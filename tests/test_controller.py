@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 
 import pytest
+from transitions import Machine
+from transitions.extensions import LockedMachine
 
 from rolloutcore.controller import (
     Controller,
@@ -32,9 +34,10 @@ def _bound(ctl: Controller) -> dict[str, int]:
     return {k: b.generation for k, b in ctl.bindings.items()}
 
 
-def test_edge_tour(exploration: Exploration) -> None:
+@pytest.mark.parametrize("machine_class", [Machine, LockedMachine], ids=lambda c: c.__name__)
+def test_edge_tour(exploration: Exploration, machine_class: type[Machine]) -> None:
     """Drive the real controller along every edge of the graph."""
-    ctl = Controller(trace=TraceBuffer())
+    ctl = Controller(trace=TraceBuffer(), machine_class=machine_class)
     toured = 0
     for u, v, (name, param) in exploration.graph.edges(keys=True):
         action = SPEC.action(name)

@@ -102,7 +102,8 @@ def test_stops_cleanly(server: VllmServer) -> None:
     t0 = time.monotonic()
     server.stop()
     assert not server.is_running()
-    assert server.returncode is not None
+    assert server.returncode == 0, server.log_tail()
+    assert server.group_exited_cleanly, "children had to be SIGKILLed"
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         try:

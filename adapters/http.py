@@ -1,0 +1,575 @@
+"""The adapter contract over a real vLLM server's dev-mode HTTP endpoints (httpx).
+
+Every call has its own timeout and checks status and body; nothing here decides an
+outcome (see :mod:`rolloutcore.postconditions`). What the wire taught us
+(conformance/VLLM_OBSERVED.md) and how it is handled:
+
+* After an engine-side 500 the server drops the keep-alive connection and the next
+  request on it dies with "connection reset". The client pool is replaced after every
+  5xx, and idempotent calls are retried a bounded number of times on a fresh
+  connection after a connection-level error. The mutation is never retried, and it
+  always starts on a fresh connection, so a stale pooled socket cannot turn it
+  ambiguous.
+* ``/reset_prefix_cache`` answers ``{"success": bool}`` on 0.32 and an empty 200 on
+  other versions; only ``success: true`` counts. The probe reports the prefix-cache
+  hits it caused (``vllm:prefix_cache_hits_total`` delta), which the postconditions
+  treat as stale reuse after a mutation. ``/reset_encoder_cache`` and
+  ``/reset_mm_cache`` answer an empty body: they are verified by what the engine says
+  through the worker extension (encoder-cache entries, no multimodal encoder at all).
+* A failed weight load is invisible to ``/health`` and kills the engine at the next
+  generation: a 500, a timeout or a dropped connection during the mutation is
+  ambiguous. Only a refusal proven to precede any change (the path is not there, the
+  connection was never made, the worker refused before touching the model) is not.
+* The version label is written only by the mutation's own finalisation
+  (``/update_weight_version`` right after a successful load, inside :meth:`mutate`),
+  never anywhere else; the identity comes from the engine's worker
+  (:mod:`rolloutcore.adapters.vllm_worker`), not from the label.
+
+Dev-mode routes are not protected by vLLM's ``--api-key``: a bearer token is still
+sent when configured (for a proxy in front), and a plain-``http`` URL that is not
+loopback is refused unless explicitly allowed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from rolloutcore.adapters.contract import (
+    AdapterError,
+    EngineReport,
+    GenerationResult,
+    MutationEvidence,
+    MutationOutcome,
+    PauseEvidence,
+    PauseMode,
+    ProbeEvidence,
+    ResetEvidence,
+    ResumeEvidence,
+    WeightTarget,
+)
+from rolloutcore.identity import CheckpointError, safetensors_files
+
+EXTENSION_CLS = "rolloutcore.adapters.vllm_worker.RolloutCoreWorkerExtension"
+MUTATION_METHODS = ("rc_reload_weights", "reload_weights")
+_TIERS = ("prefix", "encoder", "mm")
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Seconds per call. ``pause`` is long: a wait-mode pause returns only once the
+    engine's in-flight requests have finished."""
+
+    connect: float = 2.0
+    read: float = 10.0
+    pause: float = 120.0
+    generate: float = 600.0
+    mutate_base: float = 30.0
+    mutate_bytes_per_s: float = 50e6
+
+    def mutate(self, nbytes: int) -> float:
+        return self.mutate_base + nbytes / self.mutate_bytes_per_s
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    body: Any  # parsed JSON, or None for an empty body
+    text: str
+    seconds: float
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_url(base_url: str, *, allow_insecure_remote: bool = False) -> httpx.URL:
+    url = httpx.URL(base_url)
+    if url.scheme not in ("http", "https"):
+        raise ValueError(f"engine URL must be http(s), got {base_url!r}")
+    if url.scheme == "http" and not is_loopback(url.host) and not allow_insecure_remote:
+        raise ValueError(
+            f"refusing plain-http engine URL {base_url!r}: not loopback, and vLLM's dev-mode "
+            "routes (pause, weight reload) are unauthenticated; use https or pass "
+            "allow_insecure_remote=True")
+    return url
+
+
+class _Pool:
+    """One shared httpx client, replaced (not closed under its users) on demand.
+
+    Calls run on the runner's deadline threads and the application's rollout threads
+    at once; a replaced client is closed when its last user is done.
+    """
+
+    def __init__(self, factory: Callable[[], httpx.Client]) -> None:
+        self._factory = factory
+        self._lock = threading.Lock()
+        self._client = factory()
+        self._users: dict[httpx.Client, int] = {}
+        self.created = 1
+
+    @contextlib.contextmanager
+    def lease(self) -> Iterator[httpx.Client]:
+        with self._lock:
+            c = self._client
+            self._users[c] = self._users.get(c, 0) + 1
+        try:
+            yield c
+        finally:
+            with self._lock:
+                self._users[c] -= 1
+                if self._users[c] == 0:
+                    del self._users[c]
+                    if c is not self._client:
+                        c.close()
+
+    def replace(self, bad: httpx.Client | None = None) -> None:
+        with self._lock:
+            if bad is not None and bad is not self._client:
+                return  # someone replaced it already
+            old = self._client
+            self._client = self._factory()
+            self.created += 1
+            if old not in self._users:
+                old.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._client.close()
+
+
+def _metric_sum(text: str, name: str) -> float | None:
+    """Sum of every sample of ``name`` (all label sets) in Prometheus text."""
+    total, seen = 0.0, False
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name):len(name) + 1] in ("{", " "):
+            try:
+                total += float(line.rsplit(" ", 1)[1])
+            except (IndexError, ValueError):
+                return None
+            seen = True
+    return total if seen else None
+
+
+class HttpAdapter:
+    """The lifecycle adapter for one vLLM server (dev mode, with the worker extension).
+
+    ``mutation_method``: ``rc_reload_weights`` (the worker extension: identity computed
+    from the loaded bytes, refuses before touching the model) or ``reload_weights``
+    (vLLM's built-in in-place reload; no checks, dies halfway on a bad checkpoint).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str = "tiny",
+        token: str | None = None,
+        allow_insecure_remote: bool = False,
+        timeouts: Timeouts = Timeouts(),
+        retries: int = 2,
+        retry_backoff_s: float = 0.05,
+        mutation_method: str = "rc_reload_weights",
+        check_source_exists: bool = True,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        if mutation_method not in MUTATION_METHODS:
+            raise ValueError(f"mutation_method must be one of {MUTATION_METHODS}")
+        self.url = check_url(base_url, allow_insecure_remote=allow_insecure_remote)
+        self.model = model
+        self.timeouts = timeouts
+        self.retries = retries
+        self.retry_backoff_s = retry_backoff_s
+        self.mutation_method = mutation_method
+        # The source directory is checked before the call only when the engine shares
+        # this machine's filesystem (loopback); otherwise the worker checks it.
+        self.check_source_exists = check_source_exists and is_loopback(self.url.host)
+        self._transport = transport
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._pool = _Pool(self._new_client)
+
+    def _new_client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers=self._headers, transport=self._transport,
+                            trust_env=False, timeout=self._timeout(self.timeouts.read))
+
+    def _timeout(self, read: float) -> httpx.Timeout:
+        return httpx.Timeout(read, connect=self.timeouts.connect)
+
+    @property
+    def clients_created(self) -> int:
+        return self._pool.created
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def __enter__(self) -> HttpAdapter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ transport
+
+    def request(self, method: str, path: str, *, op: str, timeout: float | None = None,
+                idempotent: bool, json_body: Any = None,
+                params: Mapping[str, str] | None = None, fresh: bool = False,
+                expect_json: bool = True) -> Reply:
+        """One HTTP exchange. Idempotent calls are retried (bounded) on a fresh
+        connection after a connection-level error; timeouts are never retried here."""
+        attempts = 1 + (self.retries if idempotent else 0)
+        t = self._timeout(timeout if timeout is not None else self.timeouts.read)
+        last: Exception | None = None
+        for n in range(attempts):
+            if fresh and n == 0:
+                self._pool.replace()
+            with self._pool.lease() as client:
+                t0 = time.perf_counter()
+                try:
+                    r = client.request(method, path, json=json_body, params=params, timeout=t)
+                except httpx.TimeoutException as e:
+                    self._pool.replace(client)
+                    raise AdapterError(f"{op}: {method} {path} timed out after "
+                                       f"{time.perf_counter() - t0:.2f} s ({type(e).__name__})",
+                                       proven_no_effect=isinstance(e, httpx.ConnectTimeout)
+                                       ) from e
+                except httpx.TransportError as e:
+                    self._pool.replace(client)  # never reuse a connection that failed
+                    last = e
+                    if n + 1 < attempts:
+                        time.sleep(self.retry_backoff_s * (n + 1))
+                        continue
+                    raise AdapterError(
+                        f"{op}: {method} {path}: {type(e).__name__}: {e or 'connection failed'}"
+                        + (f" (after {attempts} attempts)" if attempts > 1 else ""),
+                        proven_no_effect=isinstance(e, httpx.ConnectError)) from e
+                seconds = time.perf_counter() - t0
+            if r.status_code >= 500:
+                self._pool.replace(client)  # the server drops the connection after a 5xx
+            text = r.text
+            body: Any = None
+            if text.strip():
+                try:
+                    body = json.loads(text)
+                except ValueError:
+                    if expect_json:
+                        raise AdapterError(f"{op}: {method} {path}: HTTP {r.status_code} with a "
+                                           f"non-JSON body: {text[:200]!r}") from None
+                    body = None
+            return Reply(r.status_code, body, text, seconds)
+        raise AdapterError(f"{op}: {method} {path}: {last}")  # pragma: no cover
+
+    def rpc(self, method: str, *, op: str, idempotent: bool = True,
+            timeout: float | None = None, fresh: bool = False, **kwargs: Any) -> Reply:
+        return self.request("POST", "/collective_rpc", op=op, idempotent=idempotent,
+                            timeout=timeout, fresh=fresh,
+                            json_body={"method": method, "kwargs": kwargs})
+
+    def _worker_results(self, reply: Reply, op: str) -> list[dict[str, Any]]:
+        if reply.status != 200:
+            raise AdapterError(f"{op}: HTTP {reply.status}: {_error_text(reply)}")
+        results = reply.body.get("results") if isinstance(reply.body, dict) else None
+        if (not isinstance(results, list) or not results
+                or not all(isinstance(r, dict) for r in results)):
+            raise AdapterError(f"{op}: unexpected body {reply.text[:200]!r}")
+        return results
+
+    # ------------------------------------------------------------------ reads
+
+    def read_label(self) -> str:
+        r = self.request("GET", "/weight_info", op="read_label", idempotent=True)
+        label = r.body.get("weight_version") if isinstance(r.body, dict) else None
+        if r.status != 200 or not isinstance(label, str):
+            raise AdapterError(f"read_label: HTTP {r.status}, body {r.text[:200]!r}")
+        return label
+
+    def read_paused(self) -> bool:
+        r = self.request("GET", "/is_paused", op="read_paused", idempotent=True)
+        paused = r.body.get("is_paused") if isinstance(r.body, dict) else None
+        if r.status != 200 or not isinstance(paused, bool):
+            raise AdapterError(f"read_paused: HTTP {r.status}, body {r.text[:200]!r}")
+        return paused
+
+    def read_metrics(self) -> str:
+        r = self.request("GET", "/metrics", op="read_metrics", idempotent=True,
+                         expect_json=False)
+        if r.status != 200:
+            raise AdapterError(f"read_metrics: HTTP {r.status}")
+        return r.text
+
+    def running_requests(self) -> int | None:
+        v = _metric_sum(self.read_metrics(), "vllm:num_requests_running")
+        return None if v is None else int(v)
+
+    def prefix_counters(self) -> tuple[int, int]:
+        """(queries, hits) of the prefix cache, in tokens, summed over engines."""
+        text = self.read_metrics()
+        q = _metric_sum(text, "vllm:prefix_cache_queries_total")
+        h = _metric_sum(text, "vllm:prefix_cache_hits_total")
+        if q is None or h is None:
+            raise AdapterError("read_metrics: no vllm:prefix_cache_{queries,hits}_total")
+        return int(q), int(h)
+
+    def read_identity(self) -> str:
+        """Identity of the weights the engine holds, as every worker reports it."""
+        results = self._worker_results(self.rpc("rc_identity", op="read_identity"),
+                                       "read_identity")
+        ids = {r.get("identity") for r in results}
+        if len(ids) != 1 or not isinstance(next(iter(ids)), str):
+            reasons = "; ".join(str(r.get("reason", r.get("identity"))) for r in results)
+            raise AdapterError(f"read_identity: the engine vouches for no single identity: "
+                               f"{reasons}")
+        out = next(iter(ids))
+        assert isinstance(out, str)
+        return out
+
+    def cache_info(self) -> dict[str, Any]:
+        results = self._worker_results(self.rpc("rc_cache_info", op="cache_info"),
+                                       "cache_info")
+        return {"multimodal": any(r.get("multimodal") is not False for r in results),
+                "encoder_cache_entries": _sum_or_none(
+                    r.get("encoder_cache_entries") for r in results)}
+
+    def read_state(self) -> EngineReport:
+        label = self.read_label()
+        identity = self.read_identity()
+        paused = self.read_paused()
+        try:
+            running = self.running_requests()
+        except AdapterError:
+            running = None
+        return EngineReport(label, identity, paused, running)
+
+    # ------------------------------------------------------------------ pause, resume
+
+    def pause(self, mode: PauseMode) -> PauseEvidence:
+        # clear_cache=false: the caches stay as the spec models them until the verified
+        # resets after the mutation (a clear at pause time has no body to verify it by).
+        r = self.request("POST", "/pause", op="pause", idempotent=True,
+                         params={"mode": PauseMode(mode).value, "clear_cache": "false"},
+                         timeout=self.timeouts.pause if mode is PauseMode.WAIT else None)
+        paused, running = self._read_back()
+        return PauseEvidence(PauseMode(mode), r.status, _as_map(r.body), paused, running)
+
+    def resume(self) -> ResumeEvidence:
+        r = self.request("POST", "/resume", op="resume", idempotent=True)
+        paused, _ = self._read_back(running=False)
+        return ResumeEvidence(r.status, _as_map(r.body), paused)
+
+    def _read_back(self, running: bool = True) -> tuple[bool | None, int | None]:
+        try:
+            paused: bool | None = self.read_paused()
+        except AdapterError:
+            paused = None
+        n: int | None = None
+        if running:
+            try:
+                n = self.running_requests()
+            except AdapterError:
+                n = None
+        return paused, n
+
+    # ------------------------------------------------------------------ caches
+
+    def reset_cache(self, tier: str) -> ResetEvidence:
+        if tier not in _TIERS:
+            raise AdapterError(f"unknown cache tier {tier!r}", proven_no_effect=True)
+        if tier == "prefix":
+            # Refused (success:false) while running requests hold blocks: that is a signal,
+            # so running requests are not reset from under the engine.
+            r = self.request("POST", "/reset_prefix_cache", op="reset_prefix", idempotent=True,
+                             params={"reset_running_requests": "false",
+                                     "reset_external": "false"})
+            return ResetEvidence(tier, r.status, _success(r.body))
+        path = "/reset_encoder_cache" if tier == "encoder" else "/reset_mm_cache"
+        r = self.request("POST", path, op=f"reset_{tier}", idempotent=True)
+        entries: int | None = None
+        absent = False
+        if r.status == 200:
+            try:
+                info = self.cache_info()
+            except AdapterError:
+                info = None
+            if info is not None:
+                # Only the engine's own word: its model has no multimodal encoder.
+                absent = info["multimodal"] is False
+                if tier == "encoder":
+                    entries = info["encoder_cache_entries"]
+        return ResetEvidence(tier, r.status, _success(r.body), entries_after=entries,
+                             tier_absent=absent)
+
+    # ------------------------------------------------------------------ generation
+
+    def _completion(self, prompt: tuple[int, ...], max_tokens: int, op: str) -> Reply:
+        body = {"model": self.model, "prompt": list(prompt), "max_tokens": max_tokens,
+                "min_tokens": max_tokens, "temperature": 0.0, "return_token_ids": True,
+                "logprobs": 0}
+        # Not retried: a request that reached the engine may still be running there.
+        return self.request("POST", "/v1/completions", op=op, idempotent=False,
+                            json_body=body, timeout=self.timeouts.generate)
+
+    @staticmethod
+    def _parse_completion(reply: Reply, prompt: tuple[int, ...]) -> tuple[
+            tuple[int, ...], str | None, tuple[float, ...] | None]:
+        try:
+            choice = reply.body["choices"][0]
+            tokens = tuple(int(t) for t in choice["token_ids"])
+            seen = choice.get("prompt_token_ids")
+            finish = choice.get("finish_reason")
+            lp = (choice.get("logprobs") or {}).get("token_logprobs")
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise AdapterError(f"completion: unexpected body {reply.text[:200]!r}") from None
+        if seen is not None and tuple(seen) != tuple(prompt):
+            raise AdapterError("completion: the engine saw a different prompt")
+        logprobs = tuple(float(x) for x in lp) if isinstance(lp, list) else None
+        return tokens, finish, logprobs
+
+    def probe(self, prompt: tuple[int, ...], max_tokens: int) -> ProbeEvidence:
+        try:
+            before: tuple[int, int] | None = self.prefix_counters()
+        except AdapterError:
+            before = None
+        try:
+            reply = self._completion(prompt, max_tokens, "probe")
+        except AdapterError as e:
+            return ProbeEvidence(prompt, None, None, None, error=str(e))
+        if reply.status != 200:
+            return ProbeEvidence(prompt, None, reply.status, None,
+                                 error=f"HTTP {reply.status}: {_error_text(reply)}")
+        try:
+            tokens, finish, logprobs = self._parse_completion(reply, prompt)
+        except AdapterError as e:
+            return ProbeEvidence(prompt, None, reply.status, None, error=str(e))
+        hits: int | None = None
+        if before is not None:
+            try:
+                hits = self.prefix_counters()[1] - before[1]
+            except AdapterError:
+                hits = None
+        if finish != "length":  # aborted or cut short: no evidence about the weights
+            return ProbeEvidence(prompt, None, reply.status, finish, prefix_hits=hits,
+                                 error=f"probe finished with {finish!r} after {len(tokens)} "
+                                 "tokens")
+        return ProbeEvidence(prompt, tokens, reply.status, finish, prefix_hits=hits,
+                             logprobs=logprobs)
+
+    def generate(self, prompt: tuple[int, ...], max_tokens: int) -> GenerationResult:
+        reply = self._completion(prompt, max_tokens, "generate")
+        if reply.status != 200:
+            raise AdapterError(f"generate: HTTP {reply.status}: {_error_text(reply)}")
+        tokens, finish, logprobs = self._parse_completion(reply, prompt)
+        return GenerationResult(prompt, tokens, finish, logprobs,
+                                extra={"seconds": round(reply.seconds, 4)})
+
+    # ------------------------------------------------------------------ mutation
+
+    def mutate(self, target: WeightTarget) -> MutationEvidence:
+        """Load ``target.source`` in place, then finalise with ``target.label``. Never
+        retried; anything between "certainly nothing moved" and "loaded and finalised"
+        is ambiguous."""
+        t0 = time.perf_counter()
+
+        def ev(outcome: MutationOutcome, observed: str, nbytes: int | None = None) -> (
+                MutationEvidence):
+            return MutationEvidence(outcome, observed, time.perf_counter() - t0, nbytes)
+
+        if self.check_source_exists:
+            try:
+                safetensors_files(target.source)
+            except CheckpointError as e:
+                raise AdapterError(f"mutate: refused before sending anything: {e}",
+                                   proven_no_effect=True) from None
+        kwargs: dict[str, Any] = {"weights_path": str(Path(target.source))}
+        if self.mutation_method == "rc_reload_weights":
+            kwargs["expected_identity"] = target.identity
+        try:
+            # A fresh connection: a pooled one may be the one the server just dropped.
+            reply = self.rpc(self.mutation_method, op="mutate", idempotent=False, fresh=True,
+                             timeout=self.timeouts.mutate(target.nbytes), **kwargs)
+        except AdapterError as e:
+            if e.proven_no_effect:  # the connection was never made: nothing was sent
+                raise
+            return ev(MutationOutcome.AMBIGUOUS, f"{self.mutation_method}: {e}")
+        if reply.status != 200:
+            return ev(MutationOutcome.AMBIGUOUS, f"{self.mutation_method}: HTTP {reply.status}: "
+                      f"{_error_text(reply)}")
+        nbytes: int | None = None
+        if self.mutation_method == "rc_reload_weights":
+            try:
+                results = self._worker_results(reply, "mutate")
+            except AdapterError as e:
+                return ev(MutationOutcome.AMBIGUOUS, str(e))
+            loaded = [r.get("loaded") for r in results]
+            if all(x is False for x in loaded):
+                return ev(MutationOutcome.NOT_MUTATED, "every worker refused before touching "
+                          "the model: " + "; ".join(str(r.get("refused")) for r in results))
+            if not all(x is True for x in loaded):
+                return ev(MutationOutcome.AMBIGUOUS, f"workers disagree: loaded={loaded}")
+            ids = {r.get("identity") for r in results}
+            if ids != {target.identity}:
+                return ev(MutationOutcome.AMBIGUOUS, f"loaded identity {sorted(map(str, ids))} "
+                          f"is not the target's {target.identity[:16]}")
+            nbytes = sum(int(r.get("bytes") or 0) for r in results)
+        elif reply.body not in (None, {"results": [None]}) and not (
+                isinstance(reply.body, dict) and isinstance(reply.body.get("results"), list)):
+            return ev(MutationOutcome.AMBIGUOUS, f"reload_weights: unexpected body "
+                      f"{reply.text[:200]!r}")
+        # The mutation's own finalisation: the label, and only here. Setting it is
+        # idempotent, so this step (unlike the load) is retried on a fresh connection.
+        try:
+            fin = self.request("POST", "/update_weight_version", op="finalise", idempotent=True,
+                               json_body={"new_version": target.label})
+        except AdapterError as e:
+            return ev(MutationOutcome.AMBIGUOUS, f"weights loaded, label not finalised: {e}")
+        body = fin.body if isinstance(fin.body, dict) else {}
+        if fin.status != 200 or body.get("success") is not True or \
+                body.get("new_version") != target.label:
+            return ev(MutationOutcome.AMBIGUOUS, f"weights loaded, label not finalised: HTTP "
+                      f"{fin.status} {fin.text[:200]!r}")
+        return ev(MutationOutcome.COMPLETED, f"{self.mutation_method} {target.source} and "
+                  f"finalised as {target.label!r}", nbytes)
+
+
+def _as_map(body: Any) -> Mapping[str, Any] | None:
+    return body if isinstance(body, dict) else None
+
+
+def _success(body: Any) -> bool | None:
+    s = body.get("success") if isinstance(body, dict) else None
+    return s if isinstance(s, bool) else None
+
+
+def _sum_or_none(values: Any) -> int | None:
+    total = 0
+    for v in values:
+        if not isinstance(v, int):
+            return None
+        total += v
+    return total
+
+
+def _error_text(reply: Reply) -> str:
+    if isinstance(reply.body, dict):
+        err = reply.body.get("error")
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])[:300]
+        if "detail" in reply.body:
+            return str(reply.body["detail"])[:300]
+    return reply.text[:300] or "(empty body)"
+
+
+__all__ = ["EXTENSION_CLS", "HttpAdapter", "Reply", "Timeouts", "check_url", "is_loopback"]

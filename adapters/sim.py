@@ -1,0 +1,373 @@
+"""A simulated engine faithful to what REFERENCE.md and conformance/VLLM_OBSERVED.md
+record of real vLLM, and an adapter over it with fault injection at every step.
+
+It exists for speed (exhaustive and property tests); every scenario it covers also runs
+against the real server. What it reproduces:
+
+* generation token by token on the calling thread; output is a deterministic function
+  of the weights the prompt's KV was computed under and the weights computing now, so
+  reused stale KV really changes the output (as it did on the real server);
+* a prefix cache keyed by prompt tokens only (full blocks), with vLLM's hit counters;
+* pause modes: abort (partial output, finish_reason "abort"), wait (returns once
+  in-flight requests finish), keep (freezes them; they continue on whatever weights
+  are there after resume); requests arriving while paused are queued;
+* ``reset_prefix_cache`` refused (success:false) while requests hold blocks; the
+  encoder/multimodal resets answer with an empty body;
+* a weight load that dies halfway leaves mixed weights, and the next generation kills
+  the engine (the "meta device" hazard); the label is whatever the caller finalises.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rolloutcore.adapters.contract import (
+    AdapterError,
+    EngineReport,
+    GenerationResult,
+    MutationEvidence,
+    MutationOutcome,
+    PauseEvidence,
+    PauseMode,
+    ProbeEvidence,
+    ResetEvidence,
+    ResumeEvidence,
+    WeightTarget,
+)
+
+VOCAB = 1024
+BLOCK = 4  # tokens per prefix-cache block (small: sim prompts are short)
+
+
+def sim_identity(checkpoint: str) -> str:
+    """Content identity of a simulated checkpoint (its "tensors" are its name)."""
+    return hashlib.sha256(f"sim-weights:{checkpoint}".encode()).hexdigest()
+
+
+def _token(kv_weights: str, weights: str, prompt: tuple[int, ...], k: int) -> int:
+    h = hashlib.blake2b(f"{kv_weights}|{weights}|{prompt}|{k}".encode(), digest_size=4)
+    return int.from_bytes(h.digest(), "big") % VOCAB
+
+
+def reference_tokens(checkpoint: str, prompt: tuple[int, ...], n: int) -> tuple[int, ...]:
+    """Greedy output of a clean engine holding ``checkpoint`` (no stale KV)."""
+    return tuple(_token(checkpoint, checkpoint, prompt, k) for k in range(n))
+
+
+class EngineDead(RuntimeError):
+    """The engine core died (the next generation after a failed load)."""
+
+
+@dataclass
+class _Request:
+    prompt: tuple[int, ...]
+    max_tokens: int
+    tokens: list[int] = field(default_factory=list)
+    weights_seen: set[str] = field(default_factory=set)
+    aborted: bool = False
+
+
+class SimEngine:
+    """The engine: thread-safe; ``token_seconds`` paces generation."""
+
+    def __init__(self, checkpoint: str, *, token_seconds: float = 0.0, label: str = "default"):
+        self._cv = threading.Condition()
+        self.weights = checkpoint  # what computes
+        self.identity_reads_as = sim_identity(checkpoint)  # what a digest of the weights shows
+        self.label = label
+        self.paused = False
+        self.pause_mode: PauseMode | None = None
+        self.dead = False
+        self._broken_load = False  # next generation kills the engine
+        self.running: list[_Request] = []
+        self.prefix: dict[tuple[int, ...], str] = {}  # block (by tokens only) -> weights
+        self.encoder: dict[str, str] = {}
+        self.mm: dict[str, str] = {}
+        self.token_seconds = token_seconds
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self.completed = 0
+
+    # ------------------------------------------------------------------- generation
+
+    def generate(self, prompt: tuple[int, ...], max_tokens: int,
+                 mm_key: str | None = None) -> GenerationResult:
+        req = _Request(tuple(prompt), max_tokens)
+        with self._cv:
+            self._cv.wait_for(lambda: not self.paused or self.dead)  # queued while paused
+            if self.dead:
+                raise EngineDead("engine core is dead")
+            if self._broken_load:
+                self.dead = True  # the engine dies on the first generation after it
+                self._cv.notify_all()
+                raise EngineDead("EngineCore encountered an issue (weights not loaded)")
+            kv = self._prefill(req.prompt, mm_key)
+            self.running.append(req)
+        try:
+            for k in range(max_tokens):
+                if self.token_seconds:
+                    time.sleep(self.token_seconds)
+                with self._cv:
+                    self._cv.wait_for(lambda: self.pause_mode is not PauseMode.KEEP
+                                      or not self.paused or req.aborted or self.dead)
+                    if self.dead:
+                        raise EngineDead("engine core is dead")
+                    if req.aborted:
+                        return GenerationResult(req.prompt, tuple(req.tokens), "abort")
+                    req.weights_seen.add(self.weights)
+                    req.tokens.append(_token(kv, self.weights, req.prompt, k))
+            return GenerationResult(req.prompt, tuple(req.tokens), "length",
+                                    extra={"weights_seen": sorted(req.weights_seen)})
+        finally:
+            with self._cv:
+                self.running.remove(req)
+                self.completed += 1
+                self._cv.notify_all()
+
+    def _prefill(self, prompt: tuple[int, ...], mm_key: str | None) -> str:
+        """Look up full blocks by tokens only; returns the weights the prompt's KV is from."""
+        blocks = [prompt[: i + BLOCK] for i in range(0, len(prompt) - BLOCK + 1, BLOCK)]
+        kv = self.weights
+        hit_weights = [self.prefix[b] for b in blocks if b in self.prefix]
+        self.prefix_queries += len(prompt)
+        if hit_weights:
+            self.prefix_hits += BLOCK * len(hit_weights)
+            kv = hit_weights[0]  # the reused KV decides the continuation
+        for b in blocks:
+            self.prefix.setdefault(b, self.weights)
+        if mm_key is not None:
+            kv = self.encoder.setdefault(mm_key, self.weights)
+            self.mm.setdefault(mm_key, self.weights)
+        return kv
+
+    # ----------------------------------------------------------------- control plane
+
+    def pause(self, mode: PauseMode) -> None:
+        with self._cv:
+            self.paused = True
+            self.pause_mode = mode
+            if mode is PauseMode.ABORT:
+                for r in self.running:
+                    r.aborted = True
+                self._cv.notify_all()
+            elif mode is PauseMode.WAIT:
+                self._cv.wait_for(lambda: not self.running or self.dead)
+            self._cv.notify_all()
+
+    def resume(self) -> None:
+        with self._cv:
+            self.paused = False
+            self.pause_mode = None
+            self._cv.notify_all()
+
+    def reset_prefix_cache(self) -> bool:
+        with self._cv:
+            if any(not r.aborted for r in self.running):
+                return False  # blocks in use
+            self.prefix.clear()
+            return True
+
+    def reset_encoder_cache(self) -> None:
+        with self._cv:
+            self.encoder.clear()
+
+    def reset_mm_cache(self) -> None:
+        with self._cv:
+            self.mm.clear()
+
+    def cache_sizes(self) -> dict[str, int]:
+        with self._cv:
+            return {"prefix": len(self.prefix), "encoder": len(self.encoder), "mm": len(self.mm)}
+
+    def load(self, checkpoint: str, *, fail_halfway: bool = False, broken: bool = False) -> None:
+        """Load weights in place. ``fail_halfway``: mixed weights, then raise; ``broken``:
+        the digest reads as the checkpoint but nothing computes (meta device)."""
+        with self._cv:
+            if self.dead:
+                raise EngineDead("engine core is dead")
+            if fail_halfway:
+                self.weights = f"mixed({self.weights}+{checkpoint})"
+                self.identity_reads_as = sim_identity(self.weights)
+                self._broken_load = True
+                raise RuntimeError("weight load failed halfway")
+            self.weights = f"broken({checkpoint})" if broken else checkpoint
+            self.identity_reads_as = sim_identity(checkpoint)
+            self._broken_load = broken
+
+    def set_label(self, label: str) -> None:
+        with self._cv:
+            self.label = label
+
+
+# --------------------------------------------------------------------------- adapter
+
+FAULT_KINDS = ("timeout", "connection_error", "http_500", "fail_body", "empty_body",
+               "wrong_label", "hang", "die_halfway", "wrong_weights", "refuse", "broken",
+               "unlabelled")
+OPS = ("read_state", "pause", "resume", "mutate", "reset_prefix", "reset_encoder",
+       "reset_mm", "probe")
+
+
+@dataclass
+class FaultPlan:
+    """Faults to inject, consumed in order per operation: {"mutate": ["hang"], ...}."""
+
+    faults: dict[str, list[str]] = field(default_factory=dict)
+    injected: list[tuple[str, str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for op, kinds in self.faults.items():
+            if op not in OPS:
+                raise ValueError(f"unknown operation {op!r}; known: {', '.join(OPS)}")
+            for k in kinds:
+                if k not in FAULT_KINDS:
+                    raise ValueError(f"unknown fault {k!r}; known: {', '.join(FAULT_KINDS)}")
+
+    @classmethod
+    def parse(cls, text: str) -> FaultPlan:
+        """``"mutate=hang,reset_prefix=fail_body+empty_body"`` -> a plan."""
+        faults: dict[str, list[str]] = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            op, _, kinds = part.partition("=")
+            if not kinds:
+                raise ValueError(f"expected OP=FAULT[+FAULT...], got {part!r}")
+            faults.setdefault(op.strip(), []).extend(k.strip() for k in kinds.split("+"))
+        return cls(faults)
+
+    def take(self, op: str) -> str | None:
+        queue = self.faults.get(op)
+        if not queue:
+            return None
+        kind = queue.pop(0)
+        self.injected.append((op, kind))
+        return kind
+
+
+class SimAdapter:
+    """The adapter contract over a :class:`SimEngine`, as the HTTP adapter would see it."""
+
+    def __init__(self, engine: SimEngine, faults: FaultPlan | None = None,
+                 hang_seconds: float = 3600.0) -> None:
+        self.engine = engine
+        self.faults = faults or FaultPlan()
+        self.hang_seconds = hang_seconds
+        self._release_hangs = threading.Event()
+
+    def release_hangs(self) -> None:
+        """Let calls stuck in an injected hang return (test clean-up)."""
+        self._release_hangs.set()
+
+    def _transport_fault(self, op: str) -> str | None:
+        kind = self.faults.take(op)
+        if kind == "timeout":
+            raise TimeoutError(f"{op}: read timed out")
+        if kind == "connection_error":
+            raise ConnectionResetError(f"{op}: connection reset by peer")
+        if kind == "hang":
+            self._release_hangs.wait(self.hang_seconds)
+            raise TimeoutError(f"{op}: hung")
+        return kind
+
+    def read_state(self) -> EngineReport:
+        kind = self._transport_fault("read_state")
+        if kind == "http_500":
+            raise AdapterError("read_state: HTTP 500")
+        e = self.engine
+        label = "not-the-label" if kind == "wrong_label" else e.label
+        identity = None if kind == "empty_body" else e.identity_reads_as
+        return EngineReport(label, identity, e.paused, len(e.running))
+
+    def pause(self, mode: PauseMode) -> PauseEvidence:
+        kind = self._transport_fault("pause")
+        if kind == "http_500":
+            return PauseEvidence(mode, 500, None, self.engine.paused, len(self.engine.running))
+        if kind != "fail_body":
+            self.engine.pause(mode)
+        return PauseEvidence(mode, 200, {"status": "paused"}, self.engine.paused,
+                             len(self.engine.running))
+
+    def resume(self) -> ResumeEvidence:
+        kind = self._transport_fault("resume")
+        if kind == "http_500":
+            return ResumeEvidence(500, None, self.engine.paused)
+        if kind != "fail_body":
+            self.engine.resume()
+        return ResumeEvidence(200, {"status": "resumed"}, self.engine.paused)
+
+    def mutate(self, target: WeightTarget) -> MutationEvidence:
+        t0 = time.perf_counter()
+        kind = self._transport_fault("mutate")
+        if kind == "refuse":
+            raise AdapterError("mutate: refused before any byte moved", proven_no_effect=True)
+        if kind == "http_500":
+            raise AdapterError("mutate: HTTP 500 from the engine")
+        try:
+            self.engine.load(
+                "some-other-checkpoint" if kind == "wrong_weights" else target.source,
+                fail_halfway=kind == "die_halfway", broken=kind == "broken")
+        except (RuntimeError, EngineDead) as e:
+            return MutationEvidence(MutationOutcome.AMBIGUOUS, f"load failed: {e}",
+                                    time.perf_counter() - t0)
+        if kind != "unlabelled":  # the seed's bug: finalised without the target label
+            self.engine.set_label(target.label)
+        return MutationEvidence(MutationOutcome.COMPLETED, "loaded and finalised",
+                                time.perf_counter() - t0, target.nbytes)
+
+    def reset_cache(self, tier: str) -> ResetEvidence:
+        kind = self._transport_fault(f"reset_{tier}")
+        if kind == "http_500":
+            return ResetEvidence(tier, 500, None)
+        e = self.engine
+        if tier == "prefix":
+            if kind == "fail_body":
+                return ResetEvidence(tier, 200, False)
+            ok = e.reset_prefix_cache()
+            return ResetEvidence(tier, 200, None if kind == "empty_body" else ok)
+        if tier == "encoder":
+            if kind != "fail_body":
+                e.reset_encoder_cache()
+        elif tier == "mm":
+            if kind != "fail_body":
+                e.reset_mm_cache()
+        else:
+            raise AdapterError(f"unknown cache tier {tier!r}", proven_no_effect=True)
+        # vLLM answers these with an empty body: verify by reading the tier's size.
+        size = None if kind == "empty_body" else e.cache_sizes()[tier]
+        return ResetEvidence(tier, 200, None, entries_after=size)
+
+    def probe(self, prompt: tuple[int, ...], max_tokens: int) -> ProbeEvidence:
+        kind = self._transport_fault("probe")
+        if kind == "http_500":
+            return ProbeEvidence(prompt, None, 500, None, error="HTTP 500")
+        before = self.engine.prefix_hits
+        try:
+            out = self.engine.generate(prompt, max_tokens)
+        except EngineDead as e:
+            return ProbeEvidence(prompt, None, 500, None, error=str(e))
+        return ProbeEvidence(prompt, out.tokens, 200, out.finish_reason,
+                             prefix_hits=self.engine.prefix_hits - before)
+
+    def generate(self, prompt: tuple[int, ...], max_tokens: int) -> GenerationResult:
+        return self.engine.generate(prompt, max_tokens)
+
+
+def sim_target(generation: int, checkpoint: str, *, probe_prompt: Iterable[int] = (
+    7, 1, 4, 9, 2, 8, 5, 3, 6), probe_len: int = 8, label: str | None = None) -> WeightTarget:
+    """A WeightTarget for a simulated checkpoint, with its true reference probe."""
+    prompt = tuple(probe_prompt)
+    return WeightTarget(
+        generation=generation, label=label or f"rc-{generation}",
+        identity=sim_identity(checkpoint), source=checkpoint, probe_prompt=prompt,
+        probe_tokens=reference_tokens(checkpoint, prompt, probe_len), nbytes=1 << 20,
+    )
+
+
+def describe(adapter: SimAdapter) -> dict[str, Any]:
+    e = adapter.engine
+    return {"weights": e.weights, "label": e.label, "paused": e.paused, "dead": e.dead,
+            "caches": e.cache_sizes(), "injected": adapter.faults.injected}

@@ -1,0 +1,440 @@
+"""Generate the trace corpus in ``conformance/traces/{good,bad}``.
+
+Good traces come from driving a real :class:`Controller` with a :class:`Journal` sink
+through scripted scenarios (crash and restart included, through ``open_controller``).
+Bad traces are good ones tampered with and re-chained, so that the hash chain is valid
+and only the checker's spec and history checks can catch them (one is left with a
+broken chain on purpose). A bad file is named ``<property>__<what>.jsonl``: the
+property the checker must report (``spec`` for "no spec state is consistent").
+
+A fixed clock makes the output byte-for-byte reproducible; the test suite regenerates
+the corpus and compares. Run: ``python -m rolloutcore.conformance.make_traces``.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rolloutcore.controller import Controller, IllegalTransition
+from rolloutcore.journal import Journal, dumps_line, open_controller, read_journal, rechain
+from rolloutcore.spec.lifecycle import TIERS
+
+TRACES = Path(__file__).resolve().parent / "traces"
+Record = dict[str, Any]
+
+
+class FixedClock:
+    """Deterministic timestamps (quarter seconds: exact in binary, stable repr)."""
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self.t = start
+
+    def __call__(self) -> float:
+        self.t += 0.25
+        return self.t
+
+
+# --------------------------------------------------------------------- scenarios
+
+
+def bootstrap(c: Controller, *, fail_first: bool = False) -> None:
+    if fail_first:
+        c.fire("bootstrap_begin")
+        c.fire("bootstrap_failed", detail={"error": "connection refused"})
+    c.fire("bootstrap_begin")
+    c.fire("bootstrap_ok", detail={"label": "gen-1", "identity": "sha256:aa11"})
+
+
+def drain_and_pause(c: Controller, *, pause_fails: bool = False) -> None:
+    c.fire("request_update", detail={"checkpoint": f"ckpt-{c.control.committed + 1}"})
+    if pause_fails:
+        c.fire("pause_begin")
+        c.fire("pause_failed", detail={"status": 503})
+    c.fire("pause_begin")
+    c.fire("pause_ok")
+
+
+def mutate(c: Controller, outcome: str = "mutate_ok") -> None:
+    # The detail carries credentials on purpose: the journal must redact them.
+    c.fire("mutate_begin", detail={"backend": "nccl", "headers": {
+        "Authorization": "Bearer abc123", "X-Api-Key": "k-456"}})
+    c.fire(outcome)
+
+
+def invalidate(c: Controller, *, fail: tuple[str, ...] = ()) -> None:
+    for tier in TIERS:
+        if tier in fail:
+            c.fire("reset_begin", tier)
+            c.fire("reset_failed", tier, detail={"success": False})
+        c.fire("reset_begin", tier)
+        c.fire("reset_ok", tier)
+    c.fire("invalidated")
+
+
+def validate_resume_probe(c: Controller, *, retries: bool = False) -> None:
+    for step in ("validate", "resume", "probe"):
+        if retries:
+            c.fire(f"{step}_begin")
+            c.fire(f"{step}_failed", detail={"error": "timeout"})
+        c.fire(f"{step}_begin")
+        c.fire(f"{step}_ok")
+
+
+def full_cycle(c: Controller, *, retries: bool = False) -> None:
+    drain_and_pause(c, pause_fails=retries)
+    mutate(c)
+    invalidate(c, fail=("encoder",) if retries else ())
+    validate_resume_probe(c, retries=retries)
+    c.fire("publish", detail={"generation": c.control.target})
+
+
+def rollouts(c: Controller, *ids: str) -> None:
+    for rid in ids:
+        c.admit(rid)
+    for rid in ids:
+        c.release(rid, detail={"tokens": 17})  # "tokens" matches a secret marker: redacted
+
+
+def s_bootstrap(c: Controller) -> None:
+    bootstrap(c, fail_first=True)
+
+
+def s_admit_release(c: Controller) -> None:
+    bootstrap(c)
+    c.admit("a")
+    c.admit("b")
+    c.release("a")
+    c.admit("c")
+    c.release("b")
+    c.release("c")
+
+
+def s_update_cycle(c: Controller) -> None:
+    bootstrap(c)
+    rollouts(c, "r1", "r2")
+    full_cycle(c)
+    rollouts(c, "r3")
+    full_cycle(c)
+    rollouts(c, "r4")
+
+
+def s_update_while_bound(c: Controller) -> None:
+    bootstrap(c)
+    c.admit("r1")
+    c.fire("request_update")
+    try:  # the drain holds: refused, and nothing is journalled
+        c.fire("pause_begin")
+        raise AssertionError("pause_begin must be refused while r1 is bound")
+    except IllegalTransition:
+        pass
+    c.release("r1")
+    c.fire("pause_begin")
+    c.fire("pause_ok")
+    mutate(c)
+    invalidate(c)
+    validate_resume_probe(c)
+    c.fire("publish")
+    rollouts(c, "r2")
+
+
+def s_cancel_while_draining(c: Controller) -> None:
+    bootstrap(c)
+    c.admit("r1")
+    c.fire("request_update")
+    c.fire("cancel_update")
+    c.release("r1")
+    rollouts(c, "r2")
+
+
+def s_refused_then_reopen(c: Controller) -> None:
+    bootstrap(c)
+    rollouts(c, "r1")
+    drain_and_pause(c)
+    mutate(c, "mutate_refused")
+    c.fire("abandon_update")
+    c.fire("resume_begin")
+    c.fire("resume_ok")
+    c.fire("reopen")
+    rollouts(c, "r2")
+
+
+def s_retries(c: Controller) -> None:
+    bootstrap(c)
+    rollouts(c, "r1")
+    full_cycle(c, retries=True)
+    rollouts(c, "r2")
+
+
+def _to_mutation(c: Controller) -> None:
+    bootstrap(c)
+    rollouts(c, "r1")
+    drain_and_pause(c)
+
+
+def s_mutate_ambiguous(c: Controller) -> None:
+    _to_mutation(c)
+    mutate(c, "mutate_ambiguous")
+
+
+def s_validate_mismatch(c: Controller) -> None:
+    _to_mutation(c)
+    mutate(c)
+    invalidate(c)
+    c.fire("validate_begin")
+    c.fire("validate_mismatch", detail={"label": "gen-1", "expected": "gen-2"})
+
+
+def s_probe_mismatch(c: Controller) -> None:
+    _to_mutation(c)
+    mutate(c)
+    invalidate(c)
+    c.fire("validate_begin")
+    c.fire("validate_ok")
+    c.fire("resume_begin")
+    c.fire("resume_ok")
+    c.fire("probe_begin")
+    c.fire("probe_mismatch")
+
+
+def s_give_up(c: Controller) -> None:
+    _to_mutation(c)
+    mutate(c)
+    for _ in range(2):
+        c.fire("reset_begin", "prefix")
+        c.fire("reset_failed", "prefix")
+    c.fire("give_up", detail={"after": "2 failed resets"})
+
+
+Scenario = Callable[[Controller], None]
+SCENARIOS: dict[str, Scenario] = {
+    "bootstrap": s_bootstrap,
+    "admit_release": s_admit_release,
+    "update_cycle": s_update_cycle,
+    "update_while_bound": s_update_while_bound,
+    "cancel_while_draining": s_cancel_while_draining,
+    "refused_then_reopen": s_refused_then_reopen,
+    "retries": s_retries,
+    "mutate_ambiguous": s_mutate_ambiguous,
+    "validate_mismatch": s_validate_mismatch,
+    "probe_mismatch": s_probe_mismatch,
+    "give_up": s_give_up,
+}
+
+
+def run_scenario(path: Path, scenario: Scenario, clock: Callable[[], float]) -> None:
+    with Journal(path, fsync=False, clock=clock) as j:
+        scenario(Controller(trace=j))
+
+
+def recover_ready(path: Path, clock: Callable[[], float]) -> None:
+    """Crash in READY with rollouts bound, and in DRAINING before the pause: both
+    restart READY (the bindings of the dead process are dropped)."""
+    ctl, j, _ = open_controller(path, fsync=False, clock=clock)
+    bootstrap(ctl)
+    ctl.admit("r1")
+    ctl.admit("r2")
+    ctl.release("r1")
+    j.close()  # crash: r2 is still bound
+    ctl, j, rec = open_controller(path, fsync=False, clock=clock)
+    assert not rec.tainted, rec
+    rollouts(ctl, "r3")
+    ctl.admit("r4")
+    ctl.fire("request_update")
+    ctl.release("r4")
+    j.close()  # crash while draining, nothing in flight
+    ctl, j, rec = open_controller(path, fsync=False, clock=clock)
+    assert not rec.tainted, rec
+    full_cycle(ctl)
+    rollouts(ctl, "r5")
+    j.close()
+
+
+def recover_tainted(path: Path, clock: Callable[[], float]) -> None:
+    """Crash with a mutation in flight: restart TAINTED, and TAINTED again."""
+    ctl, j, _ = open_controller(path, fsync=False, clock=clock)
+    _to_mutation(ctl)
+    ctl.fire("mutate_begin")
+    j.close()
+    for _ in range(2):
+        ctl, j, rec = open_controller(path, fsync=False, clock=clock)
+        assert rec.tainted, rec
+        j.close()
+
+
+def torn_tail(path: Path, clock: Callable[[], float]) -> None:
+    """A crash in the middle of writing a record: the torn line did not happen."""
+    run_scenario(path, s_admit_release, clock)
+    data = path.read_bytes()
+    last = data.rstrip(b"\n").rsplit(b"\n", 1)[1]
+    path.write_bytes(data + last[: len(last) // 2])
+
+
+# ---------------------------------------------------------------------- tampering
+
+
+def load(path: Path) -> list[Record]:
+    report, records = read_journal(path)
+    assert report.ok, (path, report)
+    return records
+
+
+def write(path: Path, records: list[Record], *, chain: bool = True) -> None:
+    recs = rechain(records) if chain else records
+    path.write_text("".join(dumps_line(r) for r in recs))
+
+
+def renumber(records: list[Record]) -> list[Record]:
+    return [{**r, "seq": i} for i, r in enumerate(records)]
+
+
+def find(records: list[Record], step: str, param: Any = None, start: int = 0) -> int:
+    for i in range(start, len(records)):
+        if records[i].get("step") == step and (param is None or records[i]["param"] == param):
+            return i
+    raise KeyError(step)
+
+
+def like(rec: Record, step: str, typ: str, param: Any = None, **fields: Any) -> Record:
+    """A record with ``rec``'s projection, for another step."""
+    out = {**rec, "step": step, "type": typ, "op": None, "param": param, **fields}
+    out.pop("detail", None)
+    return out
+
+
+def make_bad(good: Path, bad: Path) -> None:
+    g = {name: load(good / f"{name}.jsonl") for name in (
+        "mutate_ambiguous", "validate_mismatch", "update_while_bound", "update_cycle",
+        "admit_release", "recover_tainted")}
+
+    r = g["mutate_ambiguous"]
+    write(bad / "ActivityAfterAmbiguity__admit_after_mutate_ambiguous.jsonl",
+          renumber([*r, like(r[-1], "admit", "step", "r9")]))
+
+    r = g["validate_mismatch"]
+    write(bad / "ActivityAfterAmbiguity__publish_after_validate_mismatch.jsonl",
+          renumber([*r, like(r[-1], "publish", "step", phase="READY",
+                              committed=r[-1]["target"], target=0)]))
+
+    # A controller that mutates with r1 still bound (no drain, no pause at all).
+    r = g["update_while_bound"]
+    i, k = find(r, "request_update"), find(r, "mutate_begin")
+    write(bad / "RolloutCrossesMutation__mutate_begin_while_bound.jsonl",
+          renumber(r[:i] + r[k:]))
+
+    # A rollout admitted while the weights are being transferred.
+    r = g["update_cycle"]
+    k = find(r, "mutate_begin")
+    write(bad / "RolloutCrossesMutation__admit_during_mutation.jsonl",
+          renumber([*r[:k + 1], like(r[k], "admit", "step", "r9"), *r[k + 1:]]))
+
+    # The same fault as the first RolloutCrossesMutation trace, as a controller that
+    # pauses with r1 bound would write it: the spec rejects the pause already.
+    r = g["update_while_bound"]
+    i = find(r, "release", "r1")
+    rel = r[i]
+    rest = r[:i] + r[i + 1:]
+    p = find(rest, "publish")
+    write(bad / "spec__pause_while_bound.jsonl", renumber(
+        [*rest[:p + 1], {**rel, "committed": rest[p]["committed"], "phase": "READY",
+                         "target": 0}, *rest[p + 1:]]))
+
+    r = g["update_cycle"]
+    i, k = find(r, "reset_begin", "mm"), find(r, "publish")
+    write(bad / "PublishWithoutCleanTiers__publish_missing_mm_reset.jsonl",
+          renumber(r[:i] + r[k:]))
+
+    i = find(r, "probe_begin")
+    write(bad / "spec__publish_without_probe.jsonl", renumber(r[:i] + r[i + 2:]))
+
+    i = find(r, "validate_begin")
+    write(bad / "spec__skipped_validate.jsonl", renumber(r[:i] + r[i + 2:]))
+
+    r = g["update_while_bound"]
+    i = find(r, "release", "r1")
+    tampered = [*r[:i], {**r[i], "committed": r[i]["target"]}, *r[i + 1:]]
+    write(bad / "RolloutChangedGeneration__release_under_other_generation.jsonl", tampered)
+
+    r = g["admit_release"]
+    write(bad / "SequenceGap__skipped_seq.jsonl",
+          [*r[:5], *({**x, "seq": x["seq"] + 1} for x in r[5:])])
+
+    r = g["update_cycle"]
+    i = find(r, "publish")
+    write(bad / "HashChain__edited_record.jsonl",
+          [*r[:i], {**r[i], "committed": r[i]["committed"] + 1}, *r[i + 1:]], chain=False)
+
+    r = g["mutate_ambiguous"]
+    i = find(r, "mutate_ambiguous")
+    write(bad / "Schema__ambiguous_journalled_as_fail.jsonl",
+          [*r[:i], {**r[i], "type": "fail"}, *r[i + 1:]])
+
+    r = g["recover_tainted"]
+    i = find(r, "recover")
+    fake = {**r[i], "phase": "READY", "target": 0, "pending": "none",
+            "detail": {**r[i]["detail"], "to_phase": "READY"}}
+    write(bad / "RecoverReadyOnFaith__ready_after_crash_mid_mutation.jsonl",
+          [*r[:i], fake, *r[i + 1:]])
+
+
+# ------------------------------------------------------------------------- driver
+
+
+def generate(root: Path = TRACES) -> list[Path]:
+    """Write the whole corpus under ``root`` (good/ and bad/); return the files."""
+    good, bad = root / "good", root / "bad"
+    for d in (good, bad):
+        d.mkdir(parents=True, exist_ok=True)
+        for old in d.glob("*.jsonl"):
+            old.unlink()
+    for name, scenario in SCENARIOS.items():
+        run_scenario(good / f"{name}.jsonl", scenario, FixedClock())
+    recover_ready(good / "recover_ready.jsonl", FixedClock())
+    recover_tainted(good / "recover_tainted.jsonl", FixedClock())
+    torn_tail(good / "torn_tail.jsonl", FixedClock())
+    make_bad(good, bad)
+    return sorted([*good.glob("*.jsonl"), *bad.glob("*.jsonl")])
+
+
+def write_long_trace(path: Path, records: int, *, seed: int = 0, fsync: bool = False,
+                     concurrency: int = 2) -> int:
+    """A long, valid journal: rollouts (up to ``concurrency`` bound at once) with an
+    update cycle (sometimes with retries) every few hundred steps. Returns the number
+    of records written after the header."""
+    rng = random.Random(seed)
+    with Journal(path, fsync=fsync, clock=FixedClock()) as j:
+        c = Controller(trace=j)
+        bootstrap(c)
+        n = 0
+        while j.last_seq < records:
+            bound = list(c.bindings)
+            if rng.random() < 0.004 and not bound:
+                full_cycle(c, retries=rng.random() < 0.3)
+            elif bound and (len(bound) >= concurrency or rng.random() < 0.5):
+                c.release(rng.choice(bound))
+            else:
+                n += 1
+                c.admit(f"r{n}")
+        return j.last_seq
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--long"]:
+        n = int(args[1]) if len(args) > 1 else 100_000
+        out = Path(args[2]) if len(args) > 2 else Path(tempfile.gettempdir()) / "long.jsonl"
+        out.unlink(missing_ok=True)
+        print(f"wrote {write_long_trace(out, n)} records to {out}")
+        return 0
+    for p in generate():
+        print(f"wrote {p.relative_to(TRACES.parent)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

@@ -1,0 +1,362 @@
+"""The journal: record format, hash chain, redaction, fsync, torn tails, recovery, and
+a controller killed after every step of an update cycle coming back safe."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rolloutcore.conformance.make_traces import (
+    FixedClock,
+    full_cycle,
+    s_retries,
+    s_update_cycle,
+)
+from rolloutcore.conformance.trace_check import TraceChecker, bounds_for, check_file
+from rolloutcore.controller import Controller, TraceRecord
+from rolloutcore.journal import (
+    REDACTED,
+    ZERO_HASH,
+    Journal,
+    JournalError,
+    _raw_hash_ok,
+    canonical,
+    jepsen_type,
+    open_controller,
+    read_journal,
+    recover,
+    verify_chain,
+)
+from rolloutcore.spec.lifecycle import ALL_EVIDENCE, NO_OP, SPEC, Kind, Phase
+
+
+def _journal(path: Path, scenario: Any = s_update_cycle, *, fsync: bool = False) -> Path:
+    with Journal(path, fsync=fsync, clock=FixedClock()) as j:
+        scenario(Controller(trace=j))
+    return path
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines(keepends=True)
+
+
+# ----------------------------------------------------------------------- format
+
+
+def test_jepsen_types_follow_the_spec() -> None:
+    for a in SPEC.actions:
+        if a.trigger is None:
+            continue
+        typ = jepsen_type(a.trigger)
+        if a.kind is Kind.OUTCOME:
+            assert typ in ("ok", "fail", "info"), a.name
+            assert (typ == "info") == a.name.endswith("_ambiguous"), a.name
+        else:
+            assert typ == ("invoke" if a.name.endswith("_begin") else "step"), a.name
+    assert [jepsen_type(s) for s in ("mutate_begin", "mutate_ok", "mutate_refused",
+                                     "mutate_ambiguous", "validate_mismatch", "admit",
+                                     "publish", "give_up", "recover")] == [
+        "invoke", "ok", "fail", "info", "fail", "step", "step", "step", "recover"]
+    with pytest.raises(KeyError):
+        jepsen_type("teleport")
+
+
+def test_record_format_and_chain(tmp_path: Path) -> None:
+    path = _journal(tmp_path / "j.jsonl")
+    prev = ZERO_HASH
+    for n, line in enumerate(_lines(path)):
+        rec = json.loads(line)
+        assert line == canonical(rec) + "\n"  # keys sorted, compact separators
+        assert rec["seq"] == n and rec["prev"] == prev
+        body = {k: v for k, v in rec.items() if k != "hash"}
+        assert rec["hash"] == hashlib.sha256(canonical(body).encode()).hexdigest()
+        assert _raw_hash_ok(line.rstrip("\n").encode(), rec["hash"])  # the fast path applies
+        if n == 0:
+            assert set(rec) == {"seq", "type", "schema", "spec", "t", "prev", "hash"}
+            assert (rec["type"], rec["schema"], rec["spec"]) == ("header", 1, "RolloutCore")
+        else:
+            assert set(rec) - {"detail"} == {"seq", "type", "op", "step", "param", "phase",
+                                             "committed", "target", "pending", "t", "prev",
+                                             "hash"}
+            assert rec["type"] == jepsen_type(rec["step"])
+            assert isinstance(rec["t"], float)
+        prev = rec["hash"]
+    report = verify_chain(path)
+    assert report.ok and report.records == len(_lines(path)) and report.first_bad_line is None
+
+
+def test_secrets_never_reach_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "j.jsonl"
+    with Journal(path, fsync=False) as j:
+        ctl = Controller(trace=j)
+        detail: dict[Any, Any] = {
+            "url": "http://engine", "Authorization": "Bearer s3cr3t-1",
+            "nested": {"deeper": [{"API_KEY": "s3cr3t-2"}, {"x-api-key": "s3cr3t-3"}],
+                       "session_cookie": "s3cr3t-4", "keep": 1},
+            "db_password": "s3cr3t-5", "refresh_token": "s3cr3t-6", 7: {"ClientSecret": "s3cr3t-7"},
+        }
+        ctl.fire("bootstrap_begin", detail=detail)
+    text = path.read_text()
+    assert "s3cr3t" not in text
+    detail = json.loads(_lines(path)[1])["detail"]
+    assert detail["url"] == "http://engine" and detail["nested"]["keep"] == 1
+    assert detail["Authorization"] == REDACTED
+    assert detail["nested"]["deeper"] == [{"API_KEY": REDACTED}, {"x-api-key": REDACTED}]
+    assert detail["7"] == {"ClientSecret": REDACTED}
+    assert verify_chain(path).ok
+
+
+def test_fsync_before_the_step_returns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[int] = []
+    real = os.fsync
+    def counting_fsync(fd: int) -> None:
+        synced.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", counting_fsync)
+    path = tmp_path / "j.jsonl"
+    with Journal(path) as j:  # fsync on by default
+        after_header = len(synced)
+        assert after_header >= 2  # the header and the directory entry
+        ctl = Controller(trace=j)
+        ctl.fire("bootstrap_begin")
+        assert len(synced) == after_header + 1  # durable before fire() returned
+        ctl.fire("bootstrap_ok")
+        ctl.admit("r1")
+        assert len(synced) == after_header + 3
+    assert verify_chain(path).ok
+    synced.clear()
+    with Journal(tmp_path / "nosync.jsonl", fsync=False) as j:
+        Controller(trace=j).fire("bootstrap_begin")
+    assert synced == []
+
+
+def test_reopen_continues_the_chain(tmp_path: Path) -> None:
+    path = _journal(tmp_path / "j.jsonl", s_retries)
+    n = len(_lines(path))
+    with Journal(path, fsync=False) as j:
+        assert j.last_seq == n - 1
+        j(TraceRecord(n, "admit", "late", Phase.READY, 2, 0, NO_OP, None))
+        with pytest.raises(JournalError):  # a sequence number never goes back
+            j(TraceRecord(n, "release", "late", Phase.READY, 2, 0, NO_OP, None))
+        with pytest.raises(JournalError):
+            j(TraceRecord(n + 1, "teleport", None, Phase.READY, 2, 0, NO_OP, None))
+    report = verify_chain(path)
+    assert report.ok and report.records == n + 1 and report.last_seq == n
+    with pytest.raises(JournalError):
+        j(TraceRecord(n + 1, "release", "late", Phase.READY, 2, 0, NO_OP, None))  # closed
+
+
+def test_concurrent_steps_keep_the_chain(tmp_path: Path) -> None:
+    path = tmp_path / "j.jsonl"
+    with Journal(path, fsync=False) as j:
+        ctl = Controller(trace=j)
+        ctl.fire("bootstrap_begin")
+        ctl.fire("bootstrap_ok")
+
+        def worker(w: int) -> None:
+            for i in range(100):
+                ctl.admit(f"w{w}-{i}")
+                ctl.release(f"w{w}-{i}")
+
+        threads = [threading.Thread(target=worker, args=(w,)) for w in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    report = verify_chain(path)
+    assert report.ok and report.last_seq == 2 + 800
+    assert check_file(path).accepted
+
+
+# ------------------------------------------------------------------ verification
+
+
+@pytest.mark.parametrize("how", ["edit", "delete", "swap", "garbage", "drop_field"])
+def test_tampering_is_found_at_the_right_line(tmp_path: Path, how: str) -> None:
+    good = _lines(_journal(tmp_path / "good.jsonl"))
+    for i in range(1, len(good) - 1):  # 0-based index of the tampered line
+        lines = list(good)
+        rec = json.loads(lines[i])
+        if how == "edit":
+            rec["committed"] += 1
+            lines[i] = canonical(rec) + "\n"
+        elif how == "delete":
+            del lines[i]
+        elif how == "swap":
+            lines[i], lines[i + 1] = lines[i + 1], lines[i]
+        elif how == "garbage":
+            lines[i] = "{not json\n"
+        else:
+            del rec["target"]
+            lines[i] = canonical(rec) + "\n"
+        path = tmp_path / f"{how}.jsonl"
+        path.write_text("".join(lines))
+        report = verify_chain(path)
+        assert not report.ok and not report.truncated, (how, i)
+        assert report.first_bad_line == i + 1, (how, i, report)
+        assert report.records == i
+
+
+def test_a_bad_first_line_is_reported(tmp_path: Path) -> None:
+    lines = _lines(_journal(tmp_path / "good.jsonl"))
+    path = tmp_path / "j.jsonl"
+    path.write_text("".join(lines[1:]))  # no header
+    report = verify_chain(path)
+    assert not report.ok and report.first_bad_line == 1
+
+
+def test_torn_tail(tmp_path: Path) -> None:
+    path = _journal(tmp_path / "j.jsonl")
+    lines = _lines(path)
+    last = lines[-1]
+    for cut in (1, len(last) // 2, len(last) - 1):  # the newline is the last byte written
+        path.write_text("".join(lines[:-1]) + last[:cut])
+        report = verify_chain(path)
+        assert not report.ok and report.truncated
+        assert report.reason == "truncated final record"
+        assert report.first_bad_line == len(lines) and report.records == len(lines) - 1
+        rec = recover(path)
+        assert rec.next_seq == len(lines) - 1  # the torn step did not happen
+    # NULs at the end (space allocated, data lost) are a torn tail too.
+    path.write_text("".join(lines[:-1]) + "\0" * 40)
+    assert verify_chain(path).truncated
+    # Reopening cuts the torn tail off and continues the chain.
+    with Journal(path, fsync=False) as j:
+        assert j.last_seq == len(lines) - 2
+    assert verify_chain(path).ok and _lines(path) == lines[:-1]
+
+
+def test_empty_and_missing_files(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    report = verify_chain(empty)
+    assert not report.ok and report.truncated and report.records == 0
+    assert recover(empty).control.phase is Phase.UNINITIALIZED
+    with pytest.raises(FileNotFoundError):
+        verify_chain(tmp_path / "missing.jsonl")
+
+
+# ---------------------------------------------------------------------- recovery
+
+
+def _recovery_is_spec_safe(prefix: list[dict[str, Any]], control: Any) -> None:
+    """Every engine state consistent with the journal prefix, with the recovered
+    controller half put in place (no bindings), satisfies every invariant."""
+    checker = TraceChecker(SPEC, bounds_for(prefix[1:]))
+    for n, r in enumerate(prefix[1:], start=2):
+        assert checker.feed(r, n) is None
+    assert checker.states
+    free = (0,) * checker.spec.bounds.rollouts
+    for s in checker.states:
+        t = s._replace(phase=control.phase, committed=control.committed, target=control.target,
+                       pending=control.pending, cleared=control.cleared,
+                       evidence=control.evidence, bind=free)
+        for inv in SPEC.invariants:
+            assert inv.holds(t), (inv.name, s.phase, control)
+
+
+def test_killed_after_every_step_comes_back_safe(tmp_path: Path) -> None:
+    """Truncate a journal of full update cycles (retries included) after each record,
+    and mid-record, then recover: READY only when the spec proves it safe, TAINTED
+    whenever a pause or mutation may be in flight, and the restarted controller's
+    journal (with its recover record) passes the trace checker."""
+    def scenario(c: Controller) -> None:
+        s_retries(c)
+        c.admit("r9")
+        c.fire("request_update")
+        c.release("r9")
+        c.fire("cancel_update")
+        full_cycle(c)
+
+    full = _journal(tmp_path / "full.jsonl", scenario)
+    lines = _lines(full)
+    _, records = read_journal(full)
+    outcomes: dict[str, int] = {}
+    for k in range(1, len(lines) + 1):  # keep lines[:k]
+        for torn in (False, True):
+            if torn and k == len(lines):
+                continue
+            path = tmp_path / f"cut{k}{'t' if torn else ''}.jsonl"
+            path.write_text("".join(lines[:k]) + (lines[k][:20] if torn else ""))
+            last = records[k - 1]
+            rec = recover(path)
+            phase = rec.control.phase
+            outcomes[phase.value] = outcomes.get(phase.value, 0) + 1
+            assert rec.next_seq == k
+            if k == 1 or last["phase"] == "UNINITIALIZED":
+                assert phase is Phase.UNINITIALIZED and not rec.tainted
+            elif last["phase"] == "READY" or (last["phase"] == "DRAINING"
+                                              and last["pending"] == NO_OP):
+                assert phase is Phase.READY and not rec.tainted
+                assert rec.control.committed == last["committed"]
+                assert rec.control.evidence == ALL_EVIDENCE and rec.control.target == 0
+            else:  # a pause or mutation may be in flight, or it happened: fail closed
+                assert phase is Phase.TAINTED and rec.tainted, (k, last)
+            assert not (phase is Phase.READY and last["pending"] != NO_OP)
+            _recovery_is_spec_safe(records[:k], rec.control)
+            ctl, j, rec2 = open_controller(path, fsync=False, clock=FixedClock())
+            assert rec2.control == rec.control and ctl.control == rec.control
+            assert not ctl.bindings
+            if phase is Phase.READY:  # the restarted controller goes on working
+                ctl.admit("after")
+                ctl.release("after")
+                full_cycle(ctl)
+            j.close()
+            verdict = check_file(path)
+            assert verdict.accepted, (k, torn, verdict)
+            assert verify_chain(path).ok
+    assert set(outcomes) == {"UNINITIALIZED", "READY", "TAINTED"}
+
+
+def test_recover_from_tainted_stays_tainted(tmp_path: Path) -> None:
+    path = tmp_path / "j.jsonl"
+    with Journal(path, fsync=False) as j:
+        c = Controller(trace=j)
+        c.fire("bootstrap_begin")
+        c.fire("bootstrap_ok")
+        c.fire("request_update")
+        c.fire("pause_begin")
+        c.fire("pause_ok")
+        c.fire("mutate_begin")
+        c.fire("mutate_ambiguous")
+    for _ in range(2):
+        ctl, j, rec = open_controller(path, fsync=False)
+        j.close()
+        assert rec.tainted and ctl.phase is Phase.TAINTED and rec.from_phase == "TAINTED"
+    assert check_file(path).accepted
+
+
+def test_broken_chain_recovers_tainted_and_is_kept(tmp_path: Path) -> None:
+    path = _journal(tmp_path / "j.jsonl")
+    lines = _lines(path)
+    lines[5] = lines[5].replace('"committed":1', '"committed":7')
+    path.write_text("".join(lines))
+    with pytest.raises(JournalError):
+        Journal(path)
+    rec = recover(path)
+    assert rec.tainted and rec.control.phase is Phase.TAINTED
+    assert "line 6" in rec.safe_reason
+    ctl, j, rec = open_controller(path, fsync=False)
+    j.close()
+    assert ctl.phase is Phase.TAINTED
+    aside = tmp_path / "j.jsonl.broken"
+    assert aside.read_text() == "".join(lines)  # the evidence is kept, untouched
+    assert verify_chain(path).ok and check_file(path).accepted
+    _, records = read_journal(path)
+    assert [r["type"] for r in records] == ["header", "recover"]
+
+
+def test_open_controller_fresh(tmp_path: Path) -> None:
+    ctl, j, rec = open_controller(tmp_path / "new.jsonl", fsync=False)
+    assert ctl.phase is Phase.UNINITIALIZED and rec.next_seq == 1 and not rec.tainted
+    ctl.fire("bootstrap_begin")
+    j.close()
+    _, records = read_journal(tmp_path / "new.jsonl")
+    assert [r["seq"] for r in records] == [0, 1]

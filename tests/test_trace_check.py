@@ -1,0 +1,201 @@
+"""The trace checker: the corpus is classified correctly (and up to date), random spec
+walks are accepted and corrupted ones rejected at the right line, a long journal is
+checked in linear time, and the CLI's exit codes."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rolloutcore.cli import main
+from rolloutcore.conformance.make_traces import TRACES, generate, write_long_trace
+from rolloutcore.conformance.trace_check import (
+    SPEC_VIOLATION,
+    TraceInputError,
+    check_file,
+    check_trace,
+)
+from rolloutcore.controller import Controller, slot_id
+from rolloutcore.journal import Journal, read_journal, rechain
+from rolloutcore.spec.lifecycle import SPEC, Bounds, Kind, Phase
+
+GOOD = sorted((TRACES / "good").glob("*.jsonl"))
+BAD = sorted((TRACES / "bad").glob("*.jsonl"))
+
+
+def test_corpus_is_present() -> None:
+    assert len(GOOD) >= 12 and len(BAD) >= 10
+
+
+@pytest.mark.parametrize("path", GOOD, ids=lambda p: p.stem)
+def test_good_traces_are_accepted(path: Path) -> None:
+    v = check_file(path)
+    assert v.accepted, v.message
+    assert v.first_bad_line is None and v.violated is None and v.records > 0
+
+
+@pytest.mark.parametrize("path", BAD, ids=lambda p: p.stem)
+def test_bad_traces_report_their_property(path: Path) -> None:
+    expected = path.stem.split("__")[0]
+    v = check_file(path)
+    assert not v.accepted
+    assert v.first_bad_line is not None and f"line {v.first_bad_line}" in v.message
+    if expected == "spec":
+        assert v.violated == SPEC_VIOLATION, v.message
+    else:
+        assert v.violated == expected, v.message
+
+
+def test_every_history_property_has_a_bad_trace() -> None:
+    named = {p.stem.split("__")[0] for p in BAD}
+    assert {"RolloutCrossesMutation", "RolloutChangedGeneration", "ActivityAfterAmbiguity",
+            "PublishWithoutCleanTiers", "SequenceGap", "HashChain", "spec"} <= named
+
+
+def test_corpus_is_up_to_date(tmp_path: Path) -> None:
+    """The committed corpus is exactly what make_traces writes (fixed clock)."""
+    fresh = generate(tmp_path)
+    names = sorted(p.relative_to(tmp_path) for p in fresh)
+    assert names == sorted(p.relative_to(TRACES) for p in GOOD + BAD), \
+        "run `python -m rolloutcore.conformance.make_traces`"
+    for p in fresh:
+        assert p.read_bytes() == (TRACES / p.relative_to(tmp_path)).read_bytes(), p
+
+
+# ---------------------------------------------------------------- random walks
+
+
+def _random_walk(path: Path, seed: int, steps: int = 400) -> None:
+    """Walk the spec at random (environment steps included, unjournalled), driving the
+    real controller with a journal sink."""
+    rng = random.Random(seed)
+    spec = SPEC.with_bounds(Bounds(rollouts=3, generations=6, faults=3))
+    s = spec.initial()
+    with Journal(path, fsync=False) as j:
+        ctl = Controller(trace=j)
+        for _ in range(steps):
+            succ = spec.successors(s)
+            if not succ:
+                break
+            # Mostly the happy path, so that walks get through several update cycles.
+            calm = [x for x in succ if not x[0].fault and x[0].dest is not Phase.TAINTED]
+            a, p, s = rng.choice(calm if calm and rng.random() < 0.93 else succ)
+            if a.kind is Kind.ENVIRONMENT:
+                continue
+            if a.trigger == "admit":
+                ctl.admit(slot_id(p))
+            elif a.trigger == "release":
+                ctl.release(slot_id(p))
+            else:
+                ctl.fire(str(a.trigger), p)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_spec_walks_are_accepted(tmp_path: Path, seed: int) -> None:
+    path = tmp_path / "walk.jsonl"
+    _random_walk(path, seed)
+    v = check_file(path)
+    assert v.accepted, v.message
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_corrupted_projection_is_rejected_at_its_line(tmp_path: Path, seed: int) -> None:
+    path = tmp_path / "walk.jsonl"
+    _random_walk(path, seed)
+    _, records = read_journal(path)
+    rng = random.Random(seed)
+    for _ in range(10):
+        i = rng.randrange(1, len(records))
+        if records[i]["type"] == "recover":
+            continue
+        field = rng.choice(["phase", "committed", "target", "pending"])
+        bad = [dict(r) for r in records]
+        old = bad[i][field]
+        if field == "phase":
+            bad[i][field] = rng.choice([p.value for p in Phase if p.value != old])
+        elif field == "pending":
+            bad[i][field] = "none" if old != "none" else "mutate"
+        else:
+            bad[i][field] = old + 1
+        v = check_trace(rechain(bad))
+        assert not v.accepted and v.first_bad_line == i + 1, (i, field, v.message)
+
+
+def test_recovered_to_tainted_is_terminal() -> None:
+    _, records = read_journal(TRACES / "good" / "recover_tainted.jsonl")
+    extra = {**records[-1], "seq": records[-1]["seq"] + 1, "step": "reset_begin",
+             "type": "invoke", "op": "reset", "param": "prefix"}
+    v = check_trace(rechain([*records, extra]))
+    assert not v.accepted and v.violated == SPEC_VIOLATION
+    assert v.first_bad_line == len(records) + 1
+
+
+def test_records_without_header() -> None:
+    _, records = read_journal(TRACES / "good" / "admit_release.jsonl")
+    v = check_trace(records[1:])
+    assert v.accepted and v.records == len(records) - 1
+
+
+# ---------------------------------------------------------------------- scale
+
+
+def test_long_journal_is_checked_in_linear_time(tmp_path: Path) -> None:
+    path = tmp_path / "long.jsonl"
+    n = write_long_trace(path, 20_000, seed=1)
+    t0 = time.perf_counter()
+    v = check_file(path)
+    seconds = time.perf_counter() - t0
+    assert v.accepted, v.message
+    assert v.records == n and n >= 20_000
+    assert v.states_max <= 64
+    assert seconds < 20, f"{seconds:.1f} s for {n} records"
+
+
+# ------------------------------------------------------------------------ CLI
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_cli_trace_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = str(TRACES / "good" / "update_cycle.jsonl")
+    rc, out, _ = _cli(capsys, "trace", "check", good)
+    assert rc == 0 and out.startswith("accepted")
+    bad = TRACES / "bad" / "PublishWithoutCleanTiers__publish_missing_mm_reset.jsonl"
+    rc, out, _ = _cli(capsys, "trace", "check", str(bad))
+    assert rc == 1 and "PublishWithoutCleanTiers" in out and "rejected at line" in out
+    rc, out, _ = _cli(capsys, "trace", "check", str(bad), "--json")
+    data: dict[str, Any] = json.loads(out)
+    assert rc == 1 and data["accepted"] is False
+    assert data["violated"] == "PublishWithoutCleanTiers" and data["first_bad_line"] > 1
+    not_json = tmp_path / "notes.txt"
+    not_json.write_text("hello, this is not a journal\n")
+    rc, _, err = _cli(capsys, "trace", "check", str(not_json))
+    assert rc == 2 and "not a RolloutCore journal" in err
+    rc, _, err = _cli(capsys, "trace", "check", str(tmp_path / "missing.jsonl"))
+    assert rc == 2 and "no such file" in err
+    rc, out, _ = _cli(capsys, "trace", "check", str(tmp_path / "missing.jsonl"), "--json")
+    assert rc == 2 and "error" in json.loads(out)
+    with pytest.raises(TraceInputError):
+        check_file(tmp_path)
+
+
+def test_cli_journal_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = _cli(capsys, "journal", "verify", str(TRACES / "good" / "retries.jsonl"))
+    assert rc == 0 and out.startswith("chain intact")
+    rc, out, _ = _cli(capsys, "journal", "verify",
+                      str(TRACES / "bad" / "HashChain__edited_record.jsonl"), "--json")
+    data = json.loads(out)
+    assert rc == 1 and data["ok"] is False and data["first_bad_line"] > 1
+    rc, out, _ = _cli(capsys, "journal", "verify", str(TRACES / "good" / "torn_tail.jsonl"))
+    assert rc == 1 and "truncated final record" in out
+    rc, _, err = _cli(capsys, "journal", "verify", str(tmp_path / "missing.jsonl"))
+    assert rc == 2 and "cannot read" in err
