@@ -88,6 +88,22 @@ class Reply:
     seconds: float
 
 
+@dataclass(frozen=True)
+class RequestLog:
+    """One completed HTTP exchange (for benchmarks: which endpoints a step needs)."""
+
+    op: str
+    method: str
+    path: str
+    params: dict[str, str]
+    json_body: Any
+    status: int
+    seconds: float
+
+
+RequestListener = Callable[[RequestLog], None]
+
+
 def is_loopback(host: str) -> bool:
     if host.lower() in ("localhost", "localhost.localdomain"):
         return True
@@ -187,6 +203,7 @@ class HttpAdapter:
         mutation_method: str = "rc_reload_weights",
         check_source_exists: bool = True,
         transport: httpx.BaseTransport | None = None,
+        on_request: RequestListener | None = None,
     ) -> None:
         if mutation_method not in MUTATION_METHODS:
             raise ValueError(f"mutation_method must be one of {MUTATION_METHODS}")
@@ -200,6 +217,7 @@ class HttpAdapter:
         # this machine's filesystem (loopback); otherwise the worker checks it.
         self.check_source_exists = check_source_exists and is_loopback(self.url.host)
         self._transport = transport
+        self.on_request = on_request
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._pool = _Pool(self._new_client)
 
@@ -258,6 +276,9 @@ class HttpAdapter:
                         + (f" (after {attempts} attempts)" if attempts > 1 else ""),
                         proven_no_effect=isinstance(e, httpx.ConnectError)) from e
                 seconds = time.perf_counter() - t0
+            if self.on_request is not None:
+                self.on_request(RequestLog(op, method, path, dict(params or {}), json_body,
+                                           r.status_code, seconds))
             if r.status_code >= 500:
                 self._pool.replace(client)  # the server drops the connection after a 5xx
             text = r.text
@@ -572,4 +593,5 @@ def _error_text(reply: Reply) -> str:
     return reply.text[:300] or "(empty body)"
 
 
-__all__ = ["EXTENSION_CLS", "HttpAdapter", "Reply", "Timeouts", "check_url", "is_loopback"]
+__all__ = ["EXTENSION_CLS", "HttpAdapter", "Reply", "RequestLog", "Timeouts", "check_url",
+           "is_loopback"]

@@ -47,6 +47,7 @@ from rolloutcore.adapters.contract import (
 from rolloutcore.conformance.trace_check import check_file
 from rolloutcore.journal import Journal, open_controller, read_journal, verify_chain
 from rolloutcore.runner import CycleReport, LifecycleRunner, RunnerPolicy
+from rolloutcore.spec.lifecycle import Phase
 
 INITIAL_LABEL = "default"  # what a freshly started vLLM (and SimEngine) reports
 PROMPTS = ("probe", "rollout")  # probe: cacheable (> 2 prefix blocks); rollout: long output
@@ -660,6 +661,11 @@ class ScenarioContext:
                  f"{report.target.label} in {report.total_s * 1000:.0f} ms "
                  f"(drain wait {report.drain_wait_s * 1000:.0f} ms), "
                  f"phase {report.final_phase.value}")
+        if report.final_phase is Phase.READY:
+            # The spec's ReadyEngineServesCommitted, checked against the engine itself.
+            paused = self.engine.is_paused_raw()
+            self.check(f"{key}: READY with the engine running (not left paused)", not paused,
+                       {"is_paused": paused})
 
     def journal_steps(self) -> list[dict[str, Any]]:
         _report, records = read_journal(self.journal_path)
@@ -847,7 +853,8 @@ def _outcome_steps(r: ScenarioResult) -> list[str] | None:
 
 
 @contextmanager
-def background(fn: Callable[[], Any]) -> Iterator[dict[str, Any]]:
+def background(fn: Callable[[], Any], join_timeout: float = 120.0) -> Iterator[
+        dict[str, Any]]:
     """Run ``fn`` on a thread; the dict gets ``result``/``error`` and ``t_end``
     (perf_counter) once it finishes; joined on exit."""
     box: dict[str, Any] = {}
@@ -866,7 +873,9 @@ def background(fn: Callable[[], Any]) -> Iterator[dict[str, Any]]:
     try:
         yield box
     finally:
-        th.join(600.0)
+        th.join(join_timeout)
+        if th.is_alive():  # left behind (daemon): the scenario reports it
+            box.setdefault("error", TimeoutError(f"still running after {join_timeout} s"))
 
 
 def wait_until(cond: Callable[[], bool], timeout: float, interval: float = 0.01) -> bool:

@@ -16,6 +16,7 @@ from rolloutcore.conformance.harness import (
     wait_until,
 )
 from rolloutcore.controller import IllegalTransition
+from rolloutcore.runner import RunnerPolicy
 from rolloutcore.spec.lifecycle import Phase
 
 
@@ -298,7 +299,7 @@ def s_pause_semantics(ctx: ScenarioContext) -> None:
     t_full = time.perf_counter() - t0
     ctx.check("an undisturbed rollout equals the reference", full.tokens == ref1,
               {"seconds": round(t_full, 3), "first_diff": first_diff(full.tokens, ref1)})
-    lead, hold = 0.25 * t_full, max(0.3, 0.3 * t_full)
+    lead, hold = 0.25 * t_full, max(0.1, 0.3 * t_full)
     obs = {m.value: _observe_pause(ctx, m, lead, hold) for m in PauseMode}
 
     def tok(m: str, k: str) -> tuple[int, ...]:
@@ -354,10 +355,12 @@ def s_pause_semantics(ctx: ScenarioContext) -> None:
     # Through RolloutCore: the wait-mode pause drains an orphan (a request the engine
     # runs that no binding covers) before the mutation.
     runner = ctx.bootstrap()
-    with background(lambda: e.raw_generate(roll, n)) as orphan:
+    with background(lambda: e.raw_generate(roll, n), join_timeout=30.0) as orphan:
         wait_until(lambda: e.running_requests() >= 1, 60.0)
         report = runner.update(e.target(2, "v2"))
-    ctx.cycle_evidence("cycle", report)
+        ctx.cycle_evidence("cycle", report)
+        if e.is_paused_raw():  # clean-up only (the checks above already saw it)
+            e.resume_raw()
     ctx.check("the update with an orphan in flight is published", report.published,
               report.final_phase.value)
     pauses = [c.evidence for c in (ctx.recorder.of("pause") if ctx.recorder else [])
@@ -370,6 +373,44 @@ def s_pause_semantics(ctx: ScenarioContext) -> None:
     o_tokens = tuple(orphan["result"].tokens) if "result" in orphan else ()
     ctx.check("the orphan finished under the old weights (equal to the old reference)",
               o_tokens == ref1, {"first_diff": first_diff(o_tokens, ref1)})
+
+
+# ----------------------------------------------------------------------- pause timeout
+
+
+def s_pause_timeout(ctx: ScenarioContext) -> None:
+    """A wait-mode pause that outlives its deadline (an orphan runs longer): the update is
+    cancelled, and READY must again mean an engine that runs (ReadyEngineServesCommitted).
+    The spec models pause_failed as "the engine reads as not paused"; a wait-mode pause
+    that timed out on the client has in fact paused the engine (vLLM stops scheduling new
+    requests at once and reports paused)."""
+    e = ctx.engine
+    roll, n = e.prompt("rollout"), e.rollout_tokens
+    t0 = time.perf_counter()
+    e.raw_generate(roll, n)
+    t_orphan = time.perf_counter() - t0
+    ctx.policy = RunnerPolicy(step_timeout_s=max(0.02, t_orphan / 10), retries=3,
+                              retry_backoff_s=0.0, drain_timeout_s=60.0)
+    runner = ctx.bootstrap()
+    c = runner.controller
+    with background(lambda: e.raw_generate(roll, n), join_timeout=60.0) as orphan:
+        wait_until(lambda: e.running_requests() >= 1, 60.0)
+        report = runner.update(e.target(2, "v2"))
+        pauses = [s for s in report.steps if s.step == "pause"]
+        ctx.check("every wait-mode pause attempt outlived its deadline (pause_failed)",
+                  bool(pauses) and pauses[0].outcome == "pause_failed",
+                  [(s.outcome, s.attempts, s.reason[:80]) for s in pauses])
+        ctx.check("the update was cancelled: READY, generation 1 still committed",
+                  c.phase is Phase.READY and c.control.committed == 1 and not report.published,
+                  {"phase": c.phase.value, "committed": c.control.committed})
+    ctx.cycle_evidence("cycle", report)
+    paused = e.is_paused_raw()
+    ctx.check("once the orphan is done, the engine of the READY controller runs (the pause "
+              "that timed out did not leave it paused)", not paused, {"is_paused": paused})
+    if paused:  # clean-up, so the next rollout is served
+        e.resume_raw()
+    ctx.evidence.update(orphan_s=round(t_orphan, 3),
+                        orphan_finished="result" in orphan, engine_left_paused=paused)
 
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
@@ -385,6 +426,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "RolloutCore's first request has zero old hits", s_stale_cache),
     Scenario("pause_semantics", "abort / wait / keep as observed, and the spec's assumptions "
              "about them", s_pause_semantics),
+    Scenario("pause_timeout", "a wait-mode pause past its deadline cancels the update; the "
+             "engine must run again", s_pause_timeout),
     Scenario("failed_load", "a refused load resumes the old generation; a load dying halfway "
              "latches TAINTED; a naive resume kills the engine", s_failed_load,
              destructive=True),

@@ -200,8 +200,9 @@ def _simulate(args: argparse.Namespace) -> int:
         _print_json(result.as_json())
     else:
         for n, c in enumerate(result.cycles, 1):
-            print(f"cycle {n} -> {c.target.label}: {'published' if c.published else 'NOT published'}"
-                  f", {c.final_phase}, {c.total_s * 1e3:.2f} ms (drain {c.drain_wait_s * 1e3:.2f} ms)")
+            verdict = "published" if c.published else "NOT published"
+            print(f"cycle {n} -> {c.target.label}: {verdict}, {c.final_phase}, "
+                  f"{c.total_s * 1e3:.2f} ms (drain {c.drain_wait_s * 1e3:.2f} ms)")
             for s in c.steps:
                 print(f"    {s.step:18s} {s.outcome:18s} x{s.attempts} {s.seconds * 1e3:8.3f} ms")
         print(f"final: {result.final_phase}, committed generation {result.committed}; "
@@ -246,6 +247,76 @@ def _add_demo_conformance_parsers(sub: Any) -> None:
     run.set_defaults(func=_conformance_run)
 
 
+# ---------------------------------------------------------------------------- records
+
+
+def _records_show(args: argparse.Namespace) -> int:
+    from rolloutcore.records import RecordError, read_records
+
+    try:
+        recs = read_records(args.file)
+    except (RecordError, OSError) as e:
+        if args.json:
+            _print_json({"file": args.file, "error": str(e)})
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        _print_json({"file": args.file, "records": [r.to_dict() for r in recs]})
+        return 0
+    print(f"{args.file}: {len(recs)} records")
+    for r in recs:
+        d = r.decoding
+        print(f"  {r.rollout_id}: version {r.version} ({r.label}, identity "
+              f"{(r.identity or '-')[:12]}), prompt {len(r.prompt_token_ids)} + response "
+              f"{len(r.response_token_ids)} tokens, {r.finish_reason}; T={d.temperature} "
+              f"top_p={d.top_p} max={d.max_tokens} seed={d.seed}; {r.timing.seconds:.3f} s")
+    return 0
+
+
+def _records_replay(args: argparse.Namespace) -> int:
+    from rolloutcore.conformance.replay import replay
+    from rolloutcore.records import RecordError, read_records
+
+    try:
+        recs = read_records(args.file)
+    except (RecordError, OSError) as e:
+        if args.json:
+            _print_json({"file": args.file, "error": str(e)})
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    verdicts = replay(recs, args.engine, model=args.model, tolerance=args.tolerance)
+    if args.json:
+        _print_json({"file": args.file, "engine": args.engine, "tolerance": args.tolerance,
+                     "verdicts": [v.as_json(per_token=args.per_token) for v in verdicts]})
+    else:
+        for v in verdicts:
+            diff = "" if v.max_abs_diff is None else (
+                f" max |d| {v.max_abs_diff:.3g}, seq d {v.seq_diff:+.4g}")
+            print(f"  {v.rollout_id} (version {v.version}): {v.verdict}{diff}; {v.detail}")
+    if any(v.verdict == "error" for v in verdicts):
+        return 2
+    return 0 if all(v.verdict in ("match", "unscorable") for v in verdicts) else 1
+
+
+def _add_records_parsers(sub: Any) -> None:
+    rec = sub.add_parser("records", help="trajectory records (JSON lines or Parquet)")
+    rsub = rec.add_subparsers(dest="cmd", required=True)
+    show = rsub.add_parser("show", help="print the records of a file (exit 2 if unreadable)")
+    show.add_argument("file")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(func=_records_show)
+    rp = rsub.add_parser("replay", help="re-score each record on an engine (exit 0 all match, "
+                         "1 some mismatch, 2 unreadable or engine error)")
+    rp.add_argument("file")
+    rp.add_argument("--engine", required=True, help="engine base URL, e.g. http://127.0.0.1:8000")
+    rp.add_argument("--model", default="tiny", help="served model name (default: tiny)")
+    rp.add_argument("--tolerance", type=float, default=1e-3,
+                    help="max |logprob difference| per token, nats (default 1e-3)")
+    rp.add_argument("--per-token", action="store_true", help="with --json: every token's diff")
+    rp.add_argument("--json", action="store_true")
+    rp.set_defaults(func=_records_replay)
+
+
 # ------------------------------------------------------------------------------ parser
 
 
@@ -284,6 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--json", action="store_true")
     sim.set_defaults(func=_simulate)
     _add_demo_conformance_parsers(sub)
+    _add_records_parsers(sub)
     return p
 
 

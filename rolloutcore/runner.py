@@ -42,6 +42,10 @@ class RunnerPolicy:
     retry_backoff_s: float = 0.05
     drain_timeout_s: float = 600.0
     pause_mode: PauseMode = PauseMode.WAIT
+    # Run idempotent calls on watchdog workers so that even a hung call is bounded. An
+    # adapter whose every call carries its own timeout (httpx) may turn this off to save
+    # the thread hand-offs; the mutation is always supervised.
+    supervise_idempotent: bool = True
     # Mutation deadline: base plus the time to move the target's bytes at a floor rate.
     mutation_base_s: float = 10.0
     mutation_floor_bytes_per_s: float = 50e6
@@ -86,46 +90,58 @@ class CycleReport:
 StepListener = Callable[[str, str, float], None]  # (step, outcome, seconds)
 
 
+class _Call:
+    """One call handed to another thread: its result, or its error, and when it ended."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+        self.box: dict[str, Any] = {}
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        try:
+            self.box["value"] = self.fn()
+        except BaseException as e:  # re-raised in the caller
+            self.box["error"] = e
+        finally:
+            self.done.set()
+
+    def wait(self, seconds: float, what: str, stuck: list[str] | None) -> Any:
+        if not self.done.wait(seconds):
+            if stuck is not None:
+                stuck.append(f"{what} still running after {seconds:.2f} s (left behind)")
+            raise DeadlineExceeded(what, seconds)
+        if "error" in self.box:
+            raise self.box["error"]
+        return self.box["value"]
+
+
 class CallPool:
     """Reusable daemon workers for idempotent calls (a thread per call costs more than the
-    whole control logic). A call past its deadline keeps its worker; a replacement is
-    started so that stuck calls never starve the runner."""
+    whole control logic). A call past its deadline keeps its worker; a new worker is
+    started when none is idle, so stuck calls never starve the runner."""
 
     def __init__(self) -> None:
-        self._tasks: queue.SimpleQueue[tuple[Callable[[], Any], dict[str, Any],
-                                             threading.Event]] = queue.SimpleQueue()
+        self._tasks: queue.SimpleQueue[_Call] = queue.SimpleQueue()
         self._idle = 0
         self._lock = threading.Lock()
 
     def _work(self) -> None:
         while True:
-            fn, box, done = self._tasks.get()
-            try:
-                box["value"] = fn()
-            except BaseException as e:  # re-raised in the caller
-                box["error"] = e
-            finally:
-                done.set()
-                with self._lock:
-                    self._idle += 1
+            self._tasks.get().run()
+            with self._lock:
+                self._idle += 1
 
     def call(self, fn: Callable[[], T], seconds: float, what: str,
              stuck: list[str] | None = None) -> T:
-        box: dict[str, Any] = {}
-        done = threading.Event()
+        call = _Call(fn)
         with self._lock:
             if self._idle == 0:
                 threading.Thread(target=self._work, name="rolloutcore-call", daemon=True).start()
             else:
                 self._idle -= 1
-        self._tasks.put((fn, box, done))
-        if not done.wait(seconds):
-            if stuck is not None:
-                stuck.append(f"{what} still running after {seconds:.2f} s (worker left behind)")
-            raise DeadlineExceeded(what, seconds)
-        if "error" in box:
-            raise box["error"]
-        return box["value"]  # type: ignore[no-any-return]
+        self._tasks.put(call)
+        return call.wait(seconds, what, stuck)  # type: ignore[no-any-return]
 
 
 def call_with_deadline(fn: Callable[[], T], seconds: float, what: str,
@@ -133,26 +149,9 @@ def call_with_deadline(fn: Callable[[], T], seconds: float, what: str,
     """Run ``fn`` in its own daemon thread; raise DeadlineExceeded if it has not returned in
     time. Used for the collective: a call that never returns is left behind (contained,
     reported in ``stuck``), and the controller moves on."""
-    box: dict[str, Any] = {}
-    done = threading.Event()
-
-    def run() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # re-raised in the caller
-            box["error"] = e
-        finally:
-            done.set()
-
-    thread = threading.Thread(target=run, name=f"rolloutcore-{what}", daemon=True)
-    thread.start()
-    if not done.wait(seconds):
-        if stuck is not None:
-            stuck.append(f"{what} (thread {thread.name}) still running after {seconds:.2f} s")
-        raise DeadlineExceeded(what, seconds)
-    if "error" in box:
-        raise box["error"]
-    return box["value"]  # type: ignore[no-any-return]
+    call = _Call(fn)
+    threading.Thread(target=call.run, name=f"rolloutcore-{what}", daemon=True).start()
+    return call.wait(seconds, what, stuck)  # type: ignore[no-any-return]
 
 
 class LifecycleRunner:
@@ -175,6 +174,8 @@ class LifecycleRunner:
         self.controller.fire(trigger, param, detail or None)
 
     def _call(self, what: str, fn: Callable[[], T], seconds: float | None = None) -> T:
+        if not self.policy.supervise_idempotent:
+            return fn()
         return self._pool.call(fn, seconds or self.policy.step_timeout_s, what,
                                self.stuck_calls)
 

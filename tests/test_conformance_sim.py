@@ -21,8 +21,20 @@ from rolloutcore.conformance.harness import (
 )
 from rolloutcore.conformance.scenarios import SCENARIOS
 
+#: Scenarios that fail because of a bug outside the harness; strict: a fix turns them red
+#: here so that the marker goes away with the bug.
+KNOWN_BUGS = {
+    "pause_timeout": "runner: cancel_update after a pause_failed whose engine did pause "
+                     "leaves READY over a paused engine (runner.py _cycle, pause branch)",
+}
 
-@pytest.mark.parametrize("name", list(SCENARIOS))
+
+def _params(names: list[str]) -> list[Any]:
+    return [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=KNOWN_BUGS[n]))
+            if n in KNOWN_BUGS else n for n in names]
+
+
+@pytest.mark.parametrize("name", _params(list(SCENARIOS)))
 def test_scenario_passes_on_the_simulator(name: str, tmp_path: Path) -> None:
     r = run_scenario(SCENARIOS[name], SimHarnessEngine(), tmp_path)
     assert r.passed, r.failures()

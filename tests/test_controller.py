@@ -99,14 +99,8 @@ def test_illegal_transition_is_explicit() -> None:
 
 
 def _full_cycle(ctl: Controller) -> None:
-    for step in ("pause_begin", "pause_ok", "mutate_begin", "mutate_ok"):
-        ctl.fire(step)
-    for tier in ("prefix", "encoder", "mm"):
-        ctl.fire("reset_begin", tier)
-        ctl.fire("reset_ok", tier)
-    for step in ("invalidated", "validate_begin", "validate_ok", "resume_begin", "resume_ok",
-                 "probe_begin", "probe_ok", "publish"):
-        ctl.fire(step)
+    ctl.fire("pause_begin")
+    _full_cycle_from_pause(ctl)
 
 
 def test_trace_records_one_per_step_in_order() -> None:

@@ -1,0 +1,482 @@
+"""A CPU weight-transfer backend for vLLM: a torch.distributed gloo group between the
+trainer process and the vLLM worker, mirroring the NCCL engine's session.
+
+Registered under the name ``gloo`` on both of vLLM's factories (worker side
+``WeightTransferEngineFactory``, trainer side ``WeightTransferTrainerFactory``) by
+:func:`register`, which vLLM runs through the ``vllm.general_plugins`` entry point of
+this package (``pyproject.toml``); nothing in vLLM is patched. Start the server with::
+
+    --weight-transfer-config '{"backend": "gloo"}'
+    --worker-extension-cls rolloutcore.adapters.gloo_transfer.TransferWorkerExtension
+
+The session is the NCCL one: ``init`` (the trainer opens a TCPStore as rank 0 and the
+worker joins a gloo group at ``rank_offset``), ``start`` (layerwise reload begins),
+``update`` (the trainer broadcasts the tensors packed into uint8 buffers of at most
+``packed_buffer_size_bytes``; the worker cuts the same buffers from the update info and
+loads each through ``model.load_weights``), ``finish`` (layerwise reload finalised).
+Only the transport differs from NCCL: same HTTP calls, same trainer API
+(``WeightTransferTrainerFactory.trainer_init(...).send_weights()``), same collective
+semantics (a broadcast from rank 0 that both sides must enter).
+
+The worker also digests the bytes it receives with
+:class:`rolloutcore.identity.IdentityHasher` (when they arrive in sorted name order), so
+the worker extension can vouch for the identity of weights that came over the wire, as
+``rc_reload_weights`` does for a checkpoint loaded from disk.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from vllm.distributed.weight_transfer.base import (
+    ParamMeta,
+    TrainerInitInfo,
+    TrainerWeightTransferEngine,
+    VLLMWeightSyncClient,
+    WeightSource,
+    WeightTransferEngine,
+    WeightTransferInitInfo,
+    WeightTransferUpdateInfo,
+)
+
+from rolloutcore.adapters.vllm_worker import RolloutCoreWorkerExtension
+from rolloutcore.identity import IdentityHasher
+
+BACKEND = "gloo"
+DEFAULT_BUFFER_BYTES = 64 * 1024 * 1024
+DEFAULT_GROUP_TIMEOUT_S = 600.0
+
+# torch dtype name -> safetensors dtype code (what the identity hashes).
+ST_DTYPES = {
+    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16",
+    "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8",
+    "bool": "BOOL",
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def nbytes_of(dtype_name_: str, shape: Sequence[int]) -> int:
+    n = getattr(torch, dtype_name_).itemsize
+    for d in shape:
+        n *= int(d)
+    return int(n)
+
+
+def plan_buffers(sizes: Sequence[int], buffer_bytes: int) -> list[list[int]]:
+    """Indices of the tensors packed into each broadcast buffer, in order: a buffer
+    takes tensors while they fit; a tensor larger than the limit travels alone. Both
+    sides compute this from the same metadata, so they cut the stream alike."""
+    out: list[list[int]] = []
+    cur: list[int] = []
+    used = 0
+    for i, n in enumerate(sizes):
+        if cur and used + n > buffer_bytes:
+            out.append(cur)
+            cur, used = [], 0
+        cur.append(i)
+        used += n
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _broadcast(group: Any, tensor: torch.Tensor) -> None:
+    opts = dist.BroadcastOptions()
+    opts.rootRank = 0
+    group.broadcast([tensor], opts).wait()
+
+
+def _open_group(address: str, port: int, rank: int, world_size: int, timeout_s: float,
+                *, master: bool) -> tuple[Any, Any]:
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = dist.TCPStore(address, port, world_size, master, timeout=timeout,
+                          wait_for_workers=False)
+    group = dist.ProcessGroupGloo(store, rank, world_size, timeout)
+    return store, group
+
+
+# --------------------------------------------------------------------- worker side
+
+
+@dataclass(kw_only=True)
+class GlooWeightTransferInitInfo(WeightTransferInitInfo):
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    packed_buffer_size_bytes: int = DEFAULT_BUFFER_BYTES
+    timeout_s: float = DEFAULT_GROUP_TIMEOUT_S
+
+
+@dataclass
+class GlooWeightTransferUpdateInfo(WeightTransferUpdateInfo):
+    names: list[str]
+    dtype_names: list[str]
+    shapes: list[list[int]]
+
+    def __post_init__(self) -> None:
+        if not (len(self.names) == len(self.dtype_names) == len(self.shapes)):
+            raise ValueError("names, dtype_names and shapes must have the same length")
+        bad = sorted({d for d in self.dtype_names if d not in ST_DTYPES})
+        if bad:
+            raise ValueError(f"unsupported dtype(s) {bad}")
+
+
+# What the worker received, per process (the engine and the worker extension live in
+# the same worker process; the extension reads it to vouch for the weights' identity).
+_RECEIVED: dict[str, Any] = {"session": None}
+_RECEIVED_LOCK = threading.Lock()
+
+
+def received_state() -> dict[str, Any]:
+    with _RECEIVED_LOCK:
+        return dict(_RECEIVED)
+
+
+class GlooWeightTransferEngine(
+    WeightTransferEngine[GlooWeightTransferInitInfo, GlooWeightTransferUpdateInfo]
+):
+    """Worker side: joins the trainer's gloo group and receives packed broadcasts."""
+
+    init_info_cls = GlooWeightTransferInitInfo
+    update_info_cls = GlooWeightTransferUpdateInfo
+    supports_draft_weight_update = False
+
+    def __init__(self, config: Any, vllm_config: Any, device: torch.device,
+                 model: torch.nn.Module) -> None:
+        super().__init__(config, vllm_config, device, model)
+        self.group: Any = None
+        self.store: Any = None
+        self.buffer_bytes = DEFAULT_BUFFER_BYTES
+        self._hasher: IdentityHasher | None = None
+        self._manifest: IdentityHasher | None = None
+        self._received = 0
+        self._bytes = 0
+
+    def init_transfer_engine(self, init_info: GlooWeightTransferInitInfo) -> None:
+        if not 0 < int(init_info.rank_offset) < int(init_info.world_size):
+            raise ValueError(f"rank_offset {init_info.rank_offset} is not a receiver rank of "
+                             f"a world of {init_info.world_size} (rank 0 is the trainer)")
+        if int(init_info.packed_buffer_size_bytes) <= 0:
+            raise ValueError("packed_buffer_size_bytes must be positive")
+        self.shutdown()
+        self.buffer_bytes = int(init_info.packed_buffer_size_bytes)
+        self.store, self.group = _open_group(
+            init_info.master_address, int(init_info.master_port), int(init_info.rank_offset),
+            int(init_info.world_size), float(init_info.timeout_s), master=False)
+
+    def start_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        self._hasher = IdentityHasher()
+        self._manifest = IdentityHasher(manifest_only=True)
+        self._received = 0
+        self._bytes = 0
+        with _RECEIVED_LOCK:
+            _RECEIVED.update(session="receiving", identity=None, manifest=None,
+                             tensors=0, bytes=0, started=time.time())
+        initialize_layerwise_reload(self.model)
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        # The base class ends with torch.accelerator.synchronize(), which raises on a
+        # machine without an accelerator; gloo's broadcast has completed on return.
+        self.receive_weights(self.parse_update_info(update_info))
+        if self.device.type != "cpu":
+            torch.accelerator.synchronize()
+
+    def receive_weights(self, update_info: GlooWeightTransferUpdateInfo) -> None:
+        if self.group is None:
+            raise RuntimeError("gloo weight transfer not initialised: call "
+                               "init_weight_transfer_engine first")
+        from vllm.model_executor.model_loader.mtp_validation import (
+            disable_mtp_completeness_check,
+        )
+
+        names, dtypes, shapes = update_info.names, update_info.dtype_names, update_info.shapes
+        sizes = [nbytes_of(d, s) for d, s in zip(dtypes, shapes, strict=True)]
+        with disable_mtp_completeness_check():
+            for idx in plan_buffers(sizes, self.buffer_bytes):
+                buf = torch.empty(sum(sizes[i] for i in idx), dtype=torch.uint8)
+                _broadcast(self.group, buf)
+                batch: list[tuple[str, torch.Tensor]] = []
+                off = 0
+                for i in idx:
+                    raw = buf[off:off + sizes[i]]
+                    off += sizes[i]
+                    self._digest(names[i], dtypes[i], shapes[i], raw)
+                    t = raw.view(getattr(torch, dtypes[i])).reshape(shapes[i])
+                    batch.append((names[i], t.to(self.device) if self.device.type != "cpu"
+                                  else t))
+                self.model.load_weights(batch)
+
+    def _digest(self, name: str, dtype: str, shape: list[int], raw: torch.Tensor) -> None:
+        self._received += 1
+        self._bytes += int(raw.numel())
+        if self._hasher is None or self._manifest is None:
+            return
+        try:
+            data = raw.numpy().data if raw.numel() else b""
+            self._hasher.add(name, ST_DTYPES[dtype], shape, data)
+            self._manifest.add(name, ST_DTYPES[dtype], shape)
+        except ValueError:  # not in sorted order: no identity for this session
+            self._hasher = self._manifest = None
+
+    def finish_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        finalize_layerwise_reload(self.model, self.model_config)
+        with _RECEIVED_LOCK:
+            _RECEIVED.update(
+                session="complete",
+                identity=self._hasher.hexdigest() if self._hasher else None,
+                manifest=self._manifest.hexdigest() if self._manifest else None,
+                tensors=self._received, bytes=self._bytes, finished=time.time())
+
+    def shutdown(self) -> None:
+        group, self.group, self.store = self.group, None, None
+        if group is not None:
+            try:
+                group.shutdown()
+            except (AttributeError, RuntimeError):
+                pass
+
+
+class TransferWorkerExtension(RolloutCoreWorkerExtension):
+    """The RolloutCore worker extension, aware of weights received by the gloo engine.
+
+    After a completed transfer session the identity is the digest of the received bytes;
+    during a session (or after one that did not finish) the worker vouches for none. A
+    later ``rc_reload_weights`` supersedes the transfer."""
+
+    def rc_reload_weights(self, weights_path: str, expected_identity: str = "") -> dict[str, Any]:
+        out = super().rc_reload_weights(weights_path, expected_identity)
+        if out.get("loaded") is True:
+            with _RECEIVED_LOCK:
+                _RECEIVED["session"] = None
+        return out
+
+    def rc_identity(self) -> dict[str, Any]:
+        rec = received_state()
+        if rec.get("session") is None:
+            return super().rc_identity()
+        if rec["session"] != "complete":
+            return {"identity": None, "reason": "a weight-transfer session did not finish"}
+        meta = self._rc_meta_params()
+        if meta:
+            return {"identity": None, "reason": f"{len(meta)} parameter(s) on the meta device"}
+        if not rec.get("identity"):
+            return {"identity": None, "reason": "transfer not in sorted name order: no digest"}
+        return {"identity": rec["identity"], "manifest": rec["manifest"],
+                "tensors": rec["tensors"], "bytes": rec["bytes"],
+                "basis": "bytes received by the gloo weight-transfer engine"}
+
+    def rc_transfer_headroom(self) -> dict[str, Any]:
+        """Bytes the worker can still allocate for receive buffers (None: unknown)."""
+        device = getattr(self, "device", None)
+        if device is not None and getattr(device, "type", "cpu") == "cuda":
+            free, _total = torch.cuda.mem_get_info(device)
+            return {"free_bytes": int(free), "device": str(device)}
+        try:
+            with open("/proc/meminfo") as fh:
+                for line in fh:
+                    if line.startswith("MemAvailable:"):
+                        return {"free_bytes": int(line.split()[1]) * 1024, "device": "cpu"}
+        except OSError:
+            pass
+        return {"free_bytes": None, "device": "cpu"}
+
+
+# -------------------------------------------------------------------- trainer side
+
+
+@dataclass
+class GlooTrainerInitInfo(TrainerInitInfo):
+    backend = BACKEND
+    master_address: str = "127.0.0.1"
+    master_port: int = 0  # 0: the trainer's store picks a free port
+    world_size: int = 2
+    packed_buffer_size_bytes: int = DEFAULT_BUFFER_BYTES
+    timeout_s: float = DEFAULT_GROUP_TIMEOUT_S
+    rank: int = field(default=0, kw_only=True)
+
+
+class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerInitInfo]):
+    """Trainer side (rank 0): opens the store and group, drives the session over the
+    client while it broadcasts, exactly like ``NCCLTrainerWeightTransferEngine``."""
+
+    init_info_cls = GlooTrainerInitInfo
+
+    def __init__(self, *, client: VLLMWeightSyncClient, source: WeightSource | None = None,
+                 is_sender: bool = True, buffer_bytes: int = DEFAULT_BUFFER_BYTES) -> None:
+        super().__init__(client=client, source=source, is_sender=is_sender)
+        self.buffer_bytes = buffer_bytes
+        self.store: Any = None
+        self.group: Any = None
+        self.bytes_sent = 0
+
+    @classmethod
+    def trainer_init(cls, init_info: GlooTrainerInitInfo, *, client: VLLMWeightSyncClient,
+                     source: WeightSource | None = None) -> GlooTrainerWeightTransferEngine:
+        if source is None:
+            raise ValueError("gloo trainer weight transfer requires a WeightSource")
+        engine = cls(client=client, source=source, is_sender=init_info.is_sender,
+                     buffer_bytes=init_info.packed_buffer_size_bytes)
+        if not engine.is_sender:
+            return engine
+        timeout = datetime.timedelta(seconds=init_info.timeout_s)
+        engine.store = dist.TCPStore(init_info.master_address, init_info.master_port,
+                                     init_info.world_size, True, timeout=timeout,
+                                     wait_for_workers=False)
+        worker_info = GlooWeightTransferInitInfo(
+            master_address=init_info.master_address, master_port=int(engine.store.port),
+            rank_offset=1, world_size=init_info.world_size,
+            packed_buffer_size_bytes=init_info.packed_buffer_size_bytes,
+            timeout_s=init_info.timeout_s)
+        # The worker blocks in init until the group forms: run its RPC on a side thread.
+        # The group constructor blocks until every rank joined; it runs on a second
+        # thread so that an init the engine refuses surfaces at once instead of after
+        # the rendezvous timeout.
+        exe = ThreadPoolExecutor(max_workers=2)
+        try:
+            fut = exe.submit(client.init_weight_transfer_engine, asdict(worker_info))
+            grp = exe.submit(dist.ProcessGroupGloo, engine.store, 0, init_info.world_size,
+                             timeout)
+            wait({fut, grp}, return_when=FIRST_EXCEPTION)
+            if fut.done() and fut.exception() is not None:
+                # Refused before the rendezvous: the engine never joined. Stand in for
+                # the absent ranks so that our half-built group does not sit in its
+                # constructor until the timeout, then surface the refusal.
+                _complete_rendezvous(engine.store, init_info.world_size, grp)
+                fut.result()
+            engine.group = grp.result()
+            fut.result()
+        finally:
+            exe.shutdown(wait=False)
+        return engine
+
+    def send_weights(self) -> None:
+        assert self.source is not None
+        meta = self.source.metadata()
+        if not self.is_sender:
+            for _ in self.source:
+                pass
+            return
+        update = GlooWeightTransferUpdateInfo(
+            names=[m.name for m in meta], dtype_names=[dtype_name(m.dtype) for m in meta],
+            shapes=[list(m.shape) for m in meta])
+        self.client.start_weight_update()
+        exe = ThreadPoolExecutor(max_workers=1)
+        try:
+            fut = exe.submit(self.client.update_weights, asdict(update))
+            if fut.done():
+                fut.result()
+            self._broadcast(meta)
+            fut.result()
+        finally:
+            exe.shutdown(wait=False)  # never join a peer stuck in the collective
+        self.client.finish_weight_update()
+
+    def _broadcast(self, meta: list[ParamMeta]) -> None:
+        assert self.source is not None and self.group is not None
+        sizes = [nbytes_of(dtype_name(m.dtype), m.shape) for m in meta]
+        plan = plan_buffers(sizes, self.buffer_bytes)
+        pairs = checked_iter(self.source, meta)
+        for idx in plan:
+            buf = torch.empty(sum(sizes[i] for i in idx), dtype=torch.uint8)
+            off = 0
+            for i in idx:
+                _name, t = next(pairs)
+                flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
+                buf[off:off + sizes[i]].copy_(flat)
+                off += sizes[i]
+            _broadcast(self.group, buf)
+            self.bytes_sent += int(buf.numel())
+        for extra, _t in pairs:  # metadata declared fewer than iteration yields
+            raise ValueError(f"WeightSource yielded more parameters than declared: {extra!r}")
+
+    def shutdown(self) -> None:
+        group, self.group, self.store = self.group, None, None
+        if group is not None:
+            try:
+                group.shutdown()
+            except (AttributeError, RuntimeError):
+                pass
+
+
+def _complete_rendezvous(store: Any, world_size: int, pending: Any) -> None:
+    def join(rank: int) -> None:
+        try:
+            timeout = datetime.timedelta(seconds=10)
+            client = dist.TCPStore(store.host, store.port, world_size, False, timeout=timeout)
+            g = dist.ProcessGroupGloo(client, rank, world_size, timeout)
+            g.shutdown()
+        except (RuntimeError, AttributeError):
+            pass
+
+    threads = [threading.Thread(target=join, args=(r,), daemon=True)
+               for r in range(1, world_size)]
+    for t in threads:
+        t.start()
+    try:
+        g0 = pending.result(timeout=15)
+        g0.shutdown()
+    except Exception:  # noqa: BLE001 - best effort: the refusal is what matters
+        pass
+
+
+def checked_iter(source: WeightSource, meta: list[ParamMeta]) -> Iterator[
+        tuple[str, torch.Tensor]]:
+    """The source's pairs, each checked against the declared metadata (as NCCL does)."""
+    i = 0
+    for name, t in source:
+        if i >= len(meta):
+            yield name, t
+            return
+        m = meta[i]
+        if name != m.name or t.dtype != m.dtype or tuple(t.shape) != tuple(m.shape):
+            raise ValueError(f"WeightSource disagrees with its metadata at {i}: declared "
+                             f"{m.name!r} {m.dtype} {tuple(m.shape)}, got {name!r} {t.dtype} "
+                             f"{tuple(t.shape)}")
+        i += 1
+        yield name, t
+    if i != len(meta):
+        raise ValueError(f"WeightSource yielded {i} parameters, metadata declared {len(meta)}")
+
+
+# ----------------------------------------------------------------------- registration
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point: registers ``gloo`` on both factories.
+    vLLM calls it in several processes, sometimes more than once: repeats are no-ops."""
+    from vllm.distributed.weight_transfer.factory import (
+        WeightTransferEngineFactory,
+        WeightTransferTrainerFactory,
+    )
+
+    for factory, cls in ((WeightTransferEngineFactory, GlooWeightTransferEngine),
+                         (WeightTransferTrainerFactory, GlooTrainerWeightTransferEngine)):
+        registry: dict[str, Any] = getattr(factory, "_registry", {})
+        if BACKEND in registry:
+            continue
+        try:
+            factory.register_engine(BACKEND, cls)
+        except ValueError:  # registered concurrently
+            pass
+
+
+__all__ = ["BACKEND", "GlooTrainerInitInfo", "GlooTrainerWeightTransferEngine",
+           "GlooWeightTransferEngine", "GlooWeightTransferInitInfo",
+           "GlooWeightTransferUpdateInfo", "TransferWorkerExtension", "plan_buffers",
+           "register"]

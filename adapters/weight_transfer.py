@@ -1,0 +1,440 @@
+"""Trainer-side weight-transfer adapter: ``mutate()`` moves a target's tensors from a
+trainer-held source into the live vLLM server through vLLM's own trainer API
+(``vllm.distributed.weight_transfer``: ``WeightTransferTrainerFactory.trainer_init``,
+``HTTPVLLMWeightSyncClient``, a ``WeightSource``), over any registered backend: ``gloo``
+on CPU (:mod:`rolloutcore.adapters.gloo_transfer`), ``nccl`` on GPU. Every other
+lifecycle operation is delegated to an inner adapter::
+
+    TransferAdapter(inner=HttpAdapter(url), base_url=url, source_for=CheckpointSource.of)
+
+Guarantees of :meth:`TransferAdapter.mutate`:
+
+* **Target-aware finalise.** The sync client is wrapped (:class:`TargetAwareClient`):
+  RolloutCore sets the pending target before the transfer, and ``finish_weight_update``
+  carries that target's label even though vLLM's trainer code finalises with none. A
+  finalise asking for another label is refused (the session is then ambiguous); the label
+  is never written afterwards to paper over a mismatch.
+* **Identity before bytes.** Before anything is sent, the target's declared identity is
+  compared with the source's declared provenance, and the source's metadata (names,
+  dtypes, shapes) with the target checkpoint's manifest: any disagreement raises
+  ``AdapterError(proven_no_effect=True)``.
+* **Device pinning** (CUDA): the adapter records the device it was created on and refuses
+  a transfer from a thread whose current device differs (the lookup is injectable).
+* **Headroom.** Where the engine reports free memory (``rc_transfer_headroom``), an update
+  whose receive buffers cannot fit is refused before any byte moves.
+* **Watchdog.** The transfer runs on its own daemon thread under a deadline derived from
+  the bytes to move. Past it the mutation is ambiguous (the runner latches TAINTED), the
+  thread is left behind and reported in :attr:`TransferAdapter.stuck`, and nothing
+  retries the collective. A failure before the session started (init refused, the
+  server unreachable) is proven to have had no effect; anything from
+  ``start_weight_update`` on is ambiguous unless the finalise completed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+
+from rolloutcore.adapters.contract import (
+    AdapterError,
+    EngineReport,
+    GenerationResult,
+    LifecycleAdapter,
+    MutationEvidence,
+    MutationOutcome,
+    PauseEvidence,
+    PauseMode,
+    ProbeEvidence,
+    ResetEvidence,
+    ResumeEvidence,
+    WeightTarget,
+)
+from rolloutcore.identity import (
+    CheckpointError,
+    IdentityHasher,
+    checkpoint_entries,
+    iter_tensor_bytes,
+)
+
+_ST_TO_TORCH = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+    "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
+    "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+}
+_TORCH_TO_ST = {v: k for k, v in _ST_TO_TORCH.items()}
+
+
+# ---------------------------------------------------------------------- sources
+
+
+class CheckpointSource(WeightSource):
+    """A safetensors checkpoint directory as a vLLM ``WeightSource``, in sorted name
+    order; its provenance is the content identity of the bytes it yields."""
+
+    def __init__(self, directory: str | Path, *, provenance: str | None = None) -> None:
+        self.directory = Path(directory)
+        self.entries = checkpoint_entries(self.directory)
+        self._provenance = provenance
+
+    @classmethod
+    def of(cls, target: WeightTarget) -> CheckpointSource:
+        return cls(target.source)
+
+    @property
+    def provenance(self) -> str:
+        """The identity of these weights (computed from the bytes unless declared)."""
+        if self._provenance is None:
+            h = IdentityHasher()
+            for e, data in iter_tensor_bytes(self.entries):
+                h.add(e.name, e.dtype, e.shape, data)
+            self._provenance = h.hexdigest()
+        return self._provenance
+
+    def metadata(self) -> list[ParamMeta]:
+        return [ParamMeta(e.name, _ST_TO_TORCH[e.dtype], tuple(e.shape)) for e in self.entries]
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for e, data in iter_tensor_bytes(self.entries):
+            buf = bytearray(data)
+            dtype = _ST_TO_TORCH[e.dtype]
+            t = torch.frombuffer(buf, dtype=dtype) if buf else torch.empty(0, dtype=dtype)
+            yield e.name, t.reshape(e.shape)
+
+    def held_names(self) -> Collection[str] | None:
+        return None
+
+
+def source_manifest(meta: list[ParamMeta]) -> list[tuple[str, str, tuple[int, ...]]]:
+    return [(m.name, _TORCH_TO_ST.get(m.dtype, str(m.dtype)), tuple(int(d) for d in m.shape))
+            for m in meta]
+
+
+def checkpoint_manifest(directory: str | Path) -> list[tuple[str, str, tuple[int, ...]]]:
+    return [(e.name, e.dtype, tuple(e.shape)) for e in checkpoint_entries(directory)]
+
+
+def manifest_difference(declared: list[tuple[str, str, tuple[int, ...]]],
+                        actual: list[tuple[str, str, tuple[int, ...]]]) -> str | None:
+    """The first disagreement between two manifests, in words (None: they agree)."""
+    d, a = {n: (t, s) for n, t, s in declared}, {n: (t, s) for n, t, s in actual}
+    missing, extra = sorted(d.keys() - a.keys()), sorted(a.keys() - d.keys())
+    if missing:
+        return f"source lacks {len(missing)} tensor(s), e.g. {missing[0]!r}"
+    if extra:
+        return f"source has {len(extra)} undeclared tensor(s), e.g. {extra[0]!r}"
+    for name in sorted(d):
+        if d[name] != a[name]:
+            return f"{name!r}: declared {d[name][0]} {d[name][1]}, source {a[name][0]} {a[name][1]}"
+    return None
+
+
+# ---------------------------------------------------------------- the sync client
+
+
+@dataclass
+class SessionLog:
+    """What the session did on the wire, in order (for evidence and classification)."""
+
+    calls: list[str] = field(default_factory=list)
+    started: bool = False  # start_weight_update was sent: the engine may have changed
+    finalised_label: str | None = None
+
+    def add(self, what: str) -> None:
+        self.calls.append(f"{time.monotonic():.3f} {what}")
+
+
+class TargetAwareClient:
+    """Wraps a ``VLLMWeightSyncClient``: the finalise carries the pending target's label.
+
+    vLLM's trainer engines call ``finish_weight_update()`` with no version; this client
+    sends the label of the target RolloutCore set before the transfer. A finalise that
+    names a different label, or one without a pending target, is refused and never
+    forwarded."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.pending: WeightTarget | None = None
+        self.log = SessionLog()
+        self._lock = threading.Lock()
+
+    def set_pending(self, target: WeightTarget) -> None:
+        with self._lock:
+            self.pending = target
+            self.log = SessionLog()
+
+    def clear_pending(self) -> None:
+        with self._lock:
+            self.pending = None
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self.log.add("init")
+        self.inner.init_weight_transfer_engine(init_info)
+        self.log.add("init ok")
+
+    def start_weight_update(self) -> None:
+        if self.pending is None:
+            raise AdapterError("start_weight_update without a pending target",
+                               proven_no_effect=True)
+        self.log.started = True
+        self.log.add("start")
+        self.inner.start_weight_update()
+
+    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+        self.log.add("update")
+        self.inner.update_weights(update_info)
+        self.log.add("update ok")
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        target = self.pending
+        if target is None:
+            raise AdapterError("finish_weight_update without a pending target")
+        if weight_version is not None and weight_version != target.label:
+            raise AdapterError(f"finalise asked for label {weight_version!r}, the pending "
+                               f"target is {target.label!r}: not finalised")
+        self.log.add(f"finish {target.label}")
+        self.inner.finish_weight_update(target.label)
+        self.log.finalised_label = target.label
+
+
+# ---------------------------------------------------------------------- the adapter
+
+
+@dataclass(frozen=True)
+class TransferPolicy:
+    """Deadline of one transfer: base plus the bytes at a floor rate. Keep it below the
+    runner's mutation deadline so that the adapter's own evidence is what the runner sees."""
+
+    base_s: float = 9.0
+    floor_bytes_per_s: float = 50e6
+
+    def deadline(self, nbytes: int) -> float:
+        return self.base_s + nbytes / self.floor_bytes_per_s
+
+
+def cuda_device_lookup() -> int | None:
+    """The calling thread's current CUDA device, None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.current_device())
+
+
+InitInfoFactory = Callable[[], Any]
+
+
+def gloo_init_info() -> Any:
+    from rolloutcore.adapters.gloo_transfer import GlooTrainerInitInfo
+
+    return GlooTrainerInitInfo(master_address="127.0.0.1", master_port=0, world_size=2, rank=0)
+
+
+class TransferAdapter:
+    """A :class:`LifecycleAdapter` whose ``mutate`` is a weight transfer; every other
+    operation goes to ``inner``."""
+
+    def __init__(
+        self,
+        inner: LifecycleAdapter,
+        *,
+        client: Any | None = None,
+        base_url: str | None = None,
+        source_for: Callable[[WeightTarget], WeightSource] = CheckpointSource.of,
+        init_info: InitInfoFactory = gloo_init_info,
+        policy: TransferPolicy = TransferPolicy(),
+        device_lookup: Callable[[], int | None] = cuda_device_lookup,
+        headroom: Callable[[], int | None] | None = None,
+        check_manifest: bool = True,
+        http_timeout_s: float = 300.0,
+    ) -> None:
+        if client is None:
+            if base_url is None:
+                raise ValueError("TransferAdapter needs a sync client or a base_url")
+            from vllm.distributed.weight_transfer import HTTPVLLMWeightSyncClient
+
+            client = HTTPVLLMWeightSyncClient(base_url, timeout=http_timeout_s)
+        # The trainer process registers plugin backends (gloo) the way vLLM's own
+        # processes do: through the vllm.general_plugins entry points.
+        from vllm.plugins import load_general_plugins
+
+        load_general_plugins()
+        self.inner = inner
+        self.client = TargetAwareClient(client)
+        self.source_for = source_for
+        self.init_info = init_info
+        self.policy = policy
+        self.device_lookup = device_lookup
+        self.device = device_lookup()  # the device this driver was initialised on
+        self.headroom = headroom if headroom is not None else self._engine_headroom
+        self.check_manifest = check_manifest
+        self.stuck: list[str] = []
+        self.last_session: SessionLog | None = None
+        self.last_timings: dict[str, float] = {}
+        self.active_engine: Any = None  # the trainer engine of the running transfer
+
+    # ------------------------------------------------------------ delegated operations
+
+    def read_state(self) -> EngineReport:
+        return self.inner.read_state()
+
+    def pause(self, mode: PauseMode) -> PauseEvidence:
+        return self.inner.pause(mode)
+
+    def resume(self) -> ResumeEvidence:
+        return self.inner.resume()
+
+    def reset_cache(self, tier: str) -> ResetEvidence:
+        return self.inner.reset_cache(tier)
+
+    def probe(self, prompt: tuple[int, ...], max_tokens: int) -> ProbeEvidence:
+        return self.inner.probe(prompt, max_tokens)
+
+    def generate(self, prompt: tuple[int, ...], max_tokens: int) -> GenerationResult:
+        return self.inner.generate(prompt, max_tokens)
+
+    def __getattr__(self, name: str) -> Any:  # rpc, read_label, close, ... of the inner
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    # ---------------------------------------------------------------- pre-flight checks
+
+    def _engine_headroom(self) -> int | None:
+        rpc = getattr(self.inner, "rpc", None)
+        if rpc is None:
+            return None
+        try:
+            reply = rpc("rc_transfer_headroom", op="headroom")
+            results = reply.body.get("results") if isinstance(reply.body, dict) else None
+            values = [r.get("free_bytes") for r in results or [] if isinstance(r, dict)]
+        except (AdapterError, AttributeError):
+            return None
+        if not values or not all(isinstance(v, int) for v in values):
+            return None
+        return min(int(v) for v in values)
+
+    def preflight(self, target: WeightTarget, source: WeightSource) -> int:
+        """Every refusal that proves nothing moved; returns the bytes to move."""
+        meta = source.metadata()
+        actual = source_manifest(meta)
+        nbytes = sum(m.dtype.itemsize * _numel(m.shape) for m in meta)
+        provenance = getattr(source, "provenance", None)
+        if not isinstance(provenance, str) or not provenance:
+            raise AdapterError("mutate: the source declares no provenance: refused before "
+                               "any byte moved", proven_no_effect=True)
+        if provenance != target.identity:
+            raise AdapterError(f"mutate: the source holds {provenance[:16]}, the target "
+                               f"declares {target.identity[:16]}: refused before any byte "
+                               "moved", proven_no_effect=True)
+        if self.check_manifest and Path(target.source).is_dir():
+            try:
+                declared = checkpoint_manifest(target.source)
+            except CheckpointError as e:
+                raise AdapterError(f"mutate: cannot read the target's manifest: {e}",
+                                   proven_no_effect=True) from None
+            diff = manifest_difference(declared, actual)
+            if diff is not None:
+                raise AdapterError(f"mutate: source metadata disagrees with the target: "
+                                   f"{diff}: refused before any byte moved",
+                                   proven_no_effect=True)
+        current = self.device_lookup()
+        if current != self.device:
+            raise AdapterError(f"mutate: driver initialised on device {self.device}, called "
+                               f"from a thread whose current device is {current}: refused",
+                               proven_no_effect=True)
+        free = self.headroom()
+        if free is not None:
+            info = self.init_info()
+            buf = int(getattr(info, "packed_buffer_size_bytes", 0))
+            need = nbytes + min(buf, nbytes)  # staged tensors + one receive buffer
+            if free < need:
+                raise AdapterError(f"mutate: the engine has {free} bytes free, the update "
+                                   f"needs {need}: refused before any byte moved",
+                                   proven_no_effect=True)
+        return nbytes
+
+    # ------------------------------------------------------------------------ mutation
+
+    def mutate(self, target: WeightTarget) -> MutationEvidence:
+        t0 = time.perf_counter()
+        try:
+            source = self.source_for(target)
+        except (CheckpointError, OSError) as e:
+            raise AdapterError(f"mutate: no source for {target.label}: {e}",
+                               proven_no_effect=True) from None
+        nbytes = self.preflight(target, source)
+        self.last_timings = {"preflight_s": time.perf_counter() - t0}
+        client = self.client
+        client.set_pending(target)
+        self.active_engine = None
+        log = client.log
+        self.last_session = log
+        deadline = self.policy.deadline(max(nbytes, target.nbytes))
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def run() -> None:
+            from vllm.distributed.weight_transfer import WeightTransferTrainerFactory
+
+            engine = None
+            try:
+                t1 = time.perf_counter()
+                engine = WeightTransferTrainerFactory.trainer_init(
+                    self.init_info(), client=client, source=source)
+                box["init_s"] = time.perf_counter() - t1
+                self.active_engine = engine
+                t1 = time.perf_counter()
+                engine.send_weights()
+                box["send_s"] = time.perf_counter() - t1
+            except BaseException as e:
+                box["error"] = e
+            finally:
+                done.set()
+                if engine is not None and "error" not in box:
+                    engine.shutdown()
+
+        thread = threading.Thread(target=run, name=f"rolloutcore-transfer-{target.label}",
+                                  daemon=True)
+        thread.start()
+        if not done.wait(deadline):
+            self.stuck.append(f"transfer to {target.label} (thread {thread.name}) still running "
+                              f"after {deadline:.2f} s; calls: {log.calls}")
+            return MutationEvidence(MutationOutcome.AMBIGUOUS,
+                                    f"transfer did not finish within {deadline:.2f} s "
+                                    f"(started={log.started}); left behind, not retried",
+                                    time.perf_counter() - t0)
+        client.clear_pending()
+        self.last_timings.update({k: v for k, v in box.items() if k.endswith("_s")})
+        err = box.get("error")
+        if err is not None:
+            if not log.started:
+                raise AdapterError(f"mutate: transfer failed before the session started "
+                                   f"({type(err).__name__}: {err}); weights untouched",
+                                   proven_no_effect=True) from None
+            return MutationEvidence(MutationOutcome.AMBIGUOUS,
+                                    f"transfer failed after start_weight_update: "
+                                    f"{type(err).__name__}: {err}", time.perf_counter() - t0)
+        if log.finalised_label != target.label:
+            return MutationEvidence(MutationOutcome.AMBIGUOUS,
+                                    f"session ended without finalising {target.label!r}",
+                                    time.perf_counter() - t0)
+        return MutationEvidence(MutationOutcome.COMPLETED,
+                                f"transferred {nbytes} bytes from {target.source} and finalised "
+                                f"as {target.label!r}", time.perf_counter() - t0, nbytes)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+__all__ = ["CheckpointSource", "TargetAwareClient", "TransferAdapter", "TransferPolicy",
+           "checkpoint_manifest", "cuda_device_lookup", "manifest_difference",
+           "source_manifest"]

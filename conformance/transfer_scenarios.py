@@ -1,0 +1,418 @@
+"""Weight-transfer conformance on a real vLLM server: one scenario corpus, two backends.
+
+The same code drives the CPU path (``gloo``: :mod:`rolloutcore.adapters.gloo_transfer`,
+CI) and the GPU path (``nccl``, :mod:`rolloutcore.conformance.gpu_nccl_check`): only the
+:class:`Backend` (its name, server flags, trainer init info and device) differs. Every
+scenario runs the real :class:`~rolloutcore.runner.LifecycleRunner` over
+``TransferAdapter(inner=HttpAdapter(...))`` with a journalled controller.
+
+Scenarios (``run_all``):
+
+* ``refuse_identity``  target declared as checkpoint B, the source holds A: refused before
+  mutation, the engine untouched (label, identity, greedy probe of the old generation).
+* ``init_refused``     the engine refuses the transfer's init (a world it cannot join):
+  refused without TAINTED, the engine still serves the old generation.
+* ``full_cycle``       the target's tensors move from this (trainer) process into the live
+  server: greedy output equals the target's reference, label and identity equal the
+  target's, same server PID.
+* ``frozen``           the server is SIGSTOPped midway through the broadcast: TAINTED
+  within the transfer deadline plus a margin, not published, no admission; then the
+  server is killed and the journal confirms nothing was published.
+* ``killed``           (second server) SIGKILL midway: TAINTED promptly, ambiguous.
+
+Usage: ``python -m rolloutcore.conformance.transfer_scenarios [--json FILE]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rolloutcore.adapters.contract import WeightTarget
+from rolloutcore.adapters.http import HttpAdapter
+from rolloutcore.adapters.weight_transfer import (
+    CheckpointSource,
+    TransferAdapter,
+    TransferPolicy,
+)
+from rolloutcore.conformance.harness import INITIAL_LABEL, checkpoint_target
+from rolloutcore.conformance.server import VllmServer, free_port
+from rolloutcore.controller import IllegalTransition
+from rolloutcore.journal import open_controller, read_journal
+from rolloutcore.runner import LifecycleRunner, RunnerPolicy
+from rolloutcore.spec.lifecycle import Phase
+
+TAINT_MARGIN_S = 1.0  # TAINTED within the transfer deadline plus this
+
+
+# ------------------------------------------------------------------------ backends
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    worker_extension: str
+    init_info: Callable[..., Any]  # (world_size=2) -> a TrainerInitInfo
+    server_env: dict[str, str] = field(default_factory=dict)
+    single_process: bool = True
+
+    def server_args(self) -> list[str]:
+        return ["--weight-transfer-config", json.dumps({"backend": self.name}),
+                "--worker-extension-cls", self.worker_extension]
+
+
+def _gloo_info(world_size: int = 2, buffer_bytes: int = 256 * 1024) -> Any:
+    from rolloutcore.adapters.gloo_transfer import GlooTrainerInitInfo
+
+    return GlooTrainerInitInfo(master_address="127.0.0.1", master_port=0,
+                               world_size=world_size, packed_buffer_size_bytes=buffer_bytes,
+                               timeout_s=120.0, rank=0)
+
+
+GLOO = Backend("gloo", "rolloutcore.adapters.gloo_transfer.TransferWorkerExtension", _gloo_info)
+
+
+# ------------------------------------------------------------------------ results
+
+
+@dataclass
+class Row:
+    scenario: str
+    backend: str
+    checks: list[tuple[str, bool, Any]] = field(default_factory=list)
+    evidence: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+    def check(self, description: str, ok: bool, observed: Any = None) -> bool:
+        self.checks.append((description, bool(ok), observed))
+        return bool(ok)
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and bool(self.checks) and all(ok for _d, ok, _o in self.checks)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"scenario": self.scenario, "backend": self.backend, "passed": self.passed,
+                "checks": [{"description": d, "ok": ok, "observed": repr(o)[:300]}
+                           for d, ok, o in self.checks],
+                "evidence": self.evidence, "error": self.error}
+
+    def failures(self) -> list[str]:
+        out = [f"{d}: observed {o!r}" for d, ok, o in self.checks if not ok]
+        return out + ([f"error: {self.error}"] if self.error else [])
+
+
+# ------------------------------------------------------------------------ a session
+
+
+class Session:
+    """One server, its adapter stack, a journalled controller and the runner."""
+
+    def __init__(self, backend: Backend, models: dict[str, Path], initial: str,
+                 workdir: Path, *, transfer_base_s: float = 5.0) -> None:
+        self.backend = backend
+        self.models = models
+        self.workdir = workdir
+        self.initial = initial
+        self.srv = VllmServer(models[initial].resolve(), extra_args=backend.server_args(),
+                              single_process=backend.single_process, env=backend.server_env,
+                              log_path=workdir / f"vllm-{initial}.log")
+        self.transfer_policy = TransferPolicy(base_s=transfer_base_s)
+        self.policy = RunnerPolicy(step_timeout_s=60.0, retries=2, drain_timeout_s=60.0,
+                                   mutation_base_s=transfer_base_s + 1.0,
+                                   mutation_floor_bytes_per_s=self.transfer_policy
+                                   .floor_bytes_per_s)
+        self.journal_path = workdir / f"journal-{initial}.jsonl"
+        self.init_world = 2
+        self.source_override: Callable[[WeightTarget], CheckpointSource] | None = None
+        self.taint_at: float | None = None
+        self.http: HttpAdapter | None = None
+        self.adapter: TransferAdapter | None = None
+        self.runner: LifecycleRunner | None = None
+        self.pid = -1
+        self._journal: Any = None
+        self.targets: dict[str, WeightTarget] = {}
+
+    def target(self, version: str, generation: int) -> WeightTarget:
+        label = INITIAL_LABEL if generation == 1 else f"{version}-gen{generation}"
+        return checkpoint_target(self.models[version].resolve(), generation, label)
+
+    def start(self) -> Session:
+        self.srv.start()
+        self.pid = self.srv.pid
+        self.http = HttpAdapter(self.srv.url, model=self.srv.served_model_name)
+        self.adapter = TransferAdapter(
+            self.http, base_url=self.srv.url, source_for=self._source,
+            init_info=lambda: self.backend.init_info(world_size=self.init_world),
+            policy=self.transfer_policy, http_timeout_s=120.0)
+        controller, self._journal, _rec = open_controller(self.journal_path)
+        self.runner = LifecycleRunner(controller, self.adapter, self.policy,
+                                      on_step=self._on_step)
+        out = self.runner.bootstrap(self.target(self.initial, 1))
+        if out.trigger != "bootstrap_ok":
+            raise RuntimeError(f"bootstrap failed: {out.reason}")
+        return self
+
+    def _on_step(self, step: str, outcome: str, seconds: float) -> None:
+        if step == "mutate" and self.runner is not None and \
+                self.runner.controller.phase is Phase.TAINTED:
+            self.taint_at = time.monotonic()
+
+    def _source(self, target: WeightTarget) -> CheckpointSource:
+        if self.source_override is not None:
+            return self.source_override(target)
+        return CheckpointSource.of(target)
+
+    def stop(self) -> None:
+        if self.http is not None:
+            self.http.close()
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
+        self.srv.stop()
+
+    def engine_view(self) -> dict[str, Any]:
+        assert self.http is not None
+        return {"label": self.http.read_label(), "identity": self.http.read_identity()}
+
+    def probe_ok(self, target: WeightTarget) -> bool:
+        assert self.http is not None
+        ev = self.http.probe(target.probe_prompt, len(target.probe_tokens))
+        return ev.tokens == target.probe_tokens
+
+
+@contextmanager
+def session(backend: Backend, models: dict[str, Path], initial: str,
+            workdir: Path) -> Iterator[Session]:
+    s = Session(backend, models, initial, workdir)
+    try:
+        yield s.start()
+    finally:
+        s.stop()
+
+
+def _published_generations(journal: Path) -> list[int]:
+    """Committed generations after every ``publish`` step the journal recorded."""
+    _report, records = read_journal(journal)
+    return [int(r.get("committed", 0)) for r in records if r.get("step") == "publish"]
+
+
+# ------------------------------------------------------------------------ scenarios
+
+
+def s_refuse_identity(s: Session, gen: int, declared: str, held: str, old: str) -> Row:
+    row = Row("refuse_identity", s.backend.name)
+    assert s.runner is not None and s.adapter is not None
+    target = s.target(declared, gen)
+    s.source_override = lambda _t: CheckpointSource(s.models[held])
+    try:
+        rep = s.runner.update(target)
+    finally:
+        s.source_override = None
+    mut = next((st for st in rep.steps if st.step == "mutate"), None)
+    row.evidence.update(mutate=None if mut is None else mut.reason, steps=len(rep.steps))
+    row.check("mutation refused with proof (mutate_refused)",
+              mut is not None and mut.outcome != "mutate_ambiguous"
+              and "refused before any byte" in mut.reason, mut)
+    row.check("no call reached the engine's transfer API", not s.adapter.client.log.calls,
+              s.adapter.client.log.calls)
+    row.check("back to READY, not published", rep.final_phase is Phase.READY
+              and not rep.published, rep.final_phase)
+    view = s.engine_view()
+    old_t = s.target(old, 1)
+    row.check("engine untouched: label and identity of the old generation",
+              view["identity"] == old_t.identity and view["label"] == s.runner.label_of(
+                  s.runner.controller.control.committed), view)
+    row.check("greedy output still the old generation's reference", s.probe_ok(old_t))
+    return row
+
+
+def s_init_refused(s: Session, gen: int, version: str, old: str) -> Row:
+    row = Row("init_refused", s.backend.name)
+    assert s.runner is not None and s.adapter is not None
+    s.init_world = 1  # the engine cannot be a receiver rank of a world of one
+    try:
+        rep = s.runner.update(s.target(version, gen))
+    finally:
+        s.init_world = 2
+    mut = next((st for st in rep.steps if st.step == "mutate"), None)
+    row.evidence.update(mutate=None if mut is None else mut.reason,
+                        calls=s.adapter.client.log.calls)
+    row.check("failed before the session started: refused, not ambiguous",
+              mut is not None and mut.outcome != "mutate_ambiguous"
+              and "before the session started" in mut.reason, mut)
+    row.check("not TAINTED: READY, not published",
+              rep.final_phase is Phase.READY and not rep.published, rep.final_phase)
+    old_t = s.target(old, 1)
+    view = s.engine_view()
+    row.check("engine still holds the old generation", view["identity"] == old_t.identity, view)
+    row.check("greedy output still the old generation's reference", s.probe_ok(old_t))
+    return row
+
+
+def s_full_cycle(s: Session, gen: int, version: str) -> Row:
+    row = Row("full_cycle", s.backend.name)
+    assert s.runner is not None and s.adapter is not None
+    target = s.target(version, gen)
+    t0 = time.perf_counter()
+    rep = s.runner.update(target)
+    row.evidence.update(cycle_s=round(time.perf_counter() - t0, 4),
+                        steps={k: round(v, 4) for k, v in rep.timings().items()},
+                        transfer={k: round(v, 4) for k, v in s.adapter.last_timings.items()},
+                        nbytes=target.nbytes)
+    row.check("published", rep.published and rep.final_phase is Phase.READY,
+              [(st.step, st.outcome) for st in rep.steps])
+    view = s.engine_view()
+    row.check("engine label is the target's", view["label"] == target.label, view["label"])
+    row.check("engine identity (digest of the received bytes) is the target's",
+              view["identity"] == target.identity, view["identity"])
+    row.check("greedy output equals the target's reference", s.probe_ok(target))
+    row.check("same server process", s.srv.is_running() and s.srv.pid == s.pid, s.srv.pid)
+    return row
+
+
+def _interrupt_midway(s: Session, action: Callable[[], None], box: dict[str, float]) -> None:
+    """Wait until the trainer has broadcast some bytes (or the update call was sent),
+    then act."""
+    assert s.adapter is not None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        eng = s.adapter.active_engine
+        sent = getattr(eng, "bytes_sent", None)
+        calls = s.adapter.client.log.calls
+        if (sent is not None and sent > 0) or (sent is None and any(
+                c.endswith(" update") for c in calls)):
+            box["sent"] = float(sent or 0)
+            box["at"] = time.monotonic()
+            action()
+            return
+        time.sleep(0.0005)
+
+
+def s_frozen(s: Session, gen: int, version: str) -> Row:
+    row = Row("frozen", s.backend.name)
+    assert s.runner is not None and s.adapter is not None
+    target = s.target(version, gen)
+    box: dict[str, float] = {}
+    th = threading.Thread(target=_interrupt_midway, args=(s, s.srv.freeze, box), daemon=True)
+    th.start()
+    rep = s.runner.update(target)
+    t_end = time.monotonic()
+    deadline = s.transfer_policy.deadline(target.nbytes)
+    taint_at = s.taint_at or t_end
+    to_taint = taint_at - box.get("at", taint_at)
+    row.evidence.update(freeze_to_tainted_s=round(to_taint, 3), deadline_s=round(deadline, 3),
+                        bytes_sent_at_freeze=box.get("sent"), stuck=s.adapter.stuck[-1:],
+                        calls=s.adapter.client.log.calls)
+    row.check("server frozen midway through the broadcast", "at" in box, box)
+    row.check("TAINTED, not published", rep.final_phase is Phase.TAINTED and not rep.published,
+              rep.final_phase)
+    row.check("TAINTED within the deadline plus a margin",
+              to_taint <= deadline + TAINT_MARGIN_S, (to_taint, deadline))
+    row.check("classified ambiguous", any(st.step == "mutate" and st.outcome ==
+                                          "mutate_ambiguous" for st in rep.steps))
+    row.check("the stuck transfer is reported, not waited on", bool(s.adapter.stuck),
+              s.adapter.stuck[-1:])
+    try:
+        s.runner.controller.admit("after-freeze")
+        admitted = True
+    except IllegalTransition:
+        admitted = False
+    row.check("no admission", not admitted)
+    s.srv.kill()
+    published = _published_generations(s.journal_path)
+    row.check("after the kill, the journal shows nothing published for the target",
+              s.runner.controller.control.committed == gen - 1
+              and gen not in published and gen not in s.runner.targets,
+              {"published generations": published,
+                                                "committed": s.runner.controller.control
+                                                .committed})
+    return row
+
+
+def s_killed(s: Session, gen: int, version: str) -> Row:
+    row = Row("killed", s.backend.name)
+    assert s.runner is not None and s.adapter is not None
+    target = s.target(version, gen)
+    box: dict[str, float] = {}
+    th = threading.Thread(target=_interrupt_midway, args=(s, s.srv.kill, box), daemon=True)
+    th.start()
+    rep = s.runner.update(target)
+    t_end = time.monotonic()
+    taint_at = s.taint_at or t_end
+    to_taint = taint_at - box.get("at", taint_at)
+    mut = next((st for st in rep.steps if st.step == "mutate"), None)
+    row.evidence.update(kill_to_tainted_s=round(to_taint, 3), bytes_sent_at_kill=box.get("sent"),
+                        mutate=None if mut is None else mut.reason)
+    row.check("server killed midway through the broadcast", "at" in box, box)
+    row.check("TAINTED, not published", rep.final_phase is Phase.TAINTED and not rep.published,
+              rep.final_phase)
+    row.check("classified ambiguous", mut is not None and mut.outcome == "mutate_ambiguous", mut)
+    row.check("TAINTED promptly (< 3 s after the kill)", to_taint < 3.0, to_taint)
+    return row
+
+
+def run_all(backend: Backend, models: dict[str, Path], workdir: Path,
+            *, killed: bool = True, large: bool = False) -> list[Row]:
+    """All scenarios: one server for refuse/init/full/frozen, a second one for killed."""
+    rows: list[Row] = []
+
+    def guarded(name: str, fn: Callable[[], Row]) -> None:
+        try:
+            rows.append(fn())
+        except Exception as e:
+            rows.append(Row(name, backend.name, error=f"{type(e).__name__}: {e}"))
+
+    a, b, c = ("large", "large_v2", "large") if large else ("v1", "v2", "v1neg")
+    with session(backend, models, a, workdir) as s:
+        guarded("refuse_identity", lambda: s_refuse_identity(s, 2, b, c, a))
+        guarded("init_refused", lambda: s_init_refused(s, 2, b, a))
+        guarded("full_cycle", lambda: s_full_cycle(s, 2, b))
+        guarded("frozen", lambda: s_frozen(s, 3, c if c != a else a))
+    if killed:
+        with session(backend, models, a, workdir) as s2:
+            guarded("killed", lambda: s_killed(s2, 2, b))
+    return rows
+
+
+def print_table(rows: list[Row], out: Any = sys.stdout) -> None:
+    print(f"{'scenario':<17}{'backend':<8}{'result':<7}evidence", file=out)
+    for r in rows:
+        ev = {k: v for k, v in r.evidence.items() if k not in ("calls", "stuck", "steps")}
+        print(f"{r.scenario:<17}{r.backend:<8}{'PASS' if r.passed else 'FAIL':<7}"
+              f"{json.dumps(ev, default=str)[:160]}", file=out)
+        for f in r.failures():
+            print(f"    FAILED {f}", file=out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--no-killed", action="store_true")
+    args = ap.parse_args(argv)
+    models = build_models(DEFAULT_OUT)
+    with tempfile.TemporaryDirectory(prefix="rc-transfer-") as tmp:
+        rows = run_all(GLOO, models, Path(tmp), killed=not args.no_killed)
+    print_table(rows)
+    if args.json:
+        args.json.write_text(json.dumps([r.as_json() for r in rows], indent=2))
+    return 0 if all(r.passed for r in rows) else 1
+
+
+__all__ = ["GLOO", "Backend", "Row", "Session", "free_port", "print_table", "run_all",
+           "s_frozen", "s_full_cycle", "s_init_refused", "s_killed", "s_refuse_identity",
+           "session"]
+
+if __name__ == "__main__":
+    raise SystemExit(main())
