@@ -163,6 +163,7 @@ class Controller:
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
+        self._step_view = self._view()
         self._released = threading.Condition(self._lock)
         self._triggers = triggers_of(self.spec)
         admit = self._triggers["admit"]
@@ -197,15 +198,18 @@ class Controller:
         bind = tuple(b.generation for b in self.bindings.values())
         return GuardView(c.phase, c.committed, c.target, c.pending, bind, c.cleared, c.evidence)
 
+    # ``fire`` builds the guard view once per step; the condition and the effect run
+    # against it (nothing changes between them: conditions run before callbacks).
+
     def _condition(self, t: TriggerSpec) -> Callable[[Any], bool]:
         def condition(event: Any) -> bool:
-            return bool(t.when(self._view(), event.kwargs.get("param")))
+            return bool(t.when(self._step_view, event.kwargs.get("param")))
 
         return condition
 
     def _effect(self, t: TriggerSpec) -> Callable[[Any], None]:
         def effect(event: Any) -> None:
-            updates = dict(t.control(self._view(), event.kwargs.get("param")))
+            updates = dict(t.control(self._step_view, event.kwargs.get("param")))
             if t.dest is not None:
                 updates["phase"] = t.dest
             rebuild: Callable[..., ControlState] = self.control._replace
@@ -228,7 +232,7 @@ class Controller:
         with self._lock:
             return self._refusal(trigger, param)
 
-    def _refusal(self, trigger: str, param: Any) -> str | None:
+    def _refusal(self, trigger: str, param: Any, *, guard: bool = True) -> str | None:
         t = self._triggers.get(trigger)
         if t is None:
             return f"unknown step {trigger!r}"
@@ -243,11 +247,14 @@ class Controller:
             return f"unknown cache tier {param!r}"
         if t.param is None and param is not None:
             return f"{trigger} takes no parameter"
-        if not t.when(self._view(), param):
-            return f"its guard does not hold (pending={self.control.pending}, " \
+        if guard and not t.when(self._view(), param):
+            return self._guard_refusal()
+        return None
+
+    def _guard_refusal(self) -> str:
+        return f"its guard does not hold (pending={self.control.pending}, " \
                 f"target={self.control.target}, evidence={sorted(self.control.evidence)}, " \
                 f"cleared={sorted(self.control.cleared)}, bound={len(self.bindings)})"
-        return None
 
     def fire(self, trigger: str, param: Any = None, detail: Mapping[str, Any] | None = None) -> (
         ControlState
@@ -256,12 +263,14 @@ class Controller:
         if trigger in ("admit", "release"):
             raise IllegalTransition(trigger, self.phase, "use admit()/release()")
         with self._lock:
-            reason = self._refusal(trigger, param)
+            reason = self._refusal(trigger, param, guard=False)
             if reason is not None:
                 raise IllegalTransition(trigger, self.control.phase, reason)
             before = self.control
-            accepted = getattr(self._model, trigger)(param=param)
-            if not accepted or self._model.state != self.control.phase.value:
+            self._step_view = self._view()
+            if not getattr(self._model, trigger)(param=param):  # the spec guard said no
+                raise IllegalTransition(trigger, before.phase, self._guard_refusal())
+            if self._model.state != self.control.phase.value:
                 raise AssertionError(f"machine and facade disagree on {trigger}")
             try:
                 return self._emit(trigger, param, detail)

@@ -167,6 +167,7 @@ class LifecycleRunner:
         self.targets: dict[int, WeightTarget] = {}  # generation -> what it is
         self.stuck_calls: list[str] = []
         self._pool = CallPool()
+        self._collective = CallPool()  # its own workers: a stuck transfer blocks nothing else
 
     # ------------------------------------------------------------------ building blocks
 
@@ -328,8 +329,8 @@ class LifecycleRunner:
         t0 = time.perf_counter()
         self._fire("mutate_begin", target=target.label, deadline_s=round(deadline, 3))
         try:
-            ev = call_with_deadline(lambda: self.adapter.mutate(target), deadline, "mutate",
-                                    self.stuck_calls)
+            ev = self._collective.call(lambda: self.adapter.mutate(target), deadline, "mutate",
+                                       self.stuck_calls)
         except DeadlineExceeded as e:
             ev = MutationEvidence(MutationOutcome.AMBIGUOUS, str(e), time.perf_counter() - t0)
         except AdapterError as e:
