@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/rolloutcore spec check
+	$(BIN)/rolloutcore demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
