@@ -26,16 +26,18 @@ the worker extension can vouch for the identity of weights that came over the wi
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import queue
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
+import torch.distributed
 from vllm.distributed.weight_transfer.base import (
     ParamMeta,
     TrainerInitInfo,
@@ -50,8 +52,11 @@ from vllm.distributed.weight_transfer.base import (
 from rolloutcore.adapters.vllm_worker import RolloutCoreWorkerExtension
 from rolloutcore.identity import IdentityHasher
 
+# torch.distributed's c10d classes are not re-exported for type checkers.
+dist: Any = torch.distributed
+
 BACKEND = "gloo"
-DEFAULT_BUFFER_BYTES = 64 * 1024 * 1024
+DEFAULT_BUFFER_BYTES = 8 * 1024 * 1024  # several buffers pipeline (bench_transfer.py)
 DEFAULT_GROUP_TIMEOUT_S = 600.0
 
 # torch dtype name -> safetensors dtype code (what the identity hashes).
@@ -89,6 +94,44 @@ def plan_buffers(sizes: Sequence[int], buffer_bytes: int) -> list[list[int]]:
     if cur:
         out.append(cur)
     return out
+
+
+def pipelined(items: Iterator[Any], depth: int = 2) -> Iterator[Any]:
+    """``items`` produced on a daemon thread, at most ``depth`` ahead of the consumer
+    (double buffering: packing or receiving buffer k+1 overlaps the use of buffer k).
+    An exception of the producer is raised in the consumer."""
+    q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: tuple[str, Any]) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for x in items:
+                if not put(("item", x)):
+                    return
+            put(("end", None))
+        except BaseException as e:
+            put(("error", e))
+
+    threading.Thread(target=produce, name="rolloutcore-gloo-pipeline", daemon=True).start()
+    try:
+        while True:
+            kind, value = q.get()
+            if kind == "end":
+                return
+            if kind == "error":
+                raise value
+            yield value
+    finally:
+        stop.set()
 
 
 def _broadcast(group: Any, tensor: torch.Tensor) -> None:
@@ -163,6 +206,7 @@ class GlooWeightTransferEngine(
         self._manifest: IdentityHasher | None = None
         self._received = 0
         self._bytes = 0
+        self._timings: dict[str, float] = {"recv_s": 0.0, "digest_s": 0.0, "load_s": 0.0}
 
     def init_transfer_engine(self, init_info: GlooWeightTransferInitInfo) -> None:
         if not 0 < int(init_info.rank_offset) < int(init_info.world_size):
@@ -183,6 +227,7 @@ class GlooWeightTransferEngine(
         self._manifest = IdentityHasher(manifest_only=True)
         self._received = 0
         self._bytes = 0
+        self._timings = {"recv_s": 0.0, "digest_s": 0.0, "load_s": 0.0}
         with _RECEIVED_LOCK:
             _RECEIVED.update(session="receiving", identity=None, manifest=None,
                              tensors=0, bytes=0, started=time.time())
@@ -205,20 +250,51 @@ class GlooWeightTransferEngine(
 
         names, dtypes, shapes = update_info.names, update_info.dtype_names, update_info.shapes
         sizes = [nbytes_of(d, s) for d, s in zip(dtypes, shapes, strict=True)]
-        with disable_mtp_completeness_check():
+        timings = self._timings
+        digesting: threading.Thread | None = None
+
+        def digest(items: list[tuple[int, torch.Tensor]]) -> None:
+            t0 = time.perf_counter()
+            for i, raw in items:
+                self._digest(names[i], dtypes[i], shapes[i], raw)
+            timings["digest_s"] += time.perf_counter() - t0
+
+        group = self.group
+
+        def received() -> Iterator[tuple[list[int], torch.Tensor]]:
             for idx in plan_buffers(sizes, self.buffer_bytes):
+                t0 = time.perf_counter()
                 buf = torch.empty(sum(sizes[i] for i in idx), dtype=torch.uint8)
-                _broadcast(self.group, buf)
-                batch: list[tuple[str, torch.Tensor]] = []
-                off = 0
-                for i in idx:
-                    raw = buf[off:off + sizes[i]]
-                    off += sizes[i]
-                    self._digest(names[i], dtypes[i], shapes[i], raw)
-                    t = raw.view(getattr(torch, dtypes[i])).reshape(shapes[i])
-                    batch.append((names[i], t.to(self.device) if self.device.type != "cpu"
-                                  else t))
-                self.model.load_weights(batch)
+                _broadcast(group, buf)
+                timings["recv_s"] += time.perf_counter() - t0
+                yield idx, buf
+
+        try:
+            with disable_mtp_completeness_check():
+                for idx, buf in pipelined(received()):
+                    raws: list[tuple[int, torch.Tensor]] = []
+                    batch: list[tuple[str, torch.Tensor]] = []
+                    off = 0
+                    for i in idx:
+                        raw = buf[off:off + sizes[i]]
+                        off += sizes[i]
+                        raws.append((i, raw))
+                        t = raw.view(getattr(torch, dtypes[i])).reshape(shapes[i])
+                        batch.append((names[i], t.to(self.device) if self.device.type != "cpu"
+                                      else t))
+                    # The digest (sha256 releases the GIL) overlaps the load; digests
+                    # stay in order: one buffer's digest ends before the next one's starts.
+                    if digesting is not None:
+                        digesting.join()
+                    digesting = threading.Thread(target=digest, args=(raws,), daemon=True)
+                    digesting.start()
+                    t0 = time.perf_counter()
+                    model: Any = self.model
+                    model.load_weights(batch)
+                    timings["load_s"] += time.perf_counter() - t0
+        finally:
+            if digesting is not None:
+                digesting.join()
 
     def _digest(self, name: str, dtype: str, shape: list[int], raw: torch.Tensor) -> None:
         self._received += 1
@@ -235,21 +311,20 @@ class GlooWeightTransferEngine(
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
-        finalize_layerwise_reload(self.model, self.model_config)
+        finalize_layerwise_reload(self.model, self.model_config)  # type: ignore[no-untyped-call]
         with _RECEIVED_LOCK:
             _RECEIVED.update(
                 session="complete",
                 identity=self._hasher.hexdigest() if self._hasher else None,
                 manifest=self._manifest.hexdigest() if self._manifest else None,
-                tensors=self._received, bytes=self._bytes, finished=time.time())
+                tensors=self._received, bytes=self._bytes, finished=time.time(),
+                timings={k: round(v, 4) for k, v in self._timings.items()})
 
     def shutdown(self) -> None:
         group, self.group, self.store = self.group, None, None
         if group is not None:
-            try:
+            with contextlib.suppress(AttributeError, RuntimeError):
                 group.shutdown()
-            except (AttributeError, RuntimeError):
-                pass
 
 
 class TransferWorkerExtension(RolloutCoreWorkerExtension):
@@ -278,7 +353,7 @@ class TransferWorkerExtension(RolloutCoreWorkerExtension):
         if not rec.get("identity"):
             return {"identity": None, "reason": "transfer not in sorted name order: no digest"}
         return {"identity": rec["identity"], "manifest": rec["manifest"],
-                "tensors": rec["tensors"], "bytes": rec["bytes"],
+                "tensors": rec["tensors"], "bytes": rec["bytes"], "timings": rec.get("timings"),
                 "basis": "bytes received by the gloo weight-transfer engine"}
 
     def rc_transfer_headroom(self) -> dict[str, Any]:
@@ -352,7 +427,8 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             fut = exe.submit(client.init_weight_transfer_engine, asdict(worker_info))
             grp = exe.submit(dist.ProcessGroupGloo, engine.store, 0, init_info.world_size,
                              timeout)
-            wait({fut, grp}, return_when=FIRST_EXCEPTION)
+            pending: list[Future[Any]] = [fut, grp]
+            wait(pending, return_when=FIRST_EXCEPTION)
             if fut.done() and fut.exception() is not None:
                 # Refused before the rendezvous: the engine never joined. Stand in for
                 # the absent ranks so that our half-built group does not sit in its
@@ -392,26 +468,30 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         sizes = [nbytes_of(dtype_name(m.dtype), m.shape) for m in meta]
         plan = plan_buffers(sizes, self.buffer_bytes)
         pairs = checked_iter(self.source, meta)
-        for idx in plan:
-            buf = torch.empty(sum(sizes[i] for i in idx), dtype=torch.uint8)
-            off = 0
-            for i in idx:
-                _name, t = next(pairs)
-                flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
-                buf[off:off + sizes[i]].copy_(flat)
-                off += sizes[i]
+
+        def packed() -> Iterator[torch.Tensor]:
+            for idx in plan:
+                buf = torch.empty(sum(sizes[i] for i in idx), dtype=torch.uint8)
+                off = 0
+                for i in idx:
+                    _name, t = next(pairs)
+                    flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
+                    buf[off:off + sizes[i]].copy_(flat)
+                    off += sizes[i]
+                yield buf
+            for extra, _t in pairs:  # metadata declared fewer than iteration yields
+                raise ValueError(f"WeightSource yielded more parameters than declared: "
+                                 f"{extra!r}")
+
+        for buf in pipelined(packed()):
             _broadcast(self.group, buf)
             self.bytes_sent += int(buf.numel())
-        for extra, _t in pairs:  # metadata declared fewer than iteration yields
-            raise ValueError(f"WeightSource yielded more parameters than declared: {extra!r}")
 
     def shutdown(self) -> None:
         group, self.group, self.store = self.group, None, None
         if group is not None:
-            try:
+            with contextlib.suppress(AttributeError, RuntimeError):
                 group.shutdown()
-            except (AttributeError, RuntimeError):
-                pass
 
 
 def _complete_rendezvous(store: Any, world_size: int, pending: Any) -> None:
@@ -431,7 +511,7 @@ def _complete_rendezvous(store: Any, world_size: int, pending: Any) -> None:
     try:
         g0 = pending.result(timeout=15)
         g0.shutdown()
-    except Exception:  # noqa: BLE001 - best effort: the refusal is what matters
+    except Exception:
         pass
 
 
@@ -458,22 +538,27 @@ def checked_iter(source: WeightSource, meta: list[ParamMeta]) -> Iterator[
 
 
 def register() -> None:
-    """The ``vllm.general_plugins`` entry point: registers ``gloo`` on both factories.
+    """The ``vllm.general_plugins`` entry point: registers ``gloo`` (and the GPU check's
+    ``nccl_rc``, lazily) on both factories.
     vLLM calls it in several processes, sometimes more than once: repeats are no-ops."""
     from vllm.distributed.weight_transfer.factory import (
         WeightTransferEngineFactory,
         WeightTransferTrainerFactory,
     )
 
-    for factory, cls in ((WeightTransferEngineFactory, GlooWeightTransferEngine),
-                         (WeightTransferTrainerFactory, GlooTrainerWeightTransferEngine)):
+    pairs: list[tuple[Any, Any]] = [(WeightTransferEngineFactory, GlooWeightTransferEngine),
+                                     (WeightTransferTrainerFactory,
+                                      GlooTrainerWeightTransferEngine)]
+    for factory, cls in pairs:
         registry: dict[str, Any] = getattr(factory, "_registry", {})
         if BACKEND in registry:
             continue
-        try:
+        with contextlib.suppress(ValueError):  # registered concurrently
             factory.register_engine(BACKEND, cls)
-        except ValueError:  # registered concurrently
-            pass
+    # The GPU check's NCCL variant, by module path: nothing CUDA-only is imported here.
+    from rolloutcore.conformance.gpu_nccl_check import register_nccl_rc
+
+    register_nccl_rc()
 
 
 __all__ = ["BACKEND", "GlooTrainerInitInfo", "GlooTrainerWeightTransferEngine",

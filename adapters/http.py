@@ -545,8 +545,9 @@ class HttpAdapter:
                 return ev(MutationOutcome.AMBIGUOUS, f"loaded identity {sorted(map(str, ids))} "
                           f"is not the target's {target.identity[:16]}")
             nbytes = sum(int(r.get("bytes") or 0) for r in results)
-        elif reply.body not in (None, {"results": [None]}) and not (
+        elif reply.body is not None and not (
                 isinstance(reply.body, dict) and isinstance(reply.body.get("results"), list)):
+            # vLLM's reload returns None per worker: {"results": [null]} or an empty 200.
             return ev(MutationOutcome.AMBIGUOUS, f"reload_weights: unexpected body "
                       f"{reply.text[:200]!r}")
         # The mutation's own finalisation: the label, and only here. Setting it is

@@ -78,10 +78,17 @@ class CheckpointSource(WeightSource):
     """A safetensors checkpoint directory as a vLLM ``WeightSource``, in sorted name
     order; its provenance is the content identity of the bytes it yields."""
 
-    def __init__(self, directory: str | Path, *, provenance: str | None = None) -> None:
+    def __init__(self, directory: str | Path, *, provenance: str | None = None,
+                 device: str | torch.device | None = None, preload: bool = False) -> None:
         self.directory = Path(directory)
         self.entries = checkpoint_entries(self.directory)
         self._provenance = provenance
+        self.device = None if device is None else torch.device(device)
+        # preload: hold the tensors in memory (as a trainer holds its weights), so that
+        # a transfer does not re-read the files.
+        self._held: list[tuple[str, torch.Tensor]] | None = None
+        if preload:
+            self._held = list(self._read())
 
     @classmethod
     def of(cls, target: WeightTarget) -> CheckpointSource:
@@ -101,11 +108,15 @@ class CheckpointSource(WeightSource):
         return [ParamMeta(e.name, _ST_TO_TORCH[e.dtype], tuple(e.shape)) for e in self.entries]
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(self._held) if self._held is not None else self._read()
+
+    def _read(self) -> Iterator[tuple[str, torch.Tensor]]:
         for e, data in iter_tensor_bytes(self.entries):
             buf = bytearray(data)
             dtype = _ST_TO_TORCH[e.dtype]
             t = torch.frombuffer(buf, dtype=dtype) if buf else torch.empty(0, dtype=dtype)
-            yield e.name, t.reshape(e.shape)
+            t = t.reshape(e.shape)
+            yield e.name, (t if self.device is None else t.to(self.device))
 
     def held_names(self) -> Collection[str] | None:
         return None
@@ -262,7 +273,7 @@ class TransferAdapter:
         # processes do: through the vllm.general_plugins entry points.
         from vllm.plugins import load_general_plugins
 
-        load_general_plugins()
+        load_general_plugins()  # type: ignore[no-untyped-call]
         self.inner = inner
         self.client = TargetAwareClient(client)
         self.source_for = source_for
@@ -314,9 +325,10 @@ class TransferAdapter:
             values = [r.get("free_bytes") for r in results or [] if isinstance(r, dict)]
         except (AdapterError, AttributeError):
             return None
-        if not values or not all(isinstance(v, int) for v in values):
+        ints = [v for v in values if isinstance(v, int)]
+        if not ints or len(ints) != len(values):
             return None
-        return min(int(v) for v in values)
+        return min(ints)
 
     def preflight(self, target: WeightTarget, source: WeightSource) -> int:
         """Every refusal that proves nothing moved; returns the bytes to move."""
@@ -350,7 +362,7 @@ class TransferAdapter:
         free = self.headroom()
         if free is not None:
             info = self.init_info()
-            buf = int(getattr(info, "packed_buffer_size_bytes", 0))
+            buf = int(getattr(info, "packed_buffer_size_bytes", 0) or 0)
             need = nbytes + min(buf, nbytes)  # staged tensors + one receive buffer
             if free < need:
                 raise AdapterError(f"mutate: the engine has {free} bytes free, the update "
@@ -367,7 +379,11 @@ class TransferAdapter:
         except (CheckpointError, OSError) as e:
             raise AdapterError(f"mutate: no source for {target.label}: {e}",
                                proven_no_effect=True) from None
-        nbytes = self.preflight(target, source)
+        try:
+            nbytes = self.preflight(target, source)
+        except (CheckpointError, OSError, ValueError) as e:  # nothing was sent yet
+            raise AdapterError(f"mutate: pre-flight check failed, nothing sent: {e}",
+                               proven_no_effect=True) from None
         self.last_timings = {"preflight_s": time.perf_counter() - t0}
         client = self.client
         client.set_pending(target)
@@ -409,6 +425,7 @@ class TransferAdapter:
                                     f"(started={log.started}); left behind, not retried",
                                     time.perf_counter() - t0)
         client.clear_pending()
+        self.active_engine = None
         self.last_timings.update({k: v for k, v in box.items() if k.endswith("_s")})
         err = box.get("error")
         if err is not None:

@@ -2,7 +2,8 @@
 round trips, and per-operation latency, measured in one run on one real vLLM server.
 
 * Hot cycles: RolloutCore update cycles (journal fsynced, as in production) alternating
-  v2 / v1 on a server started on v1, nothing in flight (drain wait ~0).
+  v2 / v1 on a server started on v1, nothing in flight (drain wait ~0). Where the runner
+  has ``supervise_idempotent``, every other cycle runs without the watchdog hand-offs.
 * Control-plane overhead of a cycle: total - drain wait - the mutation (load plus its
   label finalisation). The floor: the same HTTP requests the cycle made outside the
   mutation (pause, read-backs, resets, reads, resume, the probe completion and its
@@ -25,6 +26,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -83,21 +85,32 @@ def run(cycles: int, replays: int, work: Path, log: Any) -> dict[str, Any]:
     overheads: list[float] = []
     mutations: list[float] = []
     cycle_requests: list[list[RequestLog]] = []
+    unsupervised: list[float] = []
     try:
         controller, journal, _ = open_controller(work / "journal.jsonl")
         runner = LifecycleRunner(controller, adapter, RunnerPolicy(step_timeout_s=60.0))
         boot = runner.bootstrap(checkpoint_target(v1, 1, INITIAL_LABEL))
         if boot.trigger != "bootstrap_ok":
             raise RuntimeError(f"bootstrap failed: {boot.reason}")
-        for i in range(cycles + 1):  # the first is a warm-up
+        supervised = runner.policy
+        direct = (replace(supervised, supervise_idempotent=False)
+                  if "supervise_idempotent" in RunnerPolicy.__dataclass_fields__ else None)
+        for i in range(2 * cycles + 1 if direct else cycles + 1):  # the first: warm-up
             gen = i + 2
             path = v2 if gen % 2 == 0 else v1
             target = checkpoint_target(path, gen, f"gen{gen}")
             requests.clear()
+            # Alternate: idempotent calls on the runner's watchdog workers, then direct
+            # (each HTTP call has its own timeout): what the hand-offs cost.
+            runner.policy = direct if direct is not None and i % 2 == 0 else supervised
             report = runner.update(target)
             if not report.published:
                 raise RuntimeError(f"cycle {gen} not published: {report.steps}")
             if i == 0:
+                continue
+            if runner.policy is direct:
+                unsupervised.append(report.total_s - report.drain_wait_s
+                                    - report.timings().get("mutate", 0.0))
                 continue
             t = report.timings()
             mutate = t.get("mutate", 0.0)
@@ -117,10 +130,10 @@ def run(cycles: int, replays: int, work: Path, log: Any) -> dict[str, Any]:
             for _ in range(replays):
                 times = replay(client, template)
                 floors.append(sum(times))
-                for r, s in zip(template, times, strict=True):
+                for r, secs in zip(template, times, strict=True):
                     key = f"{r.method} {r.path}" + (
                         f" ({r.json_body['method']})" if r.path == "/collective_rpc" else "")
-                    raw[key].append(s)
+                    raw[key].append(secs)
         out["cycle_requests"] = [f"{r.op}: {r.method} {r.path}" for r in template]
         out["raw_endpoints"] = {k: summary(v) for k, v in sorted(raw.items())}
         out["floor"] = summary(floors)
@@ -134,6 +147,8 @@ def run(cycles: int, replays: int, work: Path, log: Any) -> dict[str, Any]:
     out["hot_cycle"] = summary(totals)
     out["mutation"] = summary(mutations)
     out["control_plane_overhead"] = summary(overheads)
+    if unsupervised:
+        out["control_plane_overhead_unsupervised"] = summary(unsupervised)
 
     # Full restart onto the target checkpoint, until the first completed request.
     probe = next(p for p in load_references(v2)["probes"] if p["name"] == "long")
@@ -183,6 +198,11 @@ def render(r: dict[str, Any]) -> str:
                  f"{fl['median_ms']:.1f} ms (p90 {fl['p90_ms']:.1f})")
     lines.append(f"overhead / floor: {r['overhead_over_floor']} "
                  f"(+{r['overhead_minus_floor_ms']:.1f} ms of RolloutCore per cycle)")
+    un = r.get("control_plane_overhead_unsupervised")
+    if un:
+        lines.append(f"control-plane overhead without watchdog hand-offs "
+                     f"(supervise_idempotent=False): median {un['median_ms']:.1f} ms "
+                     f"(p90 {un['p90_ms']:.1f}, n {un['n']})")
     lines.append("")
     lines.append(f"{'runner step':<28} {'median ms':>10} {'p90 ms':>10}")
     for k, v in r["steps"].items():

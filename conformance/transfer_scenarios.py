@@ -131,7 +131,7 @@ class Session:
                                    mutation_base_s=transfer_base_s + 1.0,
                                    mutation_floor_bytes_per_s=self.transfer_policy
                                    .floor_bytes_per_s)
-        self.journal_path = workdir / f"journal-{initial}.jsonl"
+        self.journal_path = workdir / f"journal-{initial}-{time.monotonic_ns()}.jsonl"
         self.init_world = 2
         self.source_override: Callable[[WeightTarget], CheckpointSource] | None = None
         self.taint_at: float | None = None
@@ -286,11 +286,12 @@ def _interrupt_midway(s: Session, action: Callable[[], None], box: dict[str, flo
     assert s.adapter is not None
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        eng = s.adapter.active_engine
+        eng = s.adapter.active_engine  # None until this transfer's trainer_init returned
+        pending = s.adapter.client.pending is not None
         sent = getattr(eng, "bytes_sent", None)
         calls = s.adapter.client.log.calls
-        if (sent is not None and sent > 0) or (sent is None and any(
-                c.endswith(" update") for c in calls)):
+        if pending and eng is not None and ((sent is not None and sent > 0) or (
+                sent is None and any(c.endswith(" update") for c in calls))):
             box["sent"] = float(sent or 0)
             box["at"] = time.monotonic()
             action()
@@ -362,7 +363,7 @@ def s_killed(s: Session, gen: int, version: str) -> Row:
 
 
 def run_all(backend: Backend, models: dict[str, Path], workdir: Path,
-            *, killed: bool = True, large: bool = False) -> list[Row]:
+            *, killed: bool = True, large: bool = False, echo: bool = False) -> list[Row]:
     """All scenarios: one server for refuse/init/full/frozen, a second one for killed."""
     rows: list[Row] = []
 
@@ -371,6 +372,8 @@ def run_all(backend: Backend, models: dict[str, Path], workdir: Path,
             rows.append(fn())
         except Exception as e:
             rows.append(Row(name, backend.name, error=f"{type(e).__name__}: {e}"))
+        if echo:
+            print_table(rows[-1:], header=False)
 
     a, b, c = ("large", "large_v2", "large") if large else ("v1", "v2", "v1neg")
     with session(backend, models, a, workdir) as s:
@@ -384,12 +387,13 @@ def run_all(backend: Backend, models: dict[str, Path], workdir: Path,
     return rows
 
 
-def print_table(rows: list[Row], out: Any = sys.stdout) -> None:
-    print(f"{'scenario':<17}{'backend':<8}{'result':<7}evidence", file=out)
+def print_table(rows: list[Row], out: Any = sys.stdout, *, header: bool = True) -> None:
+    if header:
+        print(f"{'scenario':<17}{'backend':<8}{'result':<7}evidence", file=out)
     for r in rows:
         ev = {k: v for k, v in r.evidence.items() if k not in ("calls", "stuck", "steps")}
         print(f"{r.scenario:<17}{r.backend:<8}{'PASS' if r.passed else 'FAIL':<7}"
-              f"{json.dumps(ev, default=str)[:160]}", file=out)
+              f"{json.dumps(ev, default=str)[:300]}", file=out, flush=True)
         for f in r.failures():
             print(f"    FAILED {f}", file=out)
 
@@ -403,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     models = build_models(DEFAULT_OUT)
     with tempfile.TemporaryDirectory(prefix="rc-transfer-") as tmp:
-        rows = run_all(GLOO, models, Path(tmp), killed=not args.no_killed)
+        rows = run_all(GLOO, models, Path(tmp), killed=not args.no_killed, echo=True)
     print_table(rows)
     if args.json:
         args.json.write_text(json.dumps([r.as_json() for r in rows], indent=2))

@@ -454,6 +454,8 @@ def recover(path: str | os.PathLike[str]) -> Recovery:
 
     * chain broken (other than a torn final line): TAINTED;
     * no step yet, or UNINITIALIZED: UNINITIALIZED (a bootstrap in flight only read);
+    * DRAINING after a pause attempt not followed by a confirmed resume: TAINTED (a
+      failed pause may have taken effect);
     * READY, or DRAINING with nothing in flight (nothing paused, nothing mutated): READY
       with the same committed generation, all evidence, and no bindings: the crashed
       process's rollouts are gone; requests the engine still runs are orphans that the
@@ -481,6 +483,10 @@ def recover(path: str | os.PathLike[str]) -> Recovery:
     if phase is Phase.UNINITIALIZED:
         return Recovery(INITIAL_CONTROL, next_seq, "not yet bootstrapped: the engine was only "
                         "read" + torn, False, from_phase, report)
+    if phase is Phase.DRAINING and _maybe_paused(steps):
+        return _tainted(last, next_seq, "DRAINING after a pause that did not complete and no "
+                        "confirmed resume: the engine may be paused; fail closed" + torn,
+                        from_phase, report)
     if phase in (Phase.READY, Phase.DRAINING) and pending == NO_OP and isinstance(committed, int):
         why = ("READY" if phase is Phase.READY else
                "DRAINING with nothing in flight (never paused, nothing mutated; the update "
@@ -491,6 +497,18 @@ def recover(path: str | os.PathLike[str]) -> Recovery:
                         "dropped" + torn, False, from_phase, report)
     return _tainted(last, next_seq, f"last durable state {phase.value} (pending {pending}): "
                     "the engine may be paused or mutated; fail closed" + torn, from_phase, report)
+
+
+def _maybe_paused(steps: list[dict[str, Any]]) -> bool:
+    """Since the last update request, was a pause attempted and not followed by a confirmed
+    resume? (A failed pause may have taken effect: the spec's pause_failed.)"""
+    for r in reversed(steps):
+        step = r.get("step")
+        if step == "resume_ok" or step == "request_update":
+            return False
+        if step in ("pause_begin", "pause_failed"):
+            return True
+    return False
 
 
 def open_controller(

@@ -76,10 +76,14 @@ def validation(report: EngineReport | None, target: WeightTarget, error: str | N
     return Outcome("validate_ok", f"label {target.label}, identity {target.identity[:16]}")
 
 
-def probe(ev: ProbeEvidence, expected: tuple[int, ...]) -> Outcome:
+def probe(ev: ProbeEvidence, expected: tuple[int, ...], *, first_since_reset: bool = True) -> (
+    Outcome
+):
+    """``first_since_reset``: no request has run since the caches were verified clean, so
+    any prefix hit can only be a stale entry."""
     if ev.tokens is None:
         return Outcome("probe_failed", ev.error or f"HTTP {ev.http_status}")
-    if ev.prefix_hits:
+    if ev.prefix_hits and first_since_reset:
         return Outcome("probe_mismatch",
                        f"{ev.prefix_hits} prefix-cache hits on the first post-update request: "
                        "stale KV was reused")

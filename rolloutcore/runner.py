@@ -260,7 +260,10 @@ class LifecycleRunner:
         pause = self._idempotent(report, "pause", None, lambda: post.pause(
             self._call("pause", lambda: self.adapter.pause(mode))))
         if pause.trigger != "pause_ok":
-            self._fire("cancel_update", reason=pause.reason)
+            # A failed pause may have taken effect: the engine must run again before
+            # admissions reopen (the spec's cancel_update requires it).
+            if self._resume(report):
+                self._fire("cancel_update", reason=pause.reason)
             return
         if self._mutate(target, report) != "mutate_ok":
             if self._in(Phase.QUIESCED):  # refused with proof: resume the old generation
@@ -283,10 +286,17 @@ class LifecycleRunner:
             return
         if not self._resume(report):
             return
-        p = self._idempotent(report, "probe", None, lambda: post.probe(
-            self._call("probe", lambda: self.adapter.probe(target.probe_prompt,
-                                                           len(target.probe_tokens))),
-            target.probe_tokens))
+        attempts: list[int] = []
+
+        def probe_attempt() -> post.Outcome:
+            # Prefix hits prove stale reuse only on the first request after invalidation:
+            # a failed earlier attempt may have cached blocks under the new weights.
+            attempts.append(1)
+            ev = self._call("probe", lambda: self.adapter.probe(target.probe_prompt,
+                                                                len(target.probe_tokens)))
+            return post.probe(ev, target.probe_tokens, first_since_reset=len(attempts) == 1)
+
+        p = self._idempotent(report, "probe", None, probe_attempt)
         if p.trigger == "probe_mismatch":
             return
         if p.trigger != "probe_ok":
@@ -318,8 +328,10 @@ class LifecycleRunner:
         r = self._idempotent(report, "resume", None, lambda: post.resume(
             self._call("resume", self.adapter.resume)))
         if r.trigger != "resume_ok":
-            if self.controller.control.target != 0:
+            if self._in(Phase.RESUMING) and self.controller.control.target != 0:
                 self._fire("give_up", reason=r.reason)
+            # Otherwise admissions stay closed (DRAINING, or RESUMING an abandoned update)
+            # with the engine's run state unknown: fail closed, report, let the caller retry.
             return False
         return True
 

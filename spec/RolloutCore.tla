@@ -73,10 +73,10 @@ Admit(i) ==
     /\ caches' = [t \in Tiers |-> caches[t] \cup {weights}]
     /\ UNCHANGED <<phase, committed, target, pending, cleared, evidence, weights, label, paused, amb, faults>>
 
-\* engine_finish [environment]: The engine finishes a request (maybe before the application releases it).
+\* engine_finish [environment]: The engine finishes a request (maybe before the application releases it); a wait-mode pause lets in-flight requests run to completion (observed on vLLM).
 EngineFinish(i) ==
     /\ phase \in {"DRAINING", "INVALIDATING", "QUIESCED", "READY", "RESUMING", "TAINTED", "UNINITIALIZED", "UPDATING", "VALIDATING"}
-    /\ req[i] # 0 /\ ~paused
+    /\ req[i] # 0
     /\ req' = [req EXCEPT ![i] = 0]
     /\ UNCHANGED <<phase, committed, target, pending, bind, cleared, evidence, weights, label, paused, caches, amb, stale, faults>>
 
@@ -96,10 +96,10 @@ RequestUpdate ==
     /\ target' = committed + 1
     /\ UNCHANGED <<committed, pending, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
 
-\* cancel_update [control]: The pending update is cancelled while draining: admissions reopen, nothing moved.
+\* cancel_update [control]: The pending update is cancelled while draining: admissions reopen, nothing moved. Only with the engine known to run (after a failed pause: resume it first).
 CancelUpdate ==
     /\ phase \in {"DRAINING"}
-    /\ pending = "none"
+    /\ pending = "none" /\ "resumed" \in evidence
     /\ phase' = "READY"
     /\ target' = 0
     /\ UNCHANGED <<committed, pending, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
@@ -122,15 +122,17 @@ PauseOk ==
     /\ paused' = TRUE
     /\ UNCHANGED <<committed, target, bind, cleared, weights, label, req, caches, amb, stale, faults>>
 
-\* pause_failed [outcome]: The pause failed and the engine reads as not paused; drain goes on.
+\* pause_failed [outcome]: The pause did not complete (timeout, requests still running): it may have taken effect (a wait-mode pause does at once on vLLM), so the engine is no longer known to run: it must be resumed before admissions reopen.
 PauseFailed ==
     /\ phase \in {"DRAINING"}
     /\ pending = "pause"
     /\ faults < MaxFaults
     /\ phase' = "DRAINING"
     /\ pending' = "none"
+    /\ evidence' = evidence \ {"resumed"}
+    /\ paused' \in {paused, TRUE}
     /\ faults' = faults + 1
-    /\ UNCHANGED <<committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale>>
+    /\ UNCHANGED <<committed, target, bind, cleared, weights, label, req, caches, amb, stale>>
 
 \* abandon_update [control]: Give up the update before any mutation: resume the committed generation.
 AbandonUpdate ==
@@ -288,16 +290,16 @@ ValidateMismatch ==
     /\ amb' = TRUE
     /\ UNCHANGED <<committed, target, bind, cleared, evidence, weights, label, paused, req, caches, stale, faults>>
 
-\* resume_begin [control]: Resume the engine; admissions stay closed.
+\* resume_begin [control]: Resume the engine (after a failed pause, or after validation); admissions stay closed.
 ResumeBegin ==
-    /\ phase \in {"RESUMING"}
+    /\ phase \in {"DRAINING", "RESUMING"}
     /\ pending = "none" /\ "resumed" \notin evidence
     /\ pending' = "resume"
     /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
 
 \* resume_ok [outcome]: The engine reads as running.
 ResumeOk ==
-    /\ phase \in {"RESUMING"}
+    /\ phase \in {"DRAINING", "RESUMING"}
     /\ pending = "resume"
     /\ pending' = "none"
     /\ evidence' = evidence \cup {"resumed"}
@@ -306,13 +308,12 @@ ResumeOk ==
 
 \* resume_failed [outcome]: The resume failed and the engine reads as paused: retry.
 ResumeFailed ==
-    /\ phase \in {"RESUMING"}
+    /\ phase \in {"DRAINING", "RESUMING"}
     /\ pending = "resume"
     /\ faults < MaxFaults
-    /\ phase' = "RESUMING"
     /\ pending' = "none"
     /\ faults' = faults + 1
-    /\ UNCHANGED <<committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale>>
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale>>
 
 \* probe_begin [control]: Run the post-update probe generation (admissions still closed).
 ProbeBegin ==
@@ -498,9 +499,9 @@ PublishOnlyVerified ==
             /\ cleared = Tiers
             /\ \A i \in Slots : bind[i] = 0]_vars
 
-\* Evidence is gathered only while admissions are closed and no rollout is bound.
+\* Evidence about the weights is gathered only while admissions are closed and no rollout is bound (re-confirming that the engine runs is allowed while draining).
 EvidenceOnlyWhileClosed ==
-    [][evidence' \ evidence # {} =>
+    [][(evidence' \ evidence) \ {"resumed"} # {} =>
             /\ phase \notin {"READY", "DRAINING"}
             /\ \A i \in Slots : bind[i] = 0]_vars
 

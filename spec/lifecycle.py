@@ -259,13 +259,15 @@ _ops: list[Action] = []
 def _op_outcomes(
     op: str,
     sources: frozenset[Phase],
-    back: Phase,
+    back: Phase | None,
     ok: Action,
     *,
     failed_doc: str,
     failed_world: Callable[[State, Param], Sequence[Updates]] = _no_updates,
     failed_world_tla: str = "TRUE",
     failed_writes: frozenset[str] = frozenset(),
+    failed_control: Callable[[Any, Param], Updates] | None = None,
+    failed_control_tla: Mapping[str, str] | None = None,
     param: str | None = None,
 ) -> list[Action]:
     """An idempotent operation's begin is written by hand; its ``failed`` outcome is
@@ -276,7 +278,8 @@ def _op_outcomes(
         param=param,
         when=(lambda c, p: bool(c.pending == f"{op}_{p}")) if param else _pending_is(op),
         when_tla=f"pending = {pend}",
-        control=lambda _c, _p: {"pending": NO_OP}, control_tla={"pending": '"none"'},
+        control=failed_control or (lambda _c, _p: {"pending": NO_OP}),
+        control_tla=failed_control_tla or {"pending": '"none"'},
         world=failed_world, world_tla=failed_world_tla, world_writes=failed_writes, fault=True,
     )
     return [ok, failed]
@@ -330,9 +333,10 @@ ACTIONS: tuple[Action, ...] = (
     ),
     Action(
         name="engine_finish", kind=Kind.ENVIRONMENT, sources=frozenset(P), param="slot",
-        doc="The engine finishes a request (maybe before the application releases it).",
-        truth=lambda s, i: s.req[i - 1] != 0 and not s.paused,
-        truth_tla=r"req[i] # 0 /\ ~paused",
+        doc="The engine finishes a request (maybe before the application releases it); a "
+        "wait-mode pause lets in-flight requests run to completion (observed on vLLM).",
+        truth=lambda s, i: s.req[i - 1] != 0,
+        truth_tla="req[i] # 0",
         world=lambda s, i: ({"req": _set(s.req, i, 0)},),
         world_tla="req' = [req EXCEPT ![i] = 0]", world_writes=frozenset({"req"}),
     ),
@@ -356,8 +360,10 @@ ACTIONS: tuple[Action, ...] = (
     ),
     Action(
         name="cancel_update", kind=Kind.CONTROL, sources=frozenset({P.DRAINING}), dest=P.READY,
-        doc="The pending update is cancelled while draining: admissions reopen, nothing moved.",
-        when=_idle, when_tla='pending = "none"',
+        doc="The pending update is cancelled while draining: admissions reopen, nothing moved. "
+        "Only with the engine known to run (after a failed pause: resume it first).",
+        when=lambda c, _p: c.pending == NO_OP and "resumed" in c.evidence,
+        when_tla=r'pending = "none" /\ "resumed" \in evidence',
         control=lambda _c, _p: {"target": 0}, control_tla={"target": "0"},
     ),
     Action(
@@ -381,7 +387,14 @@ ACTIONS: tuple[Action, ...] = (
             world=lambda _s, _p: ({"paused": True},), world_tla="paused' = TRUE",
             world_writes=frozenset({"paused"}),
         ),
-        failed_doc="The pause failed and the engine reads as not paused; drain goes on.",
+        failed_doc="The pause did not complete (timeout, requests still running): it may "
+        "have taken effect (a wait-mode pause does at once on vLLM), so the engine is no "
+        "longer known to run: it must be resumed before admissions reopen.",
+        failed_control=lambda c, _p: {"pending": NO_OP, "evidence": c.evidence - {"resumed"}},
+        failed_control_tla={"pending": '"none"', "evidence": 'evidence \\ {"resumed"}'},
+        failed_world=lambda s, _p: ({"paused": s.paused}, {"paused": True}),
+        failed_world_tla=r"paused' \in {paused, TRUE}",
+        failed_writes=frozenset({"paused"}),
     ),
     Action(
         name="abandon_update", kind=Kind.CONTROL, sources=frozenset({P.QUIESCED}),
@@ -546,16 +559,18 @@ ACTIONS: tuple[Action, ...] = (
     ),
     # ---- resume, probe generation, publish -----------------------------------------------
     Action(
-        name="resume_begin", kind=Kind.CONTROL, sources=frozenset({P.RESUMING}),
-        doc="Resume the engine; admissions stay closed.",
+        name="resume_begin", kind=Kind.CONTROL,
+        sources=frozenset({P.DRAINING, P.RESUMING}),
+        doc="Resume the engine (after a failed pause, or after validation); admissions stay "
+        "closed.",
         when=lambda c, _p: c.pending == NO_OP and "resumed" not in c.evidence,
         when_tla=r'pending = "none" /\ "resumed" \notin evidence',
         control=lambda _c, _p: {"pending": "resume"}, control_tla={"pending": '"resume"'},
     ),
     *_op_outcomes(
-        "resume", frozenset({P.RESUMING}), P.RESUMING,
+        "resume", frozenset({P.DRAINING, P.RESUMING}), None,
         Action(
-            name="resume_ok", kind=Kind.OUTCOME, sources=frozenset({P.RESUMING}),
+            name="resume_ok", kind=Kind.OUTCOME, sources=frozenset({P.DRAINING, P.RESUMING}),
             doc="The engine reads as running.",
             when=_pending_is("resume"), when_tla='pending = "resume"',
             control=lambda c, _p: {"pending": NO_OP, "evidence": c.evidence | {"resumed"}},
@@ -792,11 +807,12 @@ ACTION_PROPERTIES: tuple[ActionProperty, ...] = (
     ),
     ActionProperty(
         "EvidenceOnlyWhileClosed",
-        "Evidence is gathered only while admissions are closed and no rollout is bound.",
-        r"""evidence' \ evidence # {} =>
+        "Evidence about the weights is gathered only while admissions are closed and no "
+        "rollout is bound (re-confirming that the engine runs is allowed while draining).",
+        r"""(evidence' \ evidence) \ {"resumed"} # {} =>
             /\ phase \notin {"READY", "DRAINING"}
             /\ \A i \in Slots : bind[i] = 0""",
-        lambda s, t: not (t.evidence - s.evidence)
+        lambda s, t: not (t.evidence - s.evidence - {"resumed"})
         or (s.phase not in (Phase.READY, Phase.DRAINING) and not any(s.bind)),
     ),
 )

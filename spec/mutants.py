@@ -100,6 +100,12 @@ def _skip_probe(spec: Spec) -> Spec:
     )
 
 
+def _cancel_over_paused_engine(spec: Spec) -> Spec:
+    return spec.replace_action(
+        "cancel_update", when=lambda c, _p: c.pending == NO_OP, when_tla='pending = "none"'
+    )
+
+
 def _pause_keep_mode(spec: Spec) -> Spec:
     return spec.replace_action("pause_ok", truth=lambda _s, _p: True, truth_tla="TRUE")
 
@@ -133,6 +139,11 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("skip_probe",
            "Publish without the post-update probe generation.",
            _skip_probe),
+    Mutant("cancel_over_paused_engine",
+           "Regression (found on real vLLM by the pause_timeout scenario): cancel the update "
+           "after a failed pause without resuming; a wait-mode pause had already taken "
+           "effect, so READY sits over a paused engine.",
+           _cancel_over_paused_engine),
     Mutant("pause_keep_mode",
            "Pause in keep mode: in-flight requests freeze and finish on the new weights.",
            _pause_keep_mode),

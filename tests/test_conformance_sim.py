@@ -23,10 +23,7 @@ from rolloutcore.conformance.scenarios import SCENARIOS
 
 #: Scenarios that fail because of a bug outside the harness; strict: a fix turns them red
 #: here so that the marker goes away with the bug.
-KNOWN_BUGS = {
-    "pause_timeout": "runner: cancel_update after a pause_failed whose engine did pause "
-                     "leaves READY over a paused engine (runner.py _cycle, pause branch)",
-}
+KNOWN_BUGS: dict[str, str] = {}  # pause_timeout was here: fixed in the spec (pause_failed)
 
 
 def _params(names: list[str]) -> list[Any]:

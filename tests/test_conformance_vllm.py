@@ -35,10 +35,7 @@ from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models  # noqa
 ORDER = sorted(SCENARIOS, key=lambda n: SCENARIOS[n].destructive)
 #: Scenarios that fail because of a bug outside the harness (strict: a fix turns them red
 #: here so that the marker goes away with the bug).
-KNOWN_BUGS = {
-    "pause_timeout": "runner: cancel_update after a pause_failed whose engine did pause "
-                     "leaves READY over a paused engine (runner.py _cycle, pause branch)",
-}
+KNOWN_BUGS: dict[str, str] = {}  # pause_timeout was here: fixed in the spec (pause_failed)
 PARAMS = [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=KNOWN_BUGS[n]))
           if n in KNOWN_BUGS else n for n in ORDER]
 

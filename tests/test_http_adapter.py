@@ -57,7 +57,7 @@ class FakeVllm:
 
     def route(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
-        body = json.loads(request.content) if request.content else None
+        body: Any = json.loads(request.content) if request.content else None
         if path == "/weight_info":
             return httpx.Response(200, json={"weight_version": self.label})
         if path == "/is_paused":

@@ -262,6 +262,15 @@ def _recovery_is_spec_safe(prefix: list[dict[str, Any]], control: Any) -> None:
             assert inv.holds(t), (inv.name, s.phase, control)
 
 
+def _unresolved_pause(prefix: list[dict[str, Any]]) -> bool:
+    """A pause failed in the current drain and no resume was confirmed after it."""
+    steps = [r.get("step") for r in prefix]
+    start = max((i for i, st in enumerate(steps) if st == "request_update"), default=0)
+    tail = steps[start:]
+    last_fail = max((i for i, st in enumerate(tail) if st == "pause_failed"), default=-1)
+    return last_fail >= 0 and "resume_ok" not in tail[last_fail:]
+
+
 def test_killed_after_every_step_comes_back_safe(tmp_path: Path) -> None:
     """Truncate a journal of full update cycles (retries included) after each record,
     and mid-record, then recover: READY only when the spec proves it safe, TAINTED
@@ -293,7 +302,8 @@ def test_killed_after_every_step_comes_back_safe(tmp_path: Path) -> None:
             if k == 1 or last["phase"] == "UNINITIALIZED":
                 assert phase is Phase.UNINITIALIZED and not rec.tainted
             elif last["phase"] == "READY" or (last["phase"] == "DRAINING"
-                                              and last["pending"] == NO_OP):
+                                              and last["pending"] == NO_OP
+                                              and not _unresolved_pause(records[:k])):
                 assert phase is Phase.READY and not rec.tainted
                 assert rec.control.committed == last["committed"]
                 assert rec.control.evidence == ALL_EVIDENCE and rec.control.target == 0

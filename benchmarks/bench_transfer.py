@@ -1,0 +1,150 @@
+"""Weight-transfer efficiency and time-to-TAINTED, gloo backend, real vLLM CPU server.
+
+1. Floor: a raw gloo broadcast of the same bytes (one uint8 tensor of the checkpoint's
+   size) between two processes on this machine, median of ``--repeat``.
+2. The transfer: ``TransferAdapter.mutate`` (vLLM's trainer API over the gloo plugin,
+   the server's HTTP session calls, the worker's load and digest) between
+   ``models/large`` and ``models/large_v2`` (55.6 MB), alternating, median of
+   ``--repeat``; and one full runner cycle (pause, transfer, cache resets, validation,
+   probe, resume) for context.
+3. Time from a frozen collective (SIGSTOP of the server midway through the broadcast) to
+   TAINTED, against the configured transfer deadline.
+
+Prints the ratios; ``--json FILE`` writes them. One server, stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import multiprocessing as mp
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _receiver(port: int, nbytes: int, repeat: int) -> None:
+    import torch
+
+    dist: Any = torch.distributed
+    timeout = datetime.timedelta(seconds=120)
+    store = dist.TCPStore("127.0.0.1", port, 2, False, timeout=timeout)
+    pg = dist.ProcessGroupGloo(store, 1, 2, timeout)
+    opts = dist.BroadcastOptions()
+    opts.rootRank = 0
+    for _ in range(repeat + 1):
+        buf = torch.empty(nbytes, dtype=torch.uint8)
+        pg.broadcast([buf], opts).wait()
+
+
+def raw_floor(nbytes: int, repeat: int) -> list[float]:
+    """Seconds per raw gloo broadcast of ``nbytes`` to a second process (after a warm-up)."""
+    import torch
+
+    dist: Any = torch.distributed
+    timeout = datetime.timedelta(seconds=120)
+    store = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=timeout, wait_for_workers=False)
+    proc = mp.get_context("spawn").Process(target=_receiver, args=(store.port, nbytes, repeat))
+    proc.start()
+    pg = dist.ProcessGroupGloo(store, 0, 2, timeout)
+    opts = dist.BroadcastOptions()
+    opts.rootRank = 0
+    out = []
+    for i in range(repeat + 1):
+        buf = torch.full((nbytes,), i % 251, dtype=torch.uint8)
+        t0 = time.perf_counter()
+        pg.broadcast([buf], opts).wait()
+        if i:
+            out.append(time.perf_counter() - t0)
+    proc.join(60)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models
+    from rolloutcore.conformance.transfer_scenarios import GLOO, Session, s_frozen
+    from rolloutcore.identity import checkpoint_nbytes
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--buffer-mb", type=int, default=8, help="packed broadcast buffer size")
+    args = ap.parse_args(argv)
+    models = build_models(DEFAULT_OUT, large=True)
+    nbytes = checkpoint_nbytes(models["large"])
+    floor = raw_floor(nbytes, args.repeat)
+    floor_s = statistics.median(floor)
+    print(f"floor: raw gloo broadcast of {nbytes} B: median {floor_s * 1e3:.1f} ms "
+          f"({nbytes / floor_s / 1e6:.0f} MB/s) over {len(floor)}", flush=True)
+    res: dict[str, Any] = {"nbytes": nbytes, "floor_s": floor, "buffer_mb": args.buffer_mb}
+    with tempfile.TemporaryDirectory(prefix="rc-bench-transfer-") as tmp:
+        s = Session(GLOO, models, "large", Path(tmp))
+        s.backend = GLOO.__class__(GLOO.name, GLOO.worker_extension,
+                                   lambda world_size=2: GLOO.init_info(
+                                       world_size=world_size, buffer_bytes=args.buffer_mb << 20))
+        try:
+            s.start()
+            assert s.adapter is not None and s.runner is not None
+            # The trainer holds its weights in memory: sources are loaded (and their
+            # provenance digested) once, not re-read from disk per transfer.
+            from rolloutcore.adapters.weight_transfer import CheckpointSource
+
+            held = {v: CheckpointSource(models[v].resolve(), preload=True)
+                    for v in ("large", "large_v2")}
+            for src in held.values():
+                _ = src.provenance
+            by_dir = {str(models[v].resolve()): src for v, src in held.items()}
+            s.source_override = lambda t: by_dir[t.source]
+            mutate_s, phases, worker = [], [], []
+            gen = 2
+            for i in range(args.repeat):
+                version = "large_v2" if i % 2 == 0 else "large"
+                target = s.target(version, gen)
+                t0 = time.perf_counter()
+                ev = s.adapter.mutate(target)
+                mutate_s.append(time.perf_counter() - t0)
+                phases.append(dict(s.adapter.last_timings))
+                assert s.http is not None
+                body = s.http.rpc("rc_identity", op="bench").body
+                worker.append(body["results"][0].get("timings") if isinstance(body, dict)
+                              else None)
+                if ev.outcome.value != "completed":
+                    raise RuntimeError(f"transfer {i} not completed: {ev}")
+            # One full runner cycle, for context (the engine holds whatever the last
+            # transfer left; the runner's committed generation is still 1 = large).
+            t_cycle = s.target("large_v2", 2)
+            t0 = time.perf_counter()
+            rep = s.runner.update(t_cycle)
+            cycle_s = time.perf_counter() - t0
+            res.update(mutate_s=mutate_s, phases=phases, cycle_s=cycle_s,
+                       cycle_published=rep.published,
+                       cycle_steps={k: round(v, 4) for k, v in rep.timings().items()})
+            med = statistics.median(mutate_s)
+            send = statistics.median(p.get("send_s", float("nan")) for p in phases)
+            print(f"transfer (mutate): median {med * 1e3:.1f} ms = {med / floor_s:.2f}x the "
+                  f"floor; send_weights alone {send * 1e3:.1f} ms = {send / floor_s:.2f}x",
+                  flush=True)
+            print(f"  trainer phases (last): {phases[-1]}; worker (last): {worker[-1]}",
+                  flush=True)
+            res["worker_timings"] = worker
+            print(f"full runner cycle: {cycle_s * 1e3:.1f} ms (published={rep.published}); "
+                  f"steps {res['cycle_steps']}", flush=True)
+            row = s_frozen(s, 3, "large")
+            res["frozen"] = row.as_json()
+            ev = row.evidence
+            print(f"frozen collective -> TAINTED: {ev.get('freeze_to_tainted_s')} s, deadline "
+                  f"{ev.get('deadline_s')} s ({'PASS' if row.passed else 'FAIL'})", flush=True)
+            res.update(ratio_mutate=med / floor_s, ratio_send=send / floor_s)
+        finally:
+            s.stop()
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
