@@ -238,6 +238,11 @@ class HarnessEngine(abc.ABC):
         """A variant of ``target`` whose mutation dies halfway through the load."""
 
     @abc.abstractmethod
+    def arm_wrong_checkpoint(self, target: WeightTarget, installs: str) -> WeightTarget:
+        """``target`` unchanged in what it declares (label, identity, probe), but its
+        mutation installs checkpoint ``installs`` and reports success."""
+
+    @abc.abstractmethod
     def naive_resume(self) -> dict[str, Any]:
         """Resume and generate as if a failed load had not happened; what was seen
         (``died``: the engine died; ``tokens``: what it served)."""
@@ -335,6 +340,11 @@ class SimHarnessEngine(HarnessEngine):
     def arm_failing_mutation(self, target: WeightTarget) -> WeightTarget:
         self.sim_adapter.faults.faults.setdefault("mutate", []).append("die_halfway")
         return target
+
+    def arm_wrong_checkpoint(self, target: WeightTarget, installs: str) -> WeightTarget:
+        from dataclasses import replace
+
+        return replace(target, source=installs)  # the sim installs what `source` names
 
     def naive_resume(self) -> dict[str, Any]:
         self.engine.resume()
@@ -550,6 +560,13 @@ class VllmHarnessEngine(HarnessEngine):
         # vLLM's own reload_weights has no such check: it dies halfway.
         self.http.mutation_method = "reload_weights"
         return self._broken_target(target)
+
+    def arm_wrong_checkpoint(self, target: WeightTarget, installs: str) -> WeightTarget:
+        from dataclasses import replace
+
+        # vLLM's own reload_weights installs whatever it is pointed at, without checking.
+        self.http.mutation_method = "reload_weights"
+        return replace(target, source=str(self.models[installs]))
 
     def naive_resume(self) -> dict[str, Any]:
         from rolloutcore.adapters.contract import AdapterError

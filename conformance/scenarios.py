@@ -255,6 +255,38 @@ def s_failed_load(ctx: ScenarioContext) -> None:
     ctx.evidence.update(naive_resume=naive)
 
 
+# ------------------------------------------------------------------- wrong checkpoint
+
+
+def s_wrong_checkpoint(ctx: ScenarioContext) -> None:
+    """The transfer reports success but installed other weights than the target declares
+    (v1neg: same names, dtypes and shapes as v1 and v2). A label is not an identity: the
+    label is right, the identity is not, and nothing is published."""
+    e = ctx.engine
+    runner = ctx.bootstrap()
+    c = runner.controller
+    target = e.arm_wrong_checkpoint(e.target(2, "v2"), "v1neg")
+    rep = runner.update(target)
+    ctx.cycle_evidence("wrong_checkpoint_cycle", rep)
+    mut = [s for s in rep.steps if s.step == "mutate"]
+    val = [s for s in rep.steps if s.step == "validate"]
+    ctx.check("the mutation itself reported success", bool(mut) and mut[0].outcome ==
+              "mutate_ok", [(s.outcome, s.reason[:120]) for s in mut])
+    ctx.check("the engine reports the declared label (finalised by the mutation)",
+              e.label() == target.label, e.label())
+    ctx.check("validation sees another identity: validate_mismatch, TAINTED, not published",
+              bool(val) and val[-1].outcome == "validate_mismatch"
+              and c.phase is Phase.TAINTED and not rep.published
+              and c.control.committed == 1,
+              {"phase": c.phase.value, "validate": [(s.outcome, s.reason[:120]) for s in val]})
+    try:
+        runner.generate("after-mismatch", e.prompt("probe"), e.probe_tokens)
+        admitted = True
+    except IllegalTransition:
+        admitted = False
+    ctx.check("nothing is admitted once TAINTED", not admitted, {"admitted": admitted})
+
+
 # --------------------------------------------------------------------- pause semantics
 
 
@@ -428,6 +460,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "about them", s_pause_semantics),
     Scenario("pause_timeout", "a wait-mode pause past its deadline cancels the update; the "
              "engine must run again", s_pause_timeout),
+    Scenario("wrong_checkpoint", "a mutation that installs another checkpoint than the one "
+             "declared (equal manifest) is caught before publish: TAINTED",
+             s_wrong_checkpoint),
     Scenario("failed_load", "a refused load resumes the old generation; a load dying halfway "
              "latches TAINTED; a naive resume kills the engine", s_failed_load,
              destructive=True),
