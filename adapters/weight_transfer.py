@@ -229,6 +229,15 @@ class TransferPolicy:
         return self.base_s + nbytes / self.floor_bytes_per_s
 
 
+def cuda_device_select(device: int | None) -> None:
+    """Make ``device`` the calling thread's current CUDA device (no-op without CUDA)."""
+    if device is None:
+        return
+    import torch
+
+    torch.cuda.set_device(device)
+
+
 def cuda_device_lookup() -> int | None:
     """The calling thread's current CUDA device, None without CUDA."""
     if not torch.cuda.is_available():
@@ -259,6 +268,7 @@ class TransferAdapter:
         init_info: InitInfoFactory = gloo_init_info,
         policy: TransferPolicy = TransferPolicy(),
         device_lookup: Callable[[], int | None] = cuda_device_lookup,
+        device_select: Callable[[int | None], None] | None = cuda_device_select,
         headroom: Callable[[], int | None] | None = None,
         check_manifest: bool = True,
         http_timeout_s: float = 300.0,
@@ -281,6 +291,10 @@ class TransferAdapter:
         self.policy = policy
         self.device_lookup = device_lookup
         self.device = device_lookup()  # the device this driver was initialised on
+        # The runner calls mutate() on its own watchdog thread, whose current CUDA device
+        # is the default one: pin the recorded device there first (the seed's "invalid
+        # resource handle"). None: leave the thread as it is and only check.
+        self.device_select = device_select
         self.headroom = headroom if headroom is not None else self._engine_headroom
         self.check_manifest = check_manifest
         self.stuck: list[str] = []
@@ -354,6 +368,8 @@ class TransferAdapter:
                 raise AdapterError(f"mutate: source metadata disagrees with the target: "
                                    f"{diff}: refused before any byte moved",
                                    proven_no_effect=True)
+        if self.device_select is not None:
+            self.device_select(self.device)
         current = self.device_lookup()
         if current != self.device:
             raise AdapterError(f"mutate: driver initialised on device {self.device}, called "

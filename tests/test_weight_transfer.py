@@ -193,7 +193,7 @@ def test_device_check_with_injected_lookup(tmp_path: Path) -> None:
     d = _ckpt(tmp_path / "v2", 2.0)
     current = {"dev": 1}
     worker = FakeWorker()
-    ad = _adapter(worker, device_lookup=lambda: current["dev"])
+    ad = _adapter(worker, device_lookup=lambda: current["dev"], device_select=None)
     assert ad.device == 1
     current["dev"] = 0  # the calling thread's current device is not the driver's
     with pytest.raises(AdapterError, match=r"device 1.*current device is 0") as ei:
@@ -201,6 +201,24 @@ def test_device_check_with_injected_lookup(tmp_path: Path) -> None:
     assert ei.value.proven_no_effect and worker.calls == []
     current["dev"] = 1
     assert ad.mutate(_target(d)).outcome is MutationOutcome.COMPLETED
+
+
+def test_device_pinned_in_the_calling_thread(tmp_path: Path) -> None:
+    """The runner calls mutate() on its own thread (current device 0): the adapter pins
+    the device it was created on in that thread, then checks it."""
+    d = _ckpt(tmp_path / "v2", 2.0)
+    current = {"dev": 1}
+    selected: list[int | None] = []
+
+    def select(dev: int | None) -> None:
+        selected.append(dev)
+        current["dev"] = dev  # type: ignore[assignment]
+
+    worker = FakeWorker()
+    ad = _adapter(worker, device_lookup=lambda: current["dev"], device_select=select)
+    current["dev"] = 0
+    assert ad.mutate(_target(d)).outcome is MutationOutcome.COMPLETED
+    assert selected == [1]
 
 
 def test_headroom_refusal(tmp_path: Path) -> None:
