@@ -24,7 +24,6 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from rolloutcore.adapters.contract import (
     AdapterError,
@@ -366,8 +365,3 @@ def sim_target(generation: int, checkpoint: str, *, probe_prompt: Iterable[int] 
         probe_tokens=reference_tokens(checkpoint, prompt, probe_len), nbytes=1 << 20,
     )
 
-
-def describe(adapter: SimAdapter) -> dict[str, Any]:
-    e = adapter.engine
-    return {"weights": e.weights, "label": e.label, "paused": e.paused, "dead": e.dead,
-            "caches": e.cache_sizes(), "injected": adapter.faults.injected}

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 from transitions import Machine
 from transitions.extensions import LockedMachine
 
-from rolloutcore.spec.lifecycle import NO_OP, SPEC, Action, Kind, Phase, Spec
+from rolloutcore.spec.lifecycle import NO_OP, SPEC, Action, Phase, Spec
 
 
 class IllegalTransition(Exception):
@@ -378,7 +378,3 @@ def bindings_of(state: Any) -> dict[str, int]:
 
 def slot_id(slot: int) -> str:
     return f"r{slot}"
-
-
-def is_controller_action(a: Action) -> bool:
-    return a.kind is not Kind.ENVIRONMENT

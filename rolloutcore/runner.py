@@ -14,19 +14,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from rolloutcore import postconditions as post
 from rolloutcore.adapters.contract import (
     AdapterError,
-    EngineReport,
     GenerationResult,
     LifecycleAdapter,
     MutationEvidence,
     MutationOutcome,
     PauseMode,
-    ProbeEvidence,
     WeightTarget,
 )
 from rolloutcore.controller import Binding, Controller
@@ -377,10 +375,5 @@ class LifecycleRunner:
         return self.targets[generation].label
 
 
-def evidence_dict(ev: Any) -> dict[str, Any]:
-    """Evidence as a plain dict (for journals and JSON output)."""
-    return asdict(ev)
-
-
-__all__ = ["CycleReport", "DeadlineExceeded", "EngineReport", "LifecycleRunner",
-           "ProbeEvidence", "RunnerPolicy", "call_with_deadline", "evidence_dict"]
+__all__ = ["CallPool", "CycleReport", "DeadlineExceeded", "LifecycleRunner", "RunnerPolicy",
+           "call_with_deadline"]
