@@ -311,19 +311,19 @@ class HttpAdapter:
 
     # ------------------------------------------------------------------ reads
 
+    def _read_field(self, op: str, path: str, key: str, kind: type[Any]) -> Any:
+        """GET ``path`` and return ``body[key]``, which must be a ``kind``; else raise."""
+        r = self.request("GET", path, op=op, idempotent=True)
+        value = r.body.get(key) if isinstance(r.body, dict) else None
+        if r.status != 200 or not isinstance(value, kind):
+            raise AdapterError(f"{op}: HTTP {r.status}, body {r.text[:200]!r}")
+        return value
+
     def read_label(self) -> str:
-        r = self.request("GET", "/weight_info", op="read_label", idempotent=True)
-        label = r.body.get("weight_version") if isinstance(r.body, dict) else None
-        if r.status != 200 or not isinstance(label, str):
-            raise AdapterError(f"read_label: HTTP {r.status}, body {r.text[:200]!r}")
-        return label
+        return str(self._read_field("read_label", "/weight_info", "weight_version", str))
 
     def read_paused(self) -> bool:
-        r = self.request("GET", "/is_paused", op="read_paused", idempotent=True)
-        paused = r.body.get("is_paused") if isinstance(r.body, dict) else None
-        if r.status != 200 or not isinstance(paused, bool):
-            raise AdapterError(f"read_paused: HTTP {r.status}, body {r.text[:200]!r}")
-        return paused
+        return bool(self._read_field("read_paused", "/is_paused", "is_paused", bool))
 
     def read_metrics(self) -> str:
         r = self.request("GET", "/metrics", op="read_metrics", idempotent=True,

@@ -250,15 +250,22 @@ def _add_demo_conformance_parsers(sub: Any) -> None:
 # ---------------------------------------------------------------------------- records
 
 
-def _records_show(args: argparse.Namespace) -> int:
+def _read_records(args: argparse.Namespace) -> list[Any] | None:
+    """The records of ``args.file``, or None after reporting why they cannot be read."""
     from rolloutcore.records import RecordError, read_records
 
     try:
-        recs = read_records(args.file)
+        return list(read_records(args.file))
     except (RecordError, OSError) as e:
         if args.json:
             _print_json({"file": args.file, "error": str(e)})
         print(f"error: {e}", file=sys.stderr)
+        return None
+
+
+def _records_show(args: argparse.Namespace) -> int:
+    recs = _read_records(args)
+    if recs is None:
         return 2
     if args.json:
         _print_json({"file": args.file, "records": [r.to_dict() for r in recs]})
@@ -275,14 +282,9 @@ def _records_show(args: argparse.Namespace) -> int:
 
 def _records_replay(args: argparse.Namespace) -> int:
     from rolloutcore.conformance.replay import replay
-    from rolloutcore.records import RecordError, read_records
 
-    try:
-        recs = read_records(args.file)
-    except (RecordError, OSError) as e:
-        if args.json:
-            _print_json({"file": args.file, "error": str(e)})
-        print(f"error: {e}", file=sys.stderr)
+    recs = _read_records(args)
+    if recs is None:
         return 2
     verdicts = replay(recs, args.engine, model=args.model, tolerance=args.tolerance)
     if args.json:
