@@ -538,8 +538,8 @@ def checked_iter(source: WeightSource, meta: list[ParamMeta]) -> Iterator[
 
 
 def register() -> None:
-    """The ``vllm.general_plugins`` entry point: registers ``gloo`` (and the GPU check's
-    ``nccl_rc``, lazily) on both factories.
+    """The ``vllm.general_plugins`` entry point: registers ``gloo`` (and ``nccl_rc``,
+    lazily) on both factories.
     vLLM calls it in several processes, sometimes more than once: repeats are no-ops."""
     from vllm.distributed.weight_transfer.factory import (
         WeightTransferEngineFactory,
@@ -555,8 +555,8 @@ def register() -> None:
             continue
         with contextlib.suppress(ValueError):  # registered concurrently
             factory.register_engine(BACKEND, cls)
-    # The GPU check's NCCL variant, by module path: nothing CUDA-only is imported here.
-    from rolloutcore.conformance.gpu_nccl_check import register_nccl_rc
+    # The digesting NCCL variant, by module path: nothing CUDA-only is imported here.
+    from rolloutcore.adapters.nccl_transfer import register_nccl_rc
 
     register_nccl_rc()
 

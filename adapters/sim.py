@@ -1,5 +1,5 @@
-"""A simulated engine faithful to what REFERENCE.md and conformance/VLLM_OBSERVED.md
-record of real vLLM, and an adapter over it with fault injection at every step.
+"""A simulated engine faithful to what conformance/VLLM_OBSERVED.md records of real vLLM,
+and an adapter over it with fault injection at every step.
 
 It exists for speed (exhaustive and property tests); every scenario it covers also runs
 against the real server. What it reproduces:

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from rolloutcore.conformance.make_traces import write_long_trace
-from rolloutcore.conformance.trace_check import check_trace
 from rolloutcore.controller import TraceRecord
 from rolloutcore.journal import Journal, read_journal
 from rolloutcore.spec.lifecycle import NO_OP, Phase
+from rolloutcore.trace_check import check_trace
 
 
 def append_rate(path: Path, records: int, *, fsync: bool, detail: bool = False) -> float:

@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 
 from rolloutcore.adapters.http import EXTENSION_CLS, HttpAdapter, RequestLog
-from rolloutcore.conformance.harness import INITIAL_LABEL, checkpoint_target
+from rolloutcore.conformance.engines import INITIAL_LABEL, checkpoint_target
 from rolloutcore.conformance.server import VllmServer
 from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models, load_references
 from rolloutcore.journal import open_controller

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from rolloutcore.adapters.contract import PauseEvidence, PauseMode
+from rolloutcore.conformance.engines import INITIAL_LABEL
 from rolloutcore.conformance.harness import (
-    INITIAL_LABEL,
     Scenario,
     ScenarioContext,
     background,

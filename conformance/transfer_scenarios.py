@@ -44,7 +44,7 @@ from rolloutcore.adapters.weight_transfer import (
     TransferAdapter,
     TransferPolicy,
 )
-from rolloutcore.conformance.harness import INITIAL_LABEL, checkpoint_target
+from rolloutcore.conformance.engines import INITIAL_LABEL, checkpoint_target
 from rolloutcore.conformance.server import VllmServer, free_port
 from rolloutcore.controller import IllegalTransition
 from rolloutcore.journal import open_controller, read_journal

@@ -125,7 +125,7 @@ def _spec_tlc(args: argparse.Namespace) -> int:
 
 
 def _trace_check(args: argparse.Namespace) -> int:
-    from rolloutcore.conformance.trace_check import TraceInputError, check_file
+    from rolloutcore.trace_check import TraceInputError, check_file
 
     try:
         v = check_file(args.file)
@@ -218,13 +218,13 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from rolloutcore.demo import main as demo_main
+    from rolloutcore.conformance.demo import main as demo_main
 
     return demo_main(as_json=args.json)
 
 
 def _conformance_run(args: argparse.Namespace) -> int:
-    from rolloutcore.conformance.harness import cli_run
+    from rolloutcore.conformance.cli import cli_run
 
     return cli_run(args.engine, args.scenario, as_json=args.json)
 

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from rolloutcore.adapters.sim import FaultPlan, SimAdapter, SimEngine, sim_target
-from rolloutcore.conformance.trace_check import TraceVerdict, check_file
 from rolloutcore.controller import Controller, IllegalTransition
 from rolloutcore.journal import Journal, verify_chain
 from rolloutcore.runner import CycleReport, LifecycleRunner, RunnerPolicy
+from rolloutcore.trace_check import TraceVerdict, check_file
 
 PROMPTS = ((11, 12, 13, 14, 15, 16, 17, 18, 19), (21, 22, 23, 24, 25, 26, 27, 28))
 

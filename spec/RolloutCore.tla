@@ -1,5 +1,5 @@
 ---------------------------- MODULE RolloutCore ----------------------------
-\* Generated from rolloutcore/spec/lifecycle.py by `rolloutcore spec tla`.
+\* Generated from spec/lifecycle.py by `rolloutcore spec tla`.
 \* Do not edit: change the Python spec and regenerate.
 EXTENDS Integers, FiniteSets, Sequences
 

@@ -1,8 +1,10 @@
 """Deliberately broken variants of the spec: negative controls for every checker.
 
-Each mutant is a bug that real RL stacks ship (REFERENCE.md section 4): a fail-open
-resume, a retried collective, an ignored reset result... The exhaustive explorer, TLC
-and the property-based tests must each catch every one of them with a counterexample.
+Each mutant is a bug that real RL stacks ship (several frameworks resume generation in
+a ``finally`` even after a failed update, one retries the collective on timeout, several
+ignore the boolean of ``reset_prefix_cache``), or a regression found on a real server.
+The exhaustive explorer, TLC and the property-based tests must each catch every one of
+them with a counterexample.
 """
 
 from __future__ import annotations

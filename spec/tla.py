@@ -79,7 +79,7 @@ def module(spec: Spec) -> str:
     phases = _strings(p.value for p in Phase)
     parts = [
         f"---------------------------- MODULE {spec.name} ----------------------------",
-        "\\* Generated from rolloutcore/spec/lifecycle.py by `rolloutcore spec tla`.",
+        "\\* Generated from spec/lifecycle.py by `rolloutcore spec tla`.",
         "\\* Do not edit: change the Python spec and regenerate.",
         "EXTENDS Integers, FiniteSets, Sequences",
         "",

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from rolloutcore.cli import main as cli_main
+from rolloutcore.conformance.engines import SimHarnessEngine
 from rolloutcore.conformance.harness import (
     Check,
     ScenarioResult,
-    SimHarnessEngine,
     compare,
     run_corpus,
     run_scenario,

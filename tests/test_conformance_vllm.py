@@ -21,13 +21,8 @@ if importlib.util.find_spec("vllm") is None:  # pragma: no cover - depends on th
     pytest.skip("vllm is not installed (pip install -e '.[vllm]')", allow_module_level=True)
 
 from rolloutcore.adapters.contract import AdapterError  # noqa: E402
-from rolloutcore.conformance.harness import (  # noqa: E402
-    EnginePool,
-    SimHarnessEngine,
-    VllmHarnessEngine,
-    compare,
-    run_scenario,
-)
+from rolloutcore.conformance.engines import SimHarnessEngine, VllmHarnessEngine  # noqa: E402
+from rolloutcore.conformance.harness import EnginePool, compare, run_scenario  # noqa: E402
 from rolloutcore.conformance.scenarios import SCENARIOS  # noqa: E402
 from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models  # noqa: E402
 
@@ -104,7 +99,7 @@ def test_failed_load_left_no_usable_engine(pool: EnginePool) -> None:
 
 
 def test_demo_end_to_end(pool: EnginePool, tmp_path: Path) -> None:
-    from rolloutcore.demo import run_demo
+    from rolloutcore.conformance.demo import run_demo
 
     pool.close()  # one server at a time
     out = tmp_path / "demo.out"

@@ -18,7 +18,6 @@ from rolloutcore.conformance.make_traces import (
     s_retries,
     s_update_cycle,
 )
-from rolloutcore.conformance.trace_check import TraceChecker, bounds_for, check_file
 from rolloutcore.controller import Controller, TraceRecord
 from rolloutcore.journal import (
     REDACTED,
@@ -34,6 +33,7 @@ from rolloutcore.journal import (
     verify_chain,
 )
 from rolloutcore.spec.lifecycle import ALL_EVIDENCE, NO_OP, SPEC, Kind, Phase
+from rolloutcore.trace_check import TraceChecker, bounds_for, check_file
 
 
 def _journal(path: Path, scenario: Any = s_update_cycle, *, fsync: bool = False) -> Path:

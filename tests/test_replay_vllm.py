@@ -28,7 +28,7 @@ if importlib.util.find_spec("vllm") is None:  # pragma: no cover - depends on th
 from rolloutcore.adapters.contract import GenerationResult  # noqa: E402
 from rolloutcore.adapters.http import EXTENSION_CLS, HttpAdapter  # noqa: E402
 from rolloutcore.cli import main as cli_main  # noqa: E402
-from rolloutcore.conformance.harness import checkpoint_target  # noqa: E402
+from rolloutcore.conformance.engines import checkpoint_target  # noqa: E402
 from rolloutcore.conformance.replay import DEFAULT_TOLERANCE, ReplayVerdict, replay  # noqa: E402
 from rolloutcore.conformance.server import VllmServer  # noqa: E402
 from rolloutcore.conformance.tiny_model import (  # noqa: E402
@@ -37,6 +37,7 @@ from rolloutcore.conformance.tiny_model import (  # noqa: E402
     load_references,
 )
 from rolloutcore.controller import Controller, ControlState  # noqa: E402
+from rolloutcore.identity import checkpoint_identity, manifest_digest  # noqa: E402
 from rolloutcore.records import (  # noqa: E402
     Decoding,
     Timing,
@@ -49,7 +50,6 @@ from rolloutcore.records import (  # noqa: E402
 )
 from rolloutcore.runner import LifecycleRunner  # noqa: E402
 from rolloutcore.spec.lifecycle import NO_OP, Phase  # noqa: E402
-from rolloutcore.versions import WeightIdentity  # noqa: E402
 
 GREEDY = Decoding(0.0, 1.0, 24, 24)
 
@@ -113,9 +113,9 @@ def _make_records(ctl: Controller, url: str, label: str, prompts: list[tuple[int
         return list(pool.map(one, jobs))
 
 
-def _commit(ctl: Controller, generation: int, identity: WeightIdentity) -> None:
+def _commit(ctl: Controller, generation: int, identity: str) -> None:
     # What the runner's publish leaves behind: READY at the new committed generation.
-    ctl.identity = identity.key
+    ctl.identity = identity
     ctl.restore(ControlState(Phase.READY, generation, generation, NO_OP, frozenset(),
                              frozenset()))
 
@@ -140,16 +140,16 @@ def _summary(tag: str, vs: list[ReplayVerdict]) -> str:
 def test_replay_clean_on_same_weights_flagged_after_update(
         server: VllmServer, models: dict[str, Path], tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
-    ids = {name: WeightIdentity.of_checkpoint(models[name]) for name in ("v1", "v2", "v1neg")}
+    ids = {name: checkpoint_identity(models[name]) for name in ("v1", "v2", "v1neg")}
     # the seed's pitfall: v1 and v1neg have one manifest, but they are different weights
-    assert ids["v1"].manifest == ids["v1neg"].manifest
-    assert ids["v1"].content != ids["v1neg"].content
+    assert manifest_digest(models["v1"]) == manifest_digest(models["v1neg"])
+    assert ids["v1"] != ids["v1neg"]
     prompts = _prompts(models)
     ctl = Controller()
     _commit(ctl, 1, ids["v1"])
     t0 = time.monotonic()
     recs = _make_records(ctl, server.url, "v1", prompts, "g1")
-    assert all(r.version == 1 and r.identity == ids["v1"].content for r in recs)
+    assert all(r.version == 1 and r.identity == ids["v1"] for r in recs)
     assert {r.decoding.temperature for r in recs} == {0.0, 0.8}
     jsonl, parquet = tmp_path / "g1.jsonl", tmp_path / "g1.parquet"
     write_jsonl(jsonl, recs)
@@ -178,7 +178,7 @@ def test_replay_clean_on_same_weights_flagged_after_update(
     assert cli_main(["records", "replay", str(parquet), "--engine", server.url]) == 1
     assert "mismatch" in capsys.readouterr().out
     recs2 = _make_records(ctl, server.url, "v2", prompts, "g2")
-    assert all(r.version == 2 and r.identity == ids["v2"].content for r in recs2)
+    assert all(r.version == 2 and r.identity == ids["v2"] for r in recs2)
     same2 = replay(recs2, server.url)
     lines.append(_summary("v2 records vs v2", same2))
     assert all(v.verdict == "match" for v in same2)

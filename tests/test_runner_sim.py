@@ -21,12 +21,12 @@ from rolloutcore.adapters.sim import (
     sim_identity,
     sim_target,
 )
-from rolloutcore.conformance.trace_check import check_file
 from rolloutcore.controller import Controller, IllegalTransition
 from rolloutcore.journal import Journal
 from rolloutcore.runner import LifecycleRunner, RunnerPolicy, call_with_deadline
 from rolloutcore.simulate import simulate
 from rolloutcore.spec.lifecycle import Phase
+from rolloutcore.trace_check import check_file
 
 FAST = RunnerPolicy(step_timeout_s=0.5, retries=2, retry_backoff_s=0.0, drain_timeout_s=5,
                     mutation_base_s=0.3, mutation_floor_bytes_per_s=1e12)

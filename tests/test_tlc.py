@@ -10,6 +10,7 @@ from collections.abc import Hashable
 from pathlib import Path
 
 import pytest
+from tlc_helpers import graph_as_value_edges, graph_value_initial, graph_value_states
 
 from rolloutcore import tlc
 from rolloutcore.tlc import ModelValue, TlaParseError, TlaRecord, parse_state, parse_tla_value
@@ -236,11 +237,11 @@ def test_parse_dot_text() -> None:
     assert g.closed
     k = tlc.freeze_state
     s0, s1 = k({"s": s, "x": 0}), k({"s": s, "x": 1})
-    assert tlc.graph_as_value_edges(g) == {(s0, "A", s1), (s0, "B", s1), (s1, "C", s0)}
-    assert tlc.graph_value_initial(g) == {s0}
-    assert tlc.graph_value_states(g, lambda st: st["x"]) == {0, 1}
+    assert graph_as_value_edges(g) == {(s0, "A", s1), (s0, "B", s1), (s1, "C", s0)}
+    assert graph_value_initial(g) == {s0}
+    assert graph_value_states(g, lambda st: st["x"]) == {0, 1}
     with pytest.raises(ValueError, match="same value"):
-        tlc.graph_as_value_edges(g, lambda st: st["s"])  # not injective
+        graph_as_value_edges(g, lambda st: st["s"])  # not injective
     # a dump cut short (TLC killed mid-write) parses as far as it goes
     cut = DOT_SAMPLE[: DOT_SAMPLE.index('-22 [label="') + 20]
     g2 = tlc.parse_dot_text(cut)
@@ -295,9 +296,9 @@ def test_toy_full_graph(tlc_ready: None, tmp_path: Path) -> None:
     assert g is not None and g.closed
     assert len(g.states) == 15 and len(g.edges) == 22 and not g.stuttering
     states, initial, edges = expected_toy_graph()
-    assert tlc.graph_value_states(g) == states
-    assert tlc.graph_value_initial(g) == initial
-    assert tlc.graph_as_value_edges(g) == edges
+    assert graph_value_states(g) == states
+    assert graph_value_initial(g) == initial
+    assert graph_as_value_edges(g) == edges
     # TLC's states/ and the dump stayed in the temporary directory
     assert sorted(p.name for p in module.parent.iterdir()) == before
 
@@ -307,7 +308,7 @@ def test_toy_graph_same_with_several_workers(tlc_ready: None, tmp_path: Path) ->
     module = write_toy(tmp_path, BASE_CFG)
     r = tlc.run_tlc(module, workers=3)
     assert r.ok and r.graph is not None
-    assert tlc.graph_as_value_edges(r.graph) == expected_toy_graph()[2]
+    assert graph_as_value_edges(r.graph) == expected_toy_graph()[2]
 
 
 @pytest.mark.tlc
@@ -368,7 +369,7 @@ def test_temporal_property_violation(tlc_ready: None, tmp_path: Path) -> None:
     assert r.trace_stutters or r.trace_back_to is not None
     # with liveness checked TLC adds a dashed stuttering loop on every state
     assert r.graph is not None and r.graph.stuttering == set(r.graph.states)
-    assert tlc.graph_as_value_edges(r.graph) == expected_toy_graph()[2]
+    assert graph_as_value_edges(r.graph) == expected_toy_graph()[2]
 
 
 @pytest.mark.tlc
@@ -412,6 +413,6 @@ def test_timeout_kills_tlc(tlc_ready: None, tmp_path: Path) -> None:
 def test_jar_is_pinned(tlc_ready: None, monkeypatch: pytest.MonkeyPatch) -> None:
     jar = tlc.find_tla2tools()
     assert jar is not None and jar.name == "tla2tools.jar"
-    monkeypatch.setattr(tlc, "TLA2TOOLS_SHA256", "0" * 64)
+    monkeypatch.setattr(tlc.run, "TLA2TOOLS_SHA256", "0" * 64)
     with pytest.raises(tlc.TlcJarMismatchError, match="sha256"):
         tlc.find_tla2tools()

@@ -14,15 +14,15 @@ import pytest
 
 from rolloutcore.cli import main
 from rolloutcore.conformance.make_traces import TRACES, generate, write_long_trace
-from rolloutcore.conformance.trace_check import (
+from rolloutcore.controller import Controller, slot_id
+from rolloutcore.journal import Journal, read_journal, rechain
+from rolloutcore.spec.lifecycle import SPEC, Bounds, Kind, Phase
+from rolloutcore.trace_check import (
     SPEC_VIOLATION,
     TraceInputError,
     check_file,
     check_trace,
 )
-from rolloutcore.controller import Controller, slot_id
-from rolloutcore.journal import Journal, read_journal, rechain
-from rolloutcore.spec.lifecycle import SPEC, Bounds, Kind, Phase
 
 GOOD = sorted((TRACES / "good").glob("*.jsonl"))
 BAD = sorted((TRACES / "bad").glob("*.jsonl"))

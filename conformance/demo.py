@@ -95,11 +95,11 @@ def _refs(path: Path) -> dict[str, dict[str, Any]]:
 
 def run_demo(out: TextIO = sys.stdout, artifacts: Path | None = None) -> Demo:
     from rolloutcore.adapters.http import EXTENSION_CLS, HttpAdapter
-    from rolloutcore.conformance.harness import INITIAL_LABEL, checkpoint_target
+    from rolloutcore.conformance.engines import INITIAL_LABEL, checkpoint_target
     from rolloutcore.conformance.server import VllmServer
     from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models
-    from rolloutcore.conformance.trace_check import check_file
     from rolloutcore.journal import open_controller, verify_chain
+    from rolloutcore.trace_check import check_file
 
     run_dir = (artifacts or DEFAULT_ARTIFACTS) / time.strftime("demo-%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)

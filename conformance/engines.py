@@ -1,0 +1,561 @@
+"""What the conformance harness drives: one engine interface, implemented over the real
+vLLM server (:class:`VllmHarnessEngine`: a
+:class:`~rolloutcore.conformance.server.VllmServer` plus the
+:class:`~rolloutcore.adapters.http.HttpAdapter`) and over the simulator
+(:class:`SimHarnessEngine`: :class:`~rolloutcore.adapters.sim.SimEngine` plus
+:class:`~rolloutcore.adapters.sim.SimAdapter`).
+
+A scenario needs more of an engine than the adapter contract: a mutation outside
+RolloutCore, the prefix hit counter, the server PID, a naive resume after a failed load.
+:class:`HarnessEngine` names those needs once; :class:`RecordingAdapter` records every
+adapter call a scenario's runner makes (operation, latency, evidence).
+"""
+
+from __future__ import annotations
+
+import abc
+import shutil
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rolloutcore.adapters.contract import (
+    EngineReport,
+    GenerationResult,
+    LifecycleAdapter,
+    MutationEvidence,
+    PauseEvidence,
+    PauseMode,
+    ProbeEvidence,
+    ResetEvidence,
+    ResumeEvidence,
+    WeightTarget,
+)
+
+INITIAL_LABEL = "default"  # what a freshly started vLLM (and SimEngine) reports
+PROMPTS = ("probe", "rollout")  # probe: cacheable (> 2 prefix blocks); rollout: long output
+
+# ------------------------------------------------------------------ recording adapter
+
+
+@dataclass
+class OpRecord:
+    op: str
+    seconds: float
+    evidence: Any  # the evidence object, or the exception raised
+
+
+class RecordingAdapter:
+    """Delegates to an adapter and records every call: op, latency, evidence."""
+
+    def __init__(self, inner: LifecycleAdapter) -> None:
+        self.inner = inner
+        self.calls: list[OpRecord] = []
+        self._lock = threading.Lock()
+
+    def _rec(self, op: str, fn: Callable[[], Any]) -> Any:
+        t0 = time.perf_counter()
+        try:
+            out = fn()
+        except Exception as e:
+            with self._lock:
+                self.calls.append(OpRecord(op, time.perf_counter() - t0, e))
+            raise
+        with self._lock:
+            self.calls.append(OpRecord(op, time.perf_counter() - t0, out))
+        return out
+
+    def read_state(self) -> EngineReport:
+        out: EngineReport = self._rec("read_state", self.inner.read_state)
+        return out
+
+    def pause(self, mode: PauseMode) -> PauseEvidence:
+        out: PauseEvidence = self._rec("pause", lambda: self.inner.pause(mode))
+        return out
+
+    def resume(self) -> ResumeEvidence:
+        out: ResumeEvidence = self._rec("resume", self.inner.resume)
+        return out
+
+    def mutate(self, target: WeightTarget) -> MutationEvidence:
+        out: MutationEvidence = self._rec("mutate", lambda: self.inner.mutate(target))
+        return out
+
+    def reset_cache(self, tier: str) -> ResetEvidence:
+        out: ResetEvidence = self._rec(f"reset_{tier}", lambda: self.inner.reset_cache(tier))
+        return out
+
+    def probe(self, prompt: tuple[int, ...], max_tokens: int) -> ProbeEvidence:
+        out: ProbeEvidence = self._rec("probe", lambda: self.inner.probe(prompt, max_tokens))
+        return out
+
+    def generate(self, prompt: tuple[int, ...], max_tokens: int) -> GenerationResult:
+        out: GenerationResult = self._rec("generate",
+                                          lambda: self.inner.generate(prompt, max_tokens))
+        return out
+
+    def of(self, op: str) -> list[OpRecord]:
+        with self._lock:
+            return [c for c in self.calls if c.op == op]
+
+
+# ------------------------------------------------------------------------- engines
+
+
+class HarnessEngine(abc.ABC):
+    """What scenarios need of an engine, beyond the adapter contract."""
+
+    kind: str
+    adapter: LifecycleAdapter
+    probe_tokens: int  # greedy tokens of the probe prompt (the targets' probe)
+    rollout_tokens: int  # tokens of a long rollout
+
+    @abc.abstractmethod
+    def target(self, generation: int, version: str, *, label: str | None = None) -> (
+        WeightTarget):
+        """A WeightTarget installing checkpoint ``version`` (v1, v2, v1neg) as
+        ``generation``; its probe is the cacheable probe prompt."""
+
+    def initial_target(self) -> WeightTarget:
+        return self.target(1, "v1", label=INITIAL_LABEL)
+
+    @abc.abstractmethod
+    def prompt(self, name: str) -> tuple[int, ...]:
+        """``probe`` (spans several prefix-cache blocks) or ``rollout``."""
+
+    def max_tokens(self, name: str) -> int:
+        return self.probe_tokens if name == "probe" else self.rollout_tokens
+
+    @abc.abstractmethod
+    def reference(self, version: str, name: str) -> tuple[int, ...]:
+        """Greedy reference output of checkpoint ``version`` for prompt ``name``."""
+
+    @abc.abstractmethod
+    def raw_generate(self, prompt: tuple[int, ...], max_tokens: int) -> GenerationResult:
+        """A request outside RolloutCore (no admission): orphans, negative controls."""
+
+    @abc.abstractmethod
+    def prefix_hits(self) -> int:
+        """The engine's cumulative prefix-cache hit counter (tokens)."""
+
+    @abc.abstractmethod
+    def running_requests(self) -> int:
+        ...
+
+    @abc.abstractmethod
+    def pid(self) -> int:
+        """The serving process (constant while the same server serves)."""
+
+    @abc.abstractmethod
+    def identity(self) -> str | None:
+        """The identity of the weights the engine holds, as the engine reports it."""
+
+    @abc.abstractmethod
+    def label(self) -> str | None:
+        ...
+
+    @abc.abstractmethod
+    def mutate_outside(self, version: str) -> None:
+        """Load ``version`` in place outside RolloutCore: no pause, no invalidation,
+        label untouched (what a naive updater does)."""
+
+    @abc.abstractmethod
+    def pause_raw(self, mode: PauseMode) -> None:
+        ...
+
+    @abc.abstractmethod
+    def resume_raw(self) -> None:
+        ...
+
+    @abc.abstractmethod
+    def is_paused_raw(self) -> bool:
+        ...
+
+    @abc.abstractmethod
+    def arm_refused_mutation(self, target: WeightTarget) -> WeightTarget:
+        """A variant of ``target`` whose mutation is refused with proof of no effect."""
+
+    @abc.abstractmethod
+    def arm_failing_mutation(self, target: WeightTarget) -> WeightTarget:
+        """A variant of ``target`` whose mutation dies halfway through the load."""
+
+    @abc.abstractmethod
+    def arm_wrong_checkpoint(self, target: WeightTarget, installs: str) -> WeightTarget:
+        """``target`` unchanged in what it declares (label, identity, probe), but its
+        mutation installs checkpoint ``installs`` and reports success."""
+
+    @abc.abstractmethod
+    def naive_resume(self) -> dict[str, Any]:
+        """Resume and generate as if a failed load had not happened; what was seen
+        (``died``: the engine died; ``tokens``: what it served)."""
+
+    @abc.abstractmethod
+    def alive(self) -> bool:
+        ...
+
+    @abc.abstractmethod
+    def restore(self) -> None:
+        """Back to a freshly started engine's state (initial weights, label, clean
+        prefix cache, running): a test fixture step, outside RolloutCore."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what the engine owns (stop a server it started)."""
+
+
+# ---- simulator
+
+
+SIM_PROMPTS = {"probe": (7, 1, 4, 9, 2, 8, 5, 3, 6), "rollout": (3, 1, 4)}
+
+
+class SimHarnessEngine(HarnessEngine):
+    """The lead's simulator; ``token_seconds`` paces generation so that drains and
+    in-flight pauses take real time."""
+
+    kind = "sim"
+
+    def __init__(self, *, token_seconds: float = 0.002, probe_tokens: int = 16,
+                 rollout_tokens: int = 256) -> None:
+        from rolloutcore.adapters import sim
+
+        self._sim = sim
+        self.token_seconds = token_seconds
+        self.probe_tokens = probe_tokens
+        self.rollout_tokens = rollout_tokens
+        self._fresh()
+
+    def _fresh(self) -> None:
+        self.engine = self._sim.SimEngine("v1", token_seconds=self.token_seconds,
+                                          label=INITIAL_LABEL)
+        self.sim_adapter = self._sim.SimAdapter(self.engine)
+        self.adapter = self.sim_adapter
+
+    def target(self, generation: int, version: str, *, label: str | None = None) -> (
+        WeightTarget):
+        return self._sim.sim_target(generation, version, probe_prompt=SIM_PROMPTS["probe"],
+                                    probe_len=self.probe_tokens,
+                                    label=label or f"{version}-gen{generation}")
+
+    def prompt(self, name: str) -> tuple[int, ...]:
+        return SIM_PROMPTS[name]
+
+    def reference(self, version: str, name: str) -> tuple[int, ...]:
+        return self._sim.reference_tokens(version, SIM_PROMPTS[name], self.max_tokens(name))
+
+    def raw_generate(self, prompt: tuple[int, ...], max_tokens: int) -> GenerationResult:
+        try:
+            return self.engine.generate(prompt, max_tokens)
+        except self._sim.EngineDead as e:
+            raise EngineDied(str(e)) from e
+
+    def prefix_hits(self) -> int:
+        return self.engine.prefix_hits
+
+    def running_requests(self) -> int:
+        return len(self.engine.running)
+
+    def pid(self) -> int:
+        return id(self.engine)
+
+    def identity(self) -> str | None:
+        return self.engine.identity_reads_as
+
+    def label(self) -> str | None:
+        return self.engine.label
+
+    def mutate_outside(self, version: str) -> None:
+        self.engine.load(version)
+
+    def pause_raw(self, mode: PauseMode) -> None:
+        self.engine.pause(mode)
+
+    def resume_raw(self) -> None:
+        self.engine.resume()
+
+    def is_paused_raw(self) -> bool:
+        return self.engine.paused
+
+    def arm_refused_mutation(self, target: WeightTarget) -> WeightTarget:
+        self.sim_adapter.faults.faults.setdefault("mutate", []).append("refuse")
+        return target
+
+    def arm_failing_mutation(self, target: WeightTarget) -> WeightTarget:
+        self.sim_adapter.faults.faults.setdefault("mutate", []).append("die_halfway")
+        return target
+
+    def arm_wrong_checkpoint(self, target: WeightTarget, installs: str) -> WeightTarget:
+        from dataclasses import replace
+
+        return replace(target, source=installs)  # the sim installs what `source` names
+
+    def naive_resume(self) -> dict[str, Any]:
+        self.engine.resume()
+        try:
+            out = self.engine.generate(SIM_PROMPTS["probe"], self.probe_tokens)
+        except self._sim.EngineDead as e:
+            return {"died": True, "error": str(e), "tokens": None}
+        return {"died": self.engine.dead, "error": None, "tokens": list(out.tokens)}
+
+    def alive(self) -> bool:
+        return not self.engine.dead
+
+    def restore(self) -> None:
+        self.sim_adapter.release_hangs()
+        self._fresh()
+
+
+class EngineDied(RuntimeError):
+    """The engine is gone (its process exited, or the simulated core died)."""
+
+
+# ---- real vLLM
+
+
+PROBE_NAMES = {"probe": "long", "rollout": "short_rollout256"}  # in references.json
+
+
+def checkpoint_target(path: Path, generation: int, label: str, *,
+                      identity: str | None = None) -> WeightTarget:
+    """The WeightTarget installing a tiny-model checkpoint directory: its content
+    identity, and as probe the cacheable long prompt with its greedy reference."""
+    from rolloutcore.conformance.tiny_model import load_references
+    from rolloutcore.identity import checkpoint_identity, checkpoint_nbytes
+
+    entry = next(p for p in load_references(path)["probes"] if p["name"] == PROBE_NAMES["probe"])
+    return WeightTarget(
+        generation=generation, label=label,
+        identity=identity or checkpoint_identity(path), source=str(Path(path).resolve()),
+        probe_prompt=tuple(entry["prompt_token_ids"]),
+        probe_tokens=tuple(entry["output_token_ids"]), nbytes=checkpoint_nbytes(path))
+
+
+class VllmHarnessEngine(HarnessEngine):
+    """A real vLLM CPU server (started with the worker extension) and the HTTP adapter.
+
+    ``server`` is a started :class:`VllmServer`; with ``own_server`` it is stopped by
+    :meth:`close`. ``work_dir`` holds the broken checkpoint of the failed-load scenario.
+    """
+
+    kind = "vllm"
+
+    def __init__(self, server: Any, models: Mapping[str, Path], *, work_dir: Path,
+                 own_server: bool = False) -> None:
+        from rolloutcore.adapters.http import HttpAdapter
+        from rolloutcore.conformance.tiny_model import LONG_ROLLOUT_TOKENS, SHORT_MAX_TOKENS
+
+        self.server = server
+        self.models = {k: Path(v).resolve() for k, v in models.items()}
+        self.work_dir = Path(work_dir)
+        self.own_server = own_server
+        self.http = HttpAdapter(server.url, model=server.served_model_name)
+        self.adapter = self.http
+        self.probe_tokens = SHORT_MAX_TOKENS
+        self.rollout_tokens = LONG_ROLLOUT_TOKENS
+        self._refs: dict[str, dict[str, Any]] = {}
+        self._identity: dict[str, str] = {}
+
+    @classmethod
+    def start(cls, models: Mapping[str, Path], work_dir: Path, *,
+              initial: str = "v1") -> VllmHarnessEngine:
+        """Start a server on ``models[initial]`` with the worker extension."""
+        from rolloutcore.adapters.http import EXTENSION_CLS
+        from rolloutcore.conformance.server import VllmServer
+
+        work_dir.mkdir(parents=True, exist_ok=True)
+        srv = VllmServer(Path(models[initial]).resolve(),
+                         extra_args=["--worker-extension-cls", EXTENSION_CLS],
+                         log_path=work_dir / f"vllm-{int(time.time() * 1000)}.log")
+        srv.start()
+        return cls(srv, models, work_dir=work_dir, own_server=True)
+
+    # ---- references and targets
+
+    def _ref(self, version: str) -> dict[str, Any]:
+        if version not in self._refs:
+            from rolloutcore.conformance.tiny_model import load_references
+
+            self._refs[version] = load_references(self.models[version])
+        return self._refs[version]
+
+    def _probe_entry(self, version: str, name: str) -> dict[str, Any]:
+        probe_name = PROBE_NAMES[name]
+        for p in self._ref(version)["probes"]:
+            if p["name"] == probe_name:
+                return dict(p)
+        raise KeyError(f"{version} has no {probe_name} probe")
+
+    def checkpoint_identity(self, version: str) -> str:
+        if version not in self._identity:
+            from rolloutcore.identity import checkpoint_identity
+
+            self._identity[version] = checkpoint_identity(self.models[version])
+        return self._identity[version]
+
+    def target(self, generation: int, version: str, *, label: str | None = None) -> (
+        WeightTarget):
+        return checkpoint_target(self.models[version], generation,
+                                 label or f"{version}-gen{generation}",
+                                 identity=self.checkpoint_identity(version))
+
+    def prompt(self, name: str) -> tuple[int, ...]:
+        return tuple(self._probe_entry("v1", name)["prompt_token_ids"])
+
+    def reference(self, version: str, name: str) -> tuple[int, ...]:
+        return tuple(self._probe_entry(version, name)["output_token_ids"])
+
+    # ---- engine operations
+
+    def raw_generate(self, prompt: tuple[int, ...], max_tokens: int) -> GenerationResult:
+        from rolloutcore.adapters.contract import AdapterError
+
+        try:
+            return self.http.generate(prompt, max_tokens)
+        except AdapterError as e:
+            if not self.server.is_running():
+                raise EngineDied(str(e)) from e
+            raise
+
+    def prefix_hits(self) -> int:
+        return self.http.prefix_counters()[1]
+
+    def running_requests(self) -> int:
+        return self.http.running_requests() or 0
+
+    def pid(self) -> int:
+        pid: int = self.server.pid
+        return pid
+
+    def identity(self) -> str | None:
+        from rolloutcore.adapters.contract import AdapterError
+
+        try:
+            return self.http.read_identity()
+        except AdapterError:
+            return None
+
+    def label(self) -> str | None:
+        return self.http.read_label()
+
+    def _reload(self, path: Path) -> None:
+        r = self.http.rpc("rc_reload_weights", op="harness_reload", idempotent=False,
+                          weights_path=str(path))
+        results = r.body.get("results") if isinstance(r.body, dict) else None
+        if r.status != 200 or not results or results[0].get("loaded") is not True:
+            raise RuntimeError(f"harness reload of {path} failed: {r.status} {r.text[:300]}")
+
+    def mutate_outside(self, version: str) -> None:
+        self._reload(self.models[version])
+
+    def pause_raw(self, mode: PauseMode) -> None:
+        r = self.http.request("POST", "/pause", op="pause_raw", idempotent=True,
+                              timeout=120.0, params={"mode": mode.value,
+                                                     "clear_cache": "false"})
+        if r.status != 200:
+            raise RuntimeError(f"pause {mode.value}: HTTP {r.status} {r.text[:200]}")
+
+    def resume_raw(self) -> None:
+        r = self.http.request("POST", "/resume", op="resume_raw", idempotent=True)
+        if r.status != 200:
+            raise RuntimeError(f"resume: HTTP {r.status} {r.text[:200]}")
+
+    def is_paused_raw(self) -> bool:
+        return self.http.read_paused()
+
+    def broken_checkpoint(self) -> Path:
+        """v2 with one layer-1 tensor a column short: same names, a different shape. vLLM's
+        in-place reload loads layer 0 and dies in layer 1 (observed with other shapes)."""
+        from rolloutcore.identity import checkpoint_entries, iter_tensor_bytes, write_safetensors
+
+        out = self.work_dir / "broken_v2"
+        if (out / "model.safetensors").exists():
+            return out
+        out.mkdir(parents=True, exist_ok=True)
+        src = self.models["v2"]
+        for f in src.iterdir():
+            if f.is_file() and f.suffix != ".safetensors":
+                shutil.copy2(f, out / f.name)
+        victim = "model.layers.1.mlp.down_proj.weight"
+        tensors: list[tuple[str, str, list[int], bytes]] = []
+        for e, data in iter_tensor_bytes(checkpoint_entries(src)):
+            if e.name == victim:
+                rows, cols = e.shape
+                item = e.nbytes // (rows * cols)
+                data = b"".join(data[r * cols * item:(r * cols + cols - 1) * item]
+                                for r in range(rows))
+                tensors.append((e.name, e.dtype, [rows, cols - 1], data))
+            else:
+                tensors.append((e.name, e.dtype, list(e.shape), data))
+        write_safetensors(out / "model.safetensors", tensors)
+        return out
+
+    def _broken_target(self, target: WeightTarget) -> WeightTarget:
+        from dataclasses import replace
+
+        return replace(target, source=str(self.broken_checkpoint()))
+
+    def arm_refused_mutation(self, target: WeightTarget) -> WeightTarget:
+        # The worker extension checks the manifest before touching the model: refused.
+        self.http.mutation_method = "rc_reload_weights"
+        return self._broken_target(target)
+
+    def arm_failing_mutation(self, target: WeightTarget) -> WeightTarget:
+        # vLLM's own reload_weights has no such check: it dies halfway.
+        self.http.mutation_method = "reload_weights"
+        return self._broken_target(target)
+
+    def arm_wrong_checkpoint(self, target: WeightTarget, installs: str) -> WeightTarget:
+        from dataclasses import replace
+
+        # vLLM's own reload_weights installs whatever it is pointed at, without checking.
+        self.http.mutation_method = "reload_weights"
+        return replace(target, source=str(self.models[installs]))
+
+    def naive_resume(self) -> dict[str, Any]:
+        from rolloutcore.adapters.contract import AdapterError
+
+        out: dict[str, Any] = {"died": False, "tokens": None, "error": None}
+        try:
+            self.resume_raw()
+            res = self.http.generate(self.prompt("probe"), self.probe_tokens)
+            out["tokens"] = list(res.tokens)
+        except (AdapterError, RuntimeError) as e:
+            out["error"] = str(e)
+        deadline = time.monotonic() + 10.0
+        while out["error"] and self.server.is_running() and time.monotonic() < deadline:
+            time.sleep(0.2)  # observed: the server exits about a second after the 500
+        out["died"] = not self.server.is_running()
+        return out
+
+    def alive(self) -> bool:
+        if not self.server.is_running():
+            return False
+        try:
+            return self.http.read_identity() is not None
+        except Exception:
+            return False
+
+    def restore(self) -> None:
+        self.http.mutation_method = "rc_reload_weights"
+        if self.is_paused_raw():
+            self.resume_raw()
+        self._reload(self.models["v1"])
+        r = self.http.request("POST", "/update_weight_version", op="harness_label",
+                              idempotent=True, json_body={"new_version": INITIAL_LABEL})
+        if r.status != 200:
+            raise RuntimeError(f"restore: label: HTTP {r.status}")
+        r = self.http.request("POST", "/reset_prefix_cache", op="harness_reset",
+                              idempotent=True)
+        if r.status != 200 or not (isinstance(r.body, dict) and r.body.get("success")):
+            raise RuntimeError(f"restore: prefix reset not verified: {r.text[:200]}")
+
+    def close(self) -> None:
+        self.http.close()
+        if self.own_server:
+            self.server.stop()
+
+
+__all__ = ["INITIAL_LABEL", "EngineDied", "HarnessEngine", "OpRecord", "RecordingAdapter",
+           "SimHarnessEngine", "VllmHarnessEngine", "checkpoint_target"]
