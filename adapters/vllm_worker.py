@@ -1,25 +1,34 @@
-"""A vLLM worker extension: weight reloads whose identity the engine itself computes.
+"""A vLLM worker extension: the engine's own word on which weights it holds.
 
-Loaded with ``--worker-extension-cls rolloutcore.adapters.vllm_worker.RolloutCoreWorkerExtension``;
-vLLM mixes it into its worker class and each method is callable by name through
+Loaded with ``--worker-extension-cls rolloutcore.adapters.vllm_worker.RolloutCoreWorkerExtension``
+together with ``--load-format rolloutcore`` (both in :data:`SERVER_ARGS`); vLLM mixes the
+class into its worker class and each method is callable by name through
 ``POST /collective_rpc {"method": "rc_...", "kwargs": {...}}``. Every result is a dict
 of plain JSON types: the route passes dicts through, and in single-process mode a
-result that cannot be serialised wedges the server for good (REFERENCE.md).
+``collective_rpc`` result that cannot be serialised wedges the server for good (``/health``
+still answers 200, SIGTERM is ignored).
 
+The identity of the weights is captured when they are loaded, never re-read from disk
+when asked: reading the files at ``model_config.model`` would vouch for whatever was
+written there since, not for what the worker holds.
+
+* ``rc_identity()`` reports the :class:`rolloutcore.identity.IdentityHasher` digest of
+  the bytes the last finished load fed into the model, with its ``basis``: ``"bytes
+  loaded at startup"`` and ``"bytes loaded by reload_weights"`` (vLLM's own reload, with
+  or without ``weights_path``) come from the ``rolloutcore`` load format
+  (:mod:`rolloutcore.adapters.vllm_loader`), ``"bytes loaded by rc_reload_weights"``
+  from the method below. It reports no identity (``identity: None`` and a ``reason``)
+  when RolloutCore saw no load (vLLM started with another load format), while a load is
+  unfinished or after it failed, after weights came in through a path that RolloutCore
+  does not digest, with any parameter on the meta device, or while a layerwise reload
+  is not finalised.
 * ``rc_reload_weights(weights_path, expected_identity="")`` reads the checkpoint's
-  safetensors itself, digests (name, dtype, shape, bytes) with
-  :class:`rolloutcore.identity.IdentityHasher` and loads exactly those bytes through
-  the worker's own in-place ``reload_weights(weights_iterator=...)``. Before touching
-  the model it refuses (``loaded: false``, nothing changed) a checkpoint whose manifest
-  differs from the one loaded, or whose identity is not ``expected_identity``: vLLM's
-  own ``reload_weights`` would instead die halfway and leave the engine broken.
-* ``rc_identity()`` reports the identity of what the worker holds. After an
-  ``rc_reload_weights`` it is the digest of the loaded bytes. Before any (startup) it is
-  computed lazily from the files at ``model_config.model``, the path vLLM loaded at
-  startup (or the one its own ``reload_weights`` last pointed it at): a digest of the
-  files, not of the load, which is the best a worker can say about weights it did not
-  load itself; ``basis`` says which. A failed load, or any parameter left on the meta
-  device, yields no identity at all.
+  safetensors itself, digests (name, dtype, shape, bytes) in one pass and loads exactly
+  those bytes through the worker's own in-place ``reload_weights(weights_iterator=...)``.
+  Before touching the model it refuses (``loaded: false``, nothing changed) an
+  unreadable checkpoint, one whose manifest differs from the one loaded, or whose
+  identity is not ``expected_identity``: vLLM's own ``reload_weights`` would instead die
+  halfway and leave the engine broken.
 * ``rc_param_digest()`` digests the parameters as the worker holds them, listing those
   it cannot read (on CPU, linear layers are repacked for oneDNN and read as empty).
 * ``rc_cache_info()`` what the engine says about its cache tiers: whether the model has
@@ -29,38 +38,30 @@ result that cannot be serialised wedges the server for good (REFERENCE.md).
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any
 
-from rolloutcore.identity import (
-    CheckpointError,
-    IdentityHasher,
-    TensorEntry,
-    checkpoint_entries,
-    iter_tensor_bytes,
-)
+from rolloutcore.identity import CheckpointError, IdentityHasher, checkpoint_entries
 
-_TORCH_DTYPES = {
-    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
-    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
-    "BOOL": "bool",
-}
+EXTENSION_CLS = "rolloutcore.adapters.vllm_worker.RolloutCoreWorkerExtension"
+LOAD_FORMAT = "rolloutcore"  # = rolloutcore.adapters.vllm_loader.LOAD_FORMAT (no vLLM import)
+#: What a vLLM server needs on its command line for this extension to vouch for weights.
+SERVER_ARGS: tuple[str, ...] = ("--worker-extension-cls", EXTENSION_CLS,
+                                "--load-format", LOAD_FORMAT)
 
 
-def _manifest(entries: list[TensorEntry]) -> str:
-    h = IdentityHasher(manifest_only=True)
-    for e in entries:
-        h.add(e.name, e.dtype, e.shape)
-    return h.hexdigest()
+def _register_loader() -> None:
+    """Inside a vLLM process (vLLM imports this module in ``init_worker``, before it
+    builds the worker and loads the model) register the ``rolloutcore`` load format.
+    Elsewhere (a harness reading :data:`SERVER_ARGS`) import nothing heavy."""
+    if "vllm" in sys.modules:
+        from rolloutcore.adapters.vllm_loader import register
+
+        register()
 
 
-def _files_key(path: str) -> tuple[tuple[str, int, int], ...]:
-    out = []
-    for name in sorted(os.listdir(path)):
-        if name.endswith(".safetensors"):
-            st = os.stat(os.path.join(path, name))
-            out.append((name, st.st_size, st.st_mtime_ns))
-    return tuple(out)
+_register_loader()
 
 
 class RolloutCoreWorkerExtension:
@@ -72,53 +73,35 @@ class RolloutCoreWorkerExtension:
 
     # ------------------------------------------------------------------ helpers
 
-    def _rc_state(self) -> dict[str, Any]:
-        st: dict[str, Any] | None = self.__dict__.get("_rc_state_dict")
-        if st is None:
-            st = {"loaded": None, "broken": None, "files_cache": {}}
-            self.__dict__["_rc_state_dict"] = st
-        return st
-
     def _rc_model(self) -> Any:
         return self.model_runner.get_model()
 
     def _rc_meta_params(self) -> list[str]:
         return [n for n, p in self._rc_model().named_parameters() if p.device.type == "meta"]
 
-    def _rc_files_identity(self, path: str) -> dict[str, Any]:
-        cache: dict[Any, dict[str, Any]] = self._rc_state()["files_cache"]
-        key = (path, _files_key(path))
-        hit = cache.get(key)
-        if hit is None:
-            entries = checkpoint_entries(path)
-            h = IdentityHasher()
-            for e, data in iter_tensor_bytes(entries):
-                h.add(e.name, e.dtype, e.shape, data)
-            hit = {"identity": h.hexdigest(), "manifest": _manifest(entries),
-                   "tensors": h.tensors, "bytes": h.nbytes}
-            cache.clear()
-            cache[key] = hit
-        return hit
-
     # ------------------------------------------------------------------ rpc methods
 
     def rc_reload_weights(self, weights_path: str, expected_identity: str = "") -> dict[str, Any]:
         """Load ``weights_path`` in place; refuse (nothing changed) if it cannot fit."""
-        import torch
+        from rolloutcore.adapters import vllm_loader as vl
 
         t0 = time.perf_counter()
-        st = self._rc_state()
         path = os.path.abspath(str(weights_path))
         try:
             entries = checkpoint_entries(path)
         except (CheckpointError, OSError) as e:
             return {"loaded": False, "refused": f"unreadable checkpoint: {e}"}
+        model = self._rc_model()
         current = self.rc_identity()
-        manifest = _manifest(entries)
-        if current.get("manifest") and current["manifest"] != manifest:
+        state = vl.load_state(model)
+        # The manifest the model holds: the current identity's, else (a failed load since)
+        # that of the last load that finished.
+        held = current.get("manifest") or (state.manifest if state is not None else None)
+        manifest = vl.manifest_of(entries)
+        if held and held != manifest:
             return {"loaded": False, "refused": "manifest (names, dtypes, shapes) differs from "
                     "the loaded checkpoint's"}
-        bad = sorted({e.dtype for e in entries} - _TORCH_DTYPES.keys())
+        bad = vl.unsupported_dtypes(entries)
         if bad:
             return {"loaded": False, "refused": f"unsupported dtype(s) {bad}"}
         # Read and digest every byte before the model is touched: a torn or wrong file is
@@ -126,12 +109,7 @@ class RolloutCoreWorkerExtension:
         h = IdentityHasher()
         tensors: list[tuple[str, Any]] = []
         try:
-            for ent, data in iter_tensor_bytes(entries):
-                h.add(ent.name, ent.dtype, ent.shape, data)
-                dtype = getattr(torch, _TORCH_DTYPES[ent.dtype])
-                buf = bytearray(data)
-                t = (torch.frombuffer(buf, dtype=dtype) if buf else
-                     torch.empty(0, dtype=dtype)).reshape(ent.shape)
+            for ent, t in vl.read_tensors(entries, h):
                 tensors.append((ent.name, t))
         except (CheckpointError, OSError, ValueError, RuntimeError) as e:
             return {"loaded": False, "refused": f"cannot read the checkpoint: {e}"}
@@ -140,40 +118,45 @@ class RolloutCoreWorkerExtension:
             return {"loaded": False, "refused": f"identity {identity[:16]} is not the expected "
                     f"{str(expected_identity)[:16]}", "identity": identity}
         read_s = time.perf_counter() - t0
-        # From here on the model changes; a failure leaves it broken and says so.
-        st["broken"] = f"load of {path} did not finish"
-        st["loaded"] = None
+        # From here on the model changes; a failure leaves it unvouched for and says so.
+        vl.watch(model)
+        vl.begin_load(model, f"rc_reload_weights of {path} did not finish")
         reload: Any = getattr(self, "reload_weights")  # noqa: B009 - the worker's method
-        reload(weights_iterator=iter(tensors), is_checkpoint_format=True)
+        reload(weights_iterator=vl.PreDigested(tensors), is_checkpoint_format=True)
         # vLLM's own no-argument reload re-reads model_config.model: keep it truthful.
         cfg = self.vllm_config.model_config
         cfg.model = path
-        st["loaded"] = {"path": path, "identity": identity, "manifest": manifest,
-                        "tensors": h.tensors, "bytes": h.nbytes}
-        st["broken"] = None
+        vl.complete_load(model, {"path": path, "identity": identity, "manifest": manifest,
+                                 "tensors": h.tensors, "bytes": h.nbytes,
+                                 "basis": vl.BASIS_RC_RELOAD})
         return {"loaded": True, "identity": identity, "manifest": manifest,
                 "tensors": h.tensors, "bytes": h.nbytes, "read_s": round(read_s, 4),
                 "seconds": round(time.perf_counter() - t0, 4)}
 
     def rc_identity(self) -> dict[str, Any]:
-        """Identity of the weights this worker holds (None if it cannot vouch for any)."""
-        st = self._rc_state()
-        if st["broken"]:
-            return {"identity": None, "reason": st["broken"]}
+        """Identity of the weights this worker holds, as recorded when they were loaded
+        (None, with a reason, if it cannot vouch for any). Reads no checkpoint file."""
+        from rolloutcore.adapters import vllm_loader as vl
+
+        model = self._rc_model()
+        state = vl.load_state(model)
+        if state is None or (state.loaded is None and state.broken is None):
+            fmt = getattr(self.vllm_config.load_config, "load_format", None)
+            return {"identity": None, "reason": "no load observed by RolloutCore: vLLM "
+                    f"loaded these weights itself (load format {fmt!r}); start it with "
+                    f"--load-format {vl.LOAD_FORMAT} or load with rc_reload_weights"}
+        if state.broken:
+            return {"identity": None, "reason": state.broken}
         meta = self._rc_meta_params()
         if meta:
             return {"identity": None, "reason": f"{len(meta)} parameter(s) on the meta device "
                     f"(a failed load), e.g. {meta[0]}"}
-        path = str(self.vllm_config.model_config.model)
-        loaded = st["loaded"]
-        if loaded is not None and loaded["path"] == path:
-            return {**loaded, "basis": "bytes loaded by rc_reload_weights"}
-        try:
-            files = self._rc_files_identity(path)
-        except (CheckpointError, OSError) as e:
-            return {"identity": None, "reason": f"cannot digest {path}: {e}"}
-        return {**files, "path": path,
-                "basis": "files at model_config.model (loaded by vLLM, not by this extension)"}
+        pending = vl.unfinished_layerwise(model)
+        if pending:
+            return {"identity": None, "reason": f"{pending} layer(s) of a layerwise reload "
+                    "were not finalised (a failed load)"}
+        assert state.loaded is not None
+        return dict(state.loaded)
 
     def rc_param_digest(self) -> dict[str, Any]:
         """sha256 over the parameters as held; lists what cannot be read."""
