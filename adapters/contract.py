@@ -4,10 +4,19 @@ Adapters observe; they never decide. Evidence records what was seen (HTTP status
 body, counters, read-backs); :mod:`rolloutcore.postconditions` turns it into the
 spec outcome the controller takes. No field of any evidence type means "ok": an
 adapter cannot advance the controller by saying so.
+
+Every call but ``generate`` takes the step's ``deadline`` (an absolute
+``time.monotonic()`` value): the one deadline the runner's policy states for the step,
+from which the adapter derives its transport timeouts, so that no transport default
+outlives (or cuts short) what the user asked for. Evidence types encode to and from
+JSON (:func:`evidence_to_json`, :func:`evidence_from_json`): the journal keeps the
+evidence each outcome was decided on, and the trace checker decides again from it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -47,6 +56,9 @@ class WeightTarget:
     probe_prompt: tuple[int, ...]
     probe_tokens: tuple[int, ...]  # greedy reference output of the target weights
     nbytes: int = 0  # bytes the mutation moves (sizes the mutation's deadline)
+    #: Reference log-probability of each prompt token after the first (one prefill of
+    #: the target weights, computed on the source side): the scored probe's reference.
+    probe_logprobs: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.generation < 1:
@@ -109,6 +121,21 @@ class ProbeEvidence:
     prefix_hits: int | None = None  # prefix-cache hits caused by this request (counters)
     logprobs: tuple[float, ...] | None = None
     error: str | None = None
+    #: Scored probe: the engine's log-probability of each prompt token after the first.
+    prompt_logprobs: tuple[float | None, ...] | None = None
+
+
+@dataclass(frozen=True)
+class FenceEvidence:
+    """What a TAINTED engine reads as after the fence (pause in abort mode, relabel)."""
+
+    label: str  # the taint label asked for
+    pause_status: int | None
+    label_status: int | None
+    paused_read_back: bool | None
+    label_read_back: str | None
+    running_after: int | None
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -122,21 +149,85 @@ class GenerationResult:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
+def remaining(deadline: float, floor: float = 0.001) -> float:
+    """Seconds left until ``deadline`` (a ``time.monotonic()`` value), at least ``floor``."""
+    return max(deadline - time.monotonic(), floor)
+
+
 @runtime_checkable
 class LifecycleAdapter(Protocol):
-    """Effects and observations of one engine. Every call has its own deadline; idempotent
-    calls may be retried by the runner, ``mutate`` never is."""
+    """Effects and observations of one engine. Every call returns by its ``deadline``
+    (transport timeouts derived from it); idempotent calls may be retried by the runner
+    within the same deadline, ``mutate`` never is."""
 
-    def read_state(self) -> EngineReport: ...
+    def read_state(self, deadline: float) -> EngineReport: ...
 
-    def pause(self, mode: PauseMode) -> PauseEvidence: ...
+    def pause(self, mode: PauseMode, deadline: float) -> PauseEvidence: ...
 
-    def resume(self) -> ResumeEvidence: ...
+    def resume(self, deadline: float) -> ResumeEvidence: ...
 
-    def mutate(self, target: WeightTarget) -> MutationEvidence: ...
+    def mutate(self, target: WeightTarget, deadline: float) -> MutationEvidence: ...
 
-    def reset_cache(self, tier: str) -> ResetEvidence: ...
+    def reset_cache(self, tier: str, deadline: float) -> ResetEvidence: ...
 
-    def probe(self, prompt: tuple[int, ...], max_tokens: int) -> ProbeEvidence: ...
+    def probe(self, prompt: tuple[int, ...], max_tokens: int, deadline: float, *,
+              scored: bool = False) -> ProbeEvidence:
+        """Greedy: ``max_tokens`` tokens of output. Scored: one prefill returning the
+        log-probability of every prompt token (``prompt_logprobs``), one token out."""
+        ...
+
+    def fence(self, label: str, deadline: float) -> FenceEvidence: ...
 
     def generate(self, prompt: tuple[int, ...], max_tokens: int) -> GenerationResult: ...
+
+
+# ------------------------------------------------------------------ JSON encoding
+
+_EVIDENCE_TYPES: dict[str, type[Any]] = {c.__name__: c for c in (
+    EngineReport, PauseEvidence, ResumeEvidence, MutationEvidence, ResetEvidence,
+    ProbeEvidence, FenceEvidence)}
+
+
+def evidence_to_json(ev: Any) -> dict[str, Any]:
+    """``{"type": <class name>, **fields}`` with tuples as lists and enums as strings."""
+    if type(ev).__name__ not in _EVIDENCE_TYPES:
+        raise TypeError(f"not an evidence type: {type(ev).__name__}")
+    out: dict[str, Any] = {"type": type(ev).__name__}
+    for f in dataclasses.fields(ev):
+        v = getattr(ev, f.name)
+        out[f.name] = list(v) if isinstance(v, tuple) else (
+            dict(v) if isinstance(v, Mapping) else v)
+    return out
+
+
+class EvidenceFormatError(ValueError):
+    """A journalled evidence object that is not one of the contract's evidence types."""
+
+
+def evidence_from_json(d: Any) -> Any:
+    """The evidence object ``d`` encodes; :class:`EvidenceFormatError` if it encodes none."""
+    if not isinstance(d, Mapping):
+        raise EvidenceFormatError(f"evidence is not an object: {type(d).__name__}")
+    cls = _EVIDENCE_TYPES.get(str(d.get("type")))
+    if cls is None:
+        raise EvidenceFormatError(f"unknown evidence type {d.get('type')!r}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(d) - names - {"type"}
+    if unknown:
+        raise EvidenceFormatError(f"{cls.__name__}: unknown field(s) {sorted(unknown)}")
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in d:
+            if f.default is dataclasses.MISSING:
+                raise EvidenceFormatError(f"{cls.__name__}: missing field {f.name!r}")
+            continue
+        v = d[f.name]
+        kwargs[f.name] = tuple(v) if isinstance(v, list) else v
+    if cls is PauseEvidence:
+        kwargs["mode"] = PauseMode(kwargs["mode"])
+    if cls is MutationEvidence:
+        kwargs["outcome"] = MutationOutcome(kwargs["outcome"])
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as e:
+        raise EvidenceFormatError(f"{cls.__name__}: {e}") from None

@@ -47,6 +47,7 @@ import httpx
 from rolloutcore.adapters.contract import (
     AdapterError,
     EngineReport,
+    FenceEvidence,
     GenerationResult,
     MutationEvidence,
     MutationOutcome,
@@ -56,6 +57,7 @@ from rolloutcore.adapters.contract import (
     ResetEvidence,
     ResumeEvidence,
     WeightTarget,
+    remaining,
 )
 from rolloutcore.identity import CheckpointError, safetensors_files
 
@@ -66,18 +68,12 @@ _TIERS = ("prefix", "encoder", "mm")
 
 @dataclass(frozen=True)
 class Timeouts:
-    """Seconds per call. ``pause`` is long: a wait-mode pause returns only once the
-    engine's in-flight requests have finished."""
+    """Transport timeouts for calls that carry no step deadline (the application's
+    generations, tooling reads). A lifecycle call's timeouts come from its deadline."""
 
     connect: float = 2.0
     read: float = 10.0
-    pause: float = 120.0
     generate: float = 600.0
-    mutate_base: float = 30.0
-    mutate_bytes_per_s: float = 50e6
-
-    def mutate(self, nbytes: int) -> float:
-        return self.mutate_base + nbytes / self.mutate_bytes_per_s
 
 
 @dataclass(frozen=True)
@@ -246,13 +242,20 @@ class HttpAdapter:
     def request(self, method: str, path: str, *, op: str, timeout: float | None = None,
                 idempotent: bool, json_body: Any = None,
                 params: Mapping[str, str] | None = None, fresh: bool = False,
-                expect_json: bool = True) -> Reply:
-        """One HTTP exchange. Idempotent calls are retried (bounded) on a fresh
-        connection after a connection-level error; timeouts are never retried here."""
+                expect_json: bool = True, deadline: float | None = None) -> Reply:
+        """One HTTP exchange. With ``deadline`` (a ``time.monotonic()`` value) every
+        transport timeout is what is left of it; otherwise ``timeout`` or the default
+        read timeout. Idempotent calls are retried (bounded, and only while the deadline
+        leaves time) on a fresh connection after a connection-level error; timeouts are
+        never retried here."""
         attempts = 1 + (self.retries if idempotent else 0)
-        t = self._timeout(timeout if timeout is not None else self.timeouts.read)
         last: Exception | None = None
         for n in range(attempts):
+            if deadline is not None:
+                left = remaining(deadline)
+                t = httpx.Timeout(left, connect=min(self.timeouts.connect, left))
+            else:
+                t = self._timeout(timeout if timeout is not None else self.timeouts.read)
             if fresh and n == 0:
                 self._pool.replace()
             with self._pool.lease() as client:
@@ -268,8 +271,10 @@ class HttpAdapter:
                 except httpx.TransportError as e:
                     self._pool.replace(client)  # never reuse a connection that failed
                     last = e
-                    if n + 1 < attempts:
-                        time.sleep(self.retry_backoff_s * (n + 1))
+                    pause_s = self.retry_backoff_s * (n + 1)
+                    if n + 1 < attempts and (deadline is None
+                                             or time.monotonic() + pause_s < deadline):
+                        time.sleep(pause_s)
                         continue
                     raise AdapterError(
                         f"{op}: {method} {path}: {type(e).__name__}: {e or 'connection failed'}"
@@ -295,9 +300,10 @@ class HttpAdapter:
         raise AdapterError(f"{op}: {method} {path}: {last}")  # pragma: no cover
 
     def rpc(self, method: str, *, op: str, idempotent: bool = True,
-            timeout: float | None = None, fresh: bool = False, **kwargs: Any) -> Reply:
+            timeout: float | None = None, fresh: bool = False, deadline: float | None = None,
+            **kwargs: Any) -> Reply:
         return self.request("POST", "/collective_rpc", op=op, idempotent=idempotent,
-                            timeout=timeout, fresh=fresh,
+                            timeout=timeout, fresh=fresh, deadline=deadline,
                             json_body={"method": method, "kwargs": kwargs})
 
     def _worker_results(self, reply: Reply, op: str) -> list[dict[str, Any]]:
@@ -311,44 +317,46 @@ class HttpAdapter:
 
     # ------------------------------------------------------------------ reads
 
-    def _read_field(self, op: str, path: str, key: str, kind: type[Any]) -> Any:
+    def _read_field(self, op: str, path: str, key: str, kind: type[Any],
+                    deadline: float | None = None) -> Any:
         """GET ``path`` and return ``body[key]``, which must be a ``kind``; else raise."""
-        r = self.request("GET", path, op=op, idempotent=True)
+        r = self.request("GET", path, op=op, idempotent=True, deadline=deadline)
         value = r.body.get(key) if isinstance(r.body, dict) else None
         if r.status != 200 or not isinstance(value, kind):
             raise AdapterError(f"{op}: HTTP {r.status}, body {r.text[:200]!r}")
         return value
 
-    def read_label(self) -> str:
-        return str(self._read_field("read_label", "/weight_info", "weight_version", str))
+    def read_label(self, deadline: float | None = None) -> str:
+        return str(self._read_field("read_label", "/weight_info", "weight_version", str,
+                                    deadline))
 
-    def read_paused(self) -> bool:
-        return bool(self._read_field("read_paused", "/is_paused", "is_paused", bool))
+    def read_paused(self, deadline: float | None = None) -> bool:
+        return bool(self._read_field("read_paused", "/is_paused", "is_paused", bool, deadline))
 
-    def read_metrics(self) -> str:
+    def read_metrics(self, deadline: float | None = None) -> str:
         r = self.request("GET", "/metrics", op="read_metrics", idempotent=True,
-                         expect_json=False)
+                         expect_json=False, deadline=deadline)
         if r.status != 200:
             raise AdapterError(f"read_metrics: HTTP {r.status}")
         return r.text
 
-    def running_requests(self) -> int | None:
-        v = _metric_sum(self.read_metrics(), "vllm:num_requests_running")
+    def running_requests(self, deadline: float | None = None) -> int | None:
+        v = _metric_sum(self.read_metrics(deadline), "vllm:num_requests_running")
         return None if v is None else int(v)
 
-    def prefix_counters(self) -> tuple[int, int]:
+    def prefix_counters(self, deadline: float | None = None) -> tuple[int, int]:
         """(queries, hits) of the prefix cache, in tokens, summed over engines."""
-        text = self.read_metrics()
+        text = self.read_metrics(deadline)
         q = _metric_sum(text, "vllm:prefix_cache_queries_total")
         h = _metric_sum(text, "vllm:prefix_cache_hits_total")
         if q is None or h is None:
             raise AdapterError("read_metrics: no vllm:prefix_cache_{queries,hits}_total")
         return int(q), int(h)
 
-    def read_identity(self) -> str:
+    def read_identity(self, deadline: float | None = None) -> str:
         """Identity of the weights the engine holds, as every worker reports it."""
-        results = self._worker_results(self.rpc("rc_identity", op="read_identity"),
-                                       "read_identity")
+        results = self._worker_results(
+            self.rpc("rc_identity", op="read_identity", deadline=deadline), "read_identity")
         ids = {r.get("identity") for r in results}
         if len(ids) != 1 or not isinstance(next(iter(ids)), str):
             reasons = "; ".join(str(r.get("reason", r.get("identity"))) for r in results)
@@ -358,71 +366,97 @@ class HttpAdapter:
         assert isinstance(out, str)
         return out
 
-    def cache_info(self) -> dict[str, Any]:
-        results = self._worker_results(self.rpc("rc_cache_info", op="cache_info"),
-                                       "cache_info")
+    def cache_info(self, deadline: float | None = None) -> dict[str, Any]:
+        results = self._worker_results(
+            self.rpc("rc_cache_info", op="cache_info", deadline=deadline), "cache_info")
         return {"multimodal": any(r.get("multimodal") is not False for r in results),
                 "encoder_cache_entries": _sum_or_none(
                     r.get("encoder_cache_entries") for r in results)}
 
-    def read_state(self) -> EngineReport:
-        label = self.read_label()
-        identity = self.read_identity()
-        paused = self.read_paused()
+    def read_state(self, deadline: float | None = None) -> EngineReport:
+        label = self.read_label(deadline)
+        identity = self.read_identity(deadline)
+        paused = self.read_paused(deadline)
         try:
-            running = self.running_requests()
+            running = self.running_requests(deadline)
         except AdapterError:
             running = None
         return EngineReport(label, identity, paused, running)
 
     # ------------------------------------------------------------------ pause, resume
 
-    def pause(self, mode: PauseMode) -> PauseEvidence:
+    def pause(self, mode: PauseMode, deadline: float) -> PauseEvidence:
         # clear_cache=false: the caches stay as the spec models them until the verified
         # resets after the mutation (a clear at pause time has no body to verify it by).
-        r = self.request("POST", "/pause", op="pause", idempotent=True,
-                         params={"mode": PauseMode(mode).value, "clear_cache": "false"},
-                         timeout=self.timeouts.pause if mode is PauseMode.WAIT else None)
-        paused, running = self._read_back()
+        r = self.request("POST", "/pause", op="pause", idempotent=True, deadline=deadline,
+                         params={"mode": PauseMode(mode).value, "clear_cache": "false"})
+        paused, running = self._read_back(deadline)
         return PauseEvidence(PauseMode(mode), r.status, _as_map(r.body), paused, running)
 
-    def resume(self) -> ResumeEvidence:
-        r = self.request("POST", "/resume", op="resume", idempotent=True)
-        paused, _ = self._read_back(running=False)
+    def resume(self, deadline: float) -> ResumeEvidence:
+        r = self.request("POST", "/resume", op="resume", idempotent=True, deadline=deadline)
+        paused, _ = self._read_back(deadline, running=False)
         return ResumeEvidence(r.status, _as_map(r.body), paused)
 
-    def _read_back(self, running: bool = True) -> tuple[bool | None, int | None]:
+    def _read_back(self, deadline: float, running: bool = True) -> tuple[bool | None,
+                                                                          int | None]:
         try:
-            paused: bool | None = self.read_paused()
+            paused: bool | None = self.read_paused(deadline)
         except AdapterError:
             paused = None
         n: int | None = None
         if running:
             try:
-                n = self.running_requests()
+                n = self.running_requests(deadline)
             except AdapterError:
                 n = None
         return paused, n
 
+    def fence(self, label: str, deadline: float) -> FenceEvidence:
+        """Pause in abort mode (in-flight requests end now) and relabel; read both back.
+        Best effort on an engine that may be broken or dead: every failure is evidence."""
+        pause_status: int | None = None
+        label_status: int | None = None
+        errors: list[str] = []
+        try:
+            r = self.request("POST", "/pause", op="fence_pause", idempotent=True,
+                             deadline=deadline, params={"mode": "abort", "clear_cache": "false"})
+            pause_status = r.status
+        except AdapterError as e:
+            errors.append(str(e))
+        try:
+            r = self.request("POST", "/update_weight_version", op="fence_label",
+                             idempotent=True, deadline=deadline, json_body={"new_version": label})
+            label_status = r.status
+        except AdapterError as e:
+            errors.append(str(e))
+        paused, running = self._read_back(deadline)
+        try:
+            read_label: str | None = self.read_label(deadline)
+        except AdapterError:
+            read_label = None
+        return FenceEvidence(label, pause_status, label_status, paused, read_label, running,
+                             "; ".join(errors) or None)
+
     # ------------------------------------------------------------------ caches
 
-    def reset_cache(self, tier: str) -> ResetEvidence:
+    def reset_cache(self, tier: str, deadline: float) -> ResetEvidence:
         if tier not in _TIERS:
             raise AdapterError(f"unknown cache tier {tier!r}", proven_no_effect=True)
         if tier == "prefix":
             # Refused (success:false) while running requests hold blocks: that is a signal,
             # so running requests are not reset from under the engine.
             r = self.request("POST", "/reset_prefix_cache", op="reset_prefix", idempotent=True,
-                             params={"reset_running_requests": "false",
-                                     "reset_external": "false"})
+                             deadline=deadline, params={"reset_running_requests": "false",
+                                                        "reset_external": "false"})
             return ResetEvidence(tier, r.status, _success(r.body))
         path = "/reset_encoder_cache" if tier == "encoder" else "/reset_mm_cache"
-        r = self.request("POST", path, op=f"reset_{tier}", idempotent=True)
+        r = self.request("POST", path, op=f"reset_{tier}", idempotent=True, deadline=deadline)
         entries: int | None = None
         absent = False
         if r.status == 200:
             try:
-                info = self.cache_info()
+                info = self.cache_info(deadline)
             except AdapterError:
                 info = None
             if info is not None:
@@ -435,13 +469,19 @@ class HttpAdapter:
 
     # ------------------------------------------------------------------ generation
 
-    def _completion(self, prompt: tuple[int, ...], max_tokens: int, op: str) -> Reply:
-        body = {"model": self.model, "prompt": list(prompt), "max_tokens": max_tokens,
-                "min_tokens": max_tokens, "temperature": 0.0, "return_token_ids": True,
-                "logprobs": 0}
+    def _completion(self, prompt: tuple[int, ...], max_tokens: int, op: str, *,
+                    deadline: float | None = None, scored: bool = False) -> Reply:
+        body: dict[str, Any] = {
+            "model": self.model, "prompt": list(prompt), "max_tokens": max_tokens,
+            "min_tokens": max_tokens, "temperature": 0.0, "return_token_ids": True,
+            "logprobs": 0}
+        if scored:
+            body["prompt_logprobs"] = 0  # each prompt token's own log-probability
+        if op == "probe":
+            body["user"] = "rolloutcore:probe"  # names the request in logs and proxies
         # Not retried: a request that reached the engine may still be running there.
         return self.request("POST", "/v1/completions", op=op, idempotent=False,
-                            json_body=body, timeout=self.timeouts.generate)
+                            json_body=body, timeout=self.timeouts.generate, deadline=deadline)
 
     @staticmethod
     def _parse_completion(reply: Reply, prompt: tuple[int, ...]) -> tuple[
@@ -459,13 +499,15 @@ class HttpAdapter:
         logprobs = tuple(float(x) for x in lp) if isinstance(lp, list) else None
         return tokens, finish, logprobs
 
-    def probe(self, prompt: tuple[int, ...], max_tokens: int) -> ProbeEvidence:
+    def probe(self, prompt: tuple[int, ...], max_tokens: int, deadline: float, *,
+              scored: bool = False) -> ProbeEvidence:
         try:
-            before: tuple[int, int] | None = self.prefix_counters()
+            before: tuple[int, int] | None = self.prefix_counters(deadline)
         except AdapterError:
             before = None
         try:
-            reply = self._completion(prompt, max_tokens, "probe")
+            reply = self._completion(prompt, max_tokens, "probe", deadline=deadline,
+                                     scored=scored)
         except AdapterError as e:
             return ProbeEvidence(prompt, None, None, None, error=str(e))
         if reply.status != 200:
@@ -478,15 +520,22 @@ class HttpAdapter:
         hits: int | None = None
         if before is not None:
             try:
-                hits = self.prefix_counters()[1] - before[1]
+                hits = self.prefix_counters(deadline)[1] - before[1]
             except AdapterError:
                 hits = None
         if finish != "length":  # aborted or cut short: no evidence about the weights
             return ProbeEvidence(prompt, None, reply.status, finish, prefix_hits=hits,
                                  error=f"probe finished with {finish!r} after {len(tokens)} "
                                  "tokens")
+        scores: tuple[float | None, ...] | None = None
+        if scored:
+            try:
+                scores = _prompt_scores(reply.body, prompt)
+            except AdapterError as e:
+                return ProbeEvidence(prompt, None, reply.status, finish, prefix_hits=hits,
+                                     error=str(e))
         return ProbeEvidence(prompt, tokens, reply.status, finish, prefix_hits=hits,
-                             logprobs=logprobs)
+                             logprobs=logprobs, prompt_logprobs=scores)
 
     def generate(self, prompt: tuple[int, ...], max_tokens: int) -> GenerationResult:
         reply = self._completion(prompt, max_tokens, "generate")
@@ -498,7 +547,7 @@ class HttpAdapter:
 
     # ------------------------------------------------------------------ mutation
 
-    def mutate(self, target: WeightTarget) -> MutationEvidence:
+    def mutate(self, target: WeightTarget, deadline: float) -> MutationEvidence:
         """Load ``target.source`` in place, then finalise with ``target.label``. Never
         retried; anything between "certainly nothing moved" and "loaded and finalised"
         is ambiguous."""
@@ -520,7 +569,7 @@ class HttpAdapter:
         try:
             # A fresh connection: a pooled one may be the one the server just dropped.
             reply = self.rpc(self.mutation_method, op="mutate", idempotent=False, fresh=True,
-                             timeout=self.timeouts.mutate(target.nbytes), **kwargs)
+                             deadline=deadline, **kwargs)
         except AdapterError as e:
             if e.proven_no_effect:  # the connection was never made: nothing was sent
                 raise
@@ -554,7 +603,7 @@ class HttpAdapter:
         # idempotent, so this step (unlike the load) is retried on a fresh connection.
         try:
             fin = self.request("POST", "/update_weight_version", op="finalise", idempotent=True,
-                               json_body={"new_version": target.label})
+                               deadline=deadline, json_body={"new_version": target.label})
         except AdapterError as e:
             return ev(MutationOutcome.AMBIGUOUS, f"weights loaded, label not finalised: {e}")
         body = fin.body if isinstance(fin.body, dict) else {}
@@ -564,6 +613,25 @@ class HttpAdapter:
                       f"{fin.status} {fin.text[:200]!r}")
         return ev(MutationOutcome.COMPLETED, f"{self.mutation_method} {target.source} and "
                   f"finalised as {target.label!r}", nbytes)
+
+
+def _prompt_scores(body: Any, prompt: tuple[int, ...]) -> tuple[float | None, ...]:
+    """Each prompt token's own log-probability from a ``prompt_logprobs: 0`` reply
+    (position 0 has none): ``[null, {"<id>": {"logprob": ...}}, ...]``."""
+    try:
+        entries = body["choices"][0]["prompt_logprobs"]
+        out: list[float | None] = []
+        for i, entry in enumerate(entries):
+            if entry is None:
+                out.append(None)
+                continue
+            out.append(float(entry[str(prompt[i])]["logprob"]))
+    except (KeyError, IndexError, TypeError, ValueError):
+        raise AdapterError("probe: no prompt log-probabilities in the reply") from None
+    if len(out) != len(prompt):
+        raise AdapterError(f"probe: {len(out)} prompt log-probabilities for {len(prompt)} "
+                           "prompt tokens")
+    return tuple(out)
 
 
 def _as_map(body: Any) -> Mapping[str, Any] | None:

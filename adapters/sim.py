@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from rolloutcore.adapters.contract import (
     AdapterError,
     EngineReport,
+    FenceEvidence,
     GenerationResult,
     MutationEvidence,
     MutationOutcome,
@@ -37,6 +38,7 @@ from rolloutcore.adapters.contract import (
     ResetEvidence,
     ResumeEvidence,
     WeightTarget,
+    remaining,
 )
 
 VOCAB = 1024
@@ -56,6 +58,17 @@ def _token(kv_weights: str, weights: str, prompt: tuple[int, ...], k: int) -> in
 def reference_tokens(checkpoint: str, prompt: tuple[int, ...], n: int) -> tuple[int, ...]:
     """Greedy output of a clean engine holding ``checkpoint`` (no stale KV)."""
     return tuple(_token(checkpoint, checkpoint, prompt, k) for k in range(n))
+
+
+def _score(weights: str, prompt: tuple[int, ...], i: int) -> float:
+    h = hashlib.blake2b(f"score|{weights}|{prompt[:i + 1]}".encode(), digest_size=4)
+    return -(int.from_bytes(h.digest(), "big") % 100_000) / 10_000.0
+
+
+def reference_logprobs(checkpoint: str, prompt: tuple[int, ...]) -> tuple[float, ...]:
+    """Log-probability of each prompt token after the first under ``checkpoint`` (one
+    prefill of a clean engine; like vLLM's prompt_logprobs, it reads no cache)."""
+    return tuple(_score(checkpoint, prompt, i) for i in range(1, len(prompt)))
 
 
 class EngineDead(RuntimeError):
@@ -128,6 +141,25 @@ class SimEngine:
                 self.completed += 1
                 self._cv.notify_all()
 
+    def score(self, prompt: tuple[int, ...]) -> tuple[float | None, ...]:
+        """One prefill returning each prompt token's log-probability (position 0 has none).
+        Like vLLM, a request asking for prompt log-probabilities reads no prefix cache; it
+        writes its blocks as any prefill does."""
+        with self._cv:
+            self._cv.wait_for(lambda: not self.paused or self.dead)
+            if self.dead:
+                raise EngineDead("engine core is dead")
+            if self._broken_load:
+                self.dead = True
+                self._cv.notify_all()
+                raise EngineDead("EngineCore encountered an issue (weights not loaded)")
+            blocks = [prompt[: i + BLOCK] for i in range(0, len(prompt) - BLOCK + 1, BLOCK)]
+            self.prefix_queries += len(prompt)
+            for b in blocks:
+                self.prefix.setdefault(b, self.weights)
+            self.completed += 1
+            return (None, *(_score(self.weights, prompt, i) for i in range(1, len(prompt))))
+
     def _prefill(self, prompt: tuple[int, ...], mm_key: str | None) -> str:
         """Look up full blocks by tokens only; returns the weights the prompt's KV is from."""
         blocks = [prompt[: i + BLOCK] for i in range(0, len(prompt) - BLOCK + 1, BLOCK)]
@@ -179,6 +211,11 @@ class SimEngine:
         with self._cv:
             self.mm.clear()
 
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no request runs (aborted ones end at their next token)."""
+        with self._cv:
+            return self._cv.wait_for(lambda: not self.running or self.dead, timeout=timeout)
+
     def cache_sizes(self) -> dict[str, int]:
         with self._cv:
             return {"prefix": len(self.prefix), "encoder": len(self.encoder), "mm": len(self.mm)}
@@ -207,17 +244,21 @@ class SimEngine:
 
 FAULT_KINDS = ("timeout", "connection_error", "http_500", "fail_body", "empty_body",
                "wrong_label", "hang", "die_halfway", "wrong_weights", "refuse", "broken",
-               "unlabelled")
+               "unlabelled", "late", "drop")
+#: Faults that strike after the engine carried the operation out (its reply is lost).
+AFTER_KINDS = frozenset({"late", "drop"})
 OPS = ("read_state", "pause", "resume", "mutate", "reset_prefix", "reset_encoder",
-       "reset_mm", "probe")
+       "reset_mm", "probe", "fence")
 
 
 @dataclass
 class FaultPlan:
-    """Faults to inject, consumed in order per operation: {"mutate": ["hang"], ...}."""
+    """Faults to inject, consumed in order per operation: {"mutate": ["hang"], ...}; a
+    sticky fault strikes every call of its operation once the queue is empty."""
 
     faults: dict[str, list[str]] = field(default_factory=dict)
     injected: list[tuple[str, str]] = field(default_factory=list)
+    sticky: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for op, kinds in self.faults.items():
@@ -238,17 +279,31 @@ class FaultPlan:
             faults.setdefault(op.strip(), []).extend(k.strip() for k in kinds.split("+"))
         return cls(faults)
 
+    def add(self, op: str, kind: str, times: int | None = 1) -> None:
+        """``times`` more calls of ``op`` meet ``kind`` (None: every call from now on)."""
+        FaultPlan({op: [kind]})  # validates
+        if times is None:
+            self.sticky[op] = kind
+        else:
+            self.faults.setdefault(op, []).extend([kind] * times)
+
     def take(self, op: str) -> str | None:
         queue = self.faults.get(op)
-        if not queue:
+        kind = queue.pop(0) if queue else self.sticky.get(op)
+        if kind is None:
             return None
-        kind = queue.pop(0)
         self.injected.append((op, kind))
         return kind
 
 
 class SimAdapter:
-    """The adapter contract over a :class:`SimEngine`, as the HTTP adapter would see it."""
+    """The adapter contract over a :class:`SimEngine`, as the HTTP adapter would see it.
+
+    Like the HTTP adapter, every idempotent call honours its deadline: an injected
+    ``hang`` holds it until the deadline (or :meth:`release_hangs`) and then times out.
+    A hung mutation (the collective) ignores its deadline, as a stuck NCCL call would:
+    the runner must contain it.
+    """
 
     def __init__(self, engine: SimEngine, faults: FaultPlan | None = None,
                  hang_seconds: float = 3600.0) -> None:
@@ -261,19 +316,31 @@ class SimAdapter:
         """Let calls stuck in an injected hang return (test clean-up)."""
         self._release_hangs.set()
 
-    def _transport_fault(self, op: str) -> str | None:
+    def _after(self, op: str, kind: str | None, deadline: float | None) -> None:
+        """The engine has done it; the reply is lost (drop) or held past the deadline."""
+        if kind == "drop":
+            raise ConnectionResetError(f"{op}: connection reset by peer after the request")
+        if kind == "late":
+            wait = self.hang_seconds if deadline is None else min(self.hang_seconds,
+                                                                  remaining(deadline))
+            self._release_hangs.wait(wait)
+            raise TimeoutError(f"{op}: no reply within the deadline")
+
+    def _transport_fault(self, op: str, deadline: float | None) -> str | None:
         kind = self.faults.take(op)
         if kind == "timeout":
             raise TimeoutError(f"{op}: read timed out")
         if kind == "connection_error":
             raise ConnectionResetError(f"{op}: connection reset by peer")
         if kind == "hang":
-            self._release_hangs.wait(self.hang_seconds)
+            wait = self.hang_seconds if deadline is None else min(self.hang_seconds,
+                                                                  remaining(deadline))
+            self._release_hangs.wait(wait)
             raise TimeoutError(f"{op}: hung")
         return kind
 
-    def read_state(self) -> EngineReport:
-        kind = self._transport_fault("read_state")
+    def read_state(self, deadline: float) -> EngineReport:
+        kind = self._transport_fault("read_state", deadline)
         if kind == "http_500":
             raise AdapterError("read_state: HTTP 500")
         e = self.engine
@@ -281,26 +348,28 @@ class SimAdapter:
         identity = None if kind == "empty_body" else e.identity_reads_as
         return EngineReport(label, identity, e.paused, len(e.running))
 
-    def pause(self, mode: PauseMode) -> PauseEvidence:
-        kind = self._transport_fault("pause")
+    def pause(self, mode: PauseMode, deadline: float) -> PauseEvidence:
+        kind = self._transport_fault("pause", deadline)
         if kind == "http_500":
             return PauseEvidence(mode, 500, None, self.engine.paused, len(self.engine.running))
         if kind != "fail_body":
             self.engine.pause(mode)
+        self._after("pause", kind, deadline)
         return PauseEvidence(mode, 200, {"status": "paused"}, self.engine.paused,
                              len(self.engine.running))
 
-    def resume(self) -> ResumeEvidence:
-        kind = self._transport_fault("resume")
+    def resume(self, deadline: float) -> ResumeEvidence:
+        kind = self._transport_fault("resume", deadline)
         if kind == "http_500":
             return ResumeEvidence(500, None, self.engine.paused)
         if kind != "fail_body":
             self.engine.resume()
+        self._after("resume", kind, deadline)
         return ResumeEvidence(200, {"status": "resumed"}, self.engine.paused)
 
-    def mutate(self, target: WeightTarget) -> MutationEvidence:
+    def mutate(self, target: WeightTarget, deadline: float) -> MutationEvidence:
         t0 = time.perf_counter()
-        kind = self._transport_fault("mutate")
+        kind = self._transport_fault("mutate", None)  # a collective: no deadline of its own
         if kind == "refuse":
             raise AdapterError("mutate: refused before any byte moved", proven_no_effect=True)
         if kind == "http_500":
@@ -314,11 +383,12 @@ class SimAdapter:
                                     time.perf_counter() - t0)
         if kind != "unlabelled":  # the seed's bug: finalised without the target label
             self.engine.set_label(target.label)
+        self._after("mutate", kind, None)
         return MutationEvidence(MutationOutcome.COMPLETED, "loaded and finalised",
                                 time.perf_counter() - t0, target.nbytes)
 
-    def reset_cache(self, tier: str) -> ResetEvidence:
-        kind = self._transport_fault(f"reset_{tier}")
+    def reset_cache(self, tier: str, deadline: float) -> ResetEvidence:
+        kind = self._transport_fault(f"reset_{tier}", deadline)
         if kind == "http_500":
             return ResetEvidence(tier, 500, None)
         e = self.engine
@@ -326,6 +396,7 @@ class SimAdapter:
             if kind == "fail_body":
                 return ResetEvidence(tier, 200, False)
             ok = e.reset_prefix_cache()
+            self._after(f"reset_{tier}", kind, deadline)
             return ResetEvidence(tier, 200, None if kind == "empty_body" else ok)
         if tier == "encoder":
             if kind != "fail_body":
@@ -335,21 +406,40 @@ class SimAdapter:
                 e.reset_mm_cache()
         else:
             raise AdapterError(f"unknown cache tier {tier!r}", proven_no_effect=True)
+        self._after(f"reset_{tier}", kind, deadline)
         # vLLM answers these with an empty body: verify by reading the tier's size.
         size = None if kind == "empty_body" else e.cache_sizes()[tier]
         return ResetEvidence(tier, 200, None, entries_after=size)
 
-    def probe(self, prompt: tuple[int, ...], max_tokens: int) -> ProbeEvidence:
-        kind = self._transport_fault("probe")
+    def probe(self, prompt: tuple[int, ...], max_tokens: int, deadline: float, *,
+              scored: bool = False) -> ProbeEvidence:
+        kind = self._transport_fault("probe", deadline)
         if kind == "http_500":
             return ProbeEvidence(prompt, None, 500, None, error="HTTP 500")
         before = self.engine.prefix_hits
         try:
+            if scored:
+                scores = self.engine.score(prompt)
+                self._after("probe", kind, deadline)
+                return ProbeEvidence(prompt, None, 200, "length", prefix_hits=0,
+                                     prompt_logprobs=scores)
             out = self.engine.generate(prompt, max_tokens)
         except EngineDead as e:
             return ProbeEvidence(prompt, None, 500, None, error=str(e))
+        self._after("probe", kind, deadline)
         return ProbeEvidence(prompt, out.tokens, 200, out.finish_reason,
                              prefix_hits=self.engine.prefix_hits - before)
+
+    def fence(self, label: str, deadline: float) -> FenceEvidence:
+        kind = self._transport_fault("fence", deadline)
+        e = self.engine
+        if kind == "http_500":
+            return FenceEvidence(label, 500, None, e.paused, e.label, len(e.running))
+        if not e.dead:
+            e.pause(PauseMode.ABORT)
+            e.set_label(label)
+        e.wait_idle(remaining(deadline))
+        return FenceEvidence(label, 200, 200, e.paused, e.label, len(e.running))
 
     def generate(self, prompt: tuple[int, ...], max_tokens: int) -> GenerationResult:
         return self.engine.generate(prompt, max_tokens)
@@ -363,5 +453,6 @@ def sim_target(generation: int, checkpoint: str, *, probe_prompt: Iterable[int] 
         generation=generation, label=label or f"rc-{generation}",
         identity=sim_identity(checkpoint), source=checkpoint, probe_prompt=prompt,
         probe_tokens=reference_tokens(checkpoint, prompt, probe_len), nbytes=1 << 20,
+        probe_logprobs=reference_logprobs(checkpoint, prompt),
     )
 

@@ -45,6 +45,7 @@ from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
 from rolloutcore.adapters.contract import (
     AdapterError,
     EngineReport,
+    FenceEvidence,
     GenerationResult,
     LifecycleAdapter,
     MutationEvidence,
@@ -55,6 +56,7 @@ from rolloutcore.adapters.contract import (
     ResetEvidence,
     ResumeEvidence,
     WeightTarget,
+    remaining,
 )
 from rolloutcore.identity import (
     CheckpointError,
@@ -304,20 +306,24 @@ class TransferAdapter:
 
     # ------------------------------------------------------------ delegated operations
 
-    def read_state(self) -> EngineReport:
-        return self.inner.read_state()
+    def read_state(self, deadline: float) -> EngineReport:
+        return self.inner.read_state(deadline)
 
-    def pause(self, mode: PauseMode) -> PauseEvidence:
-        return self.inner.pause(mode)
+    def pause(self, mode: PauseMode, deadline: float) -> PauseEvidence:
+        return self.inner.pause(mode, deadline)
 
-    def resume(self) -> ResumeEvidence:
-        return self.inner.resume()
+    def resume(self, deadline: float) -> ResumeEvidence:
+        return self.inner.resume(deadline)
 
-    def reset_cache(self, tier: str) -> ResetEvidence:
-        return self.inner.reset_cache(tier)
+    def reset_cache(self, tier: str, deadline: float) -> ResetEvidence:
+        return self.inner.reset_cache(tier, deadline)
 
-    def probe(self, prompt: tuple[int, ...], max_tokens: int) -> ProbeEvidence:
-        return self.inner.probe(prompt, max_tokens)
+    def probe(self, prompt: tuple[int, ...], max_tokens: int, deadline: float, *,
+              scored: bool = False) -> ProbeEvidence:
+        return self.inner.probe(prompt, max_tokens, deadline, scored=scored)
+
+    def fence(self, label: str, deadline: float) -> FenceEvidence:
+        return self.inner.fence(label, deadline)
 
     def generate(self, prompt: tuple[int, ...], max_tokens: int) -> GenerationResult:
         return self.inner.generate(prompt, max_tokens)
@@ -388,7 +394,9 @@ class TransferAdapter:
 
     # ------------------------------------------------------------------------ mutation
 
-    def mutate(self, target: WeightTarget) -> MutationEvidence:
+    def mutate(self, target: WeightTarget, deadline: float) -> MutationEvidence:
+        """The transfer, bounded by the earlier of the runner's deadline and the transfer
+        policy's own (a collective may never return: the runner contains it as well)."""
         t0 = time.perf_counter()
         try:
             source = self.source_for(target)
@@ -406,7 +414,7 @@ class TransferAdapter:
         self.active_engine = None
         log = client.log
         self.last_session = log
-        deadline = self.policy.deadline(max(nbytes, target.nbytes))
+        seconds = min(self.policy.deadline(max(nbytes, target.nbytes)), remaining(deadline))
         box: dict[str, Any] = {}
         done = threading.Event()
 
@@ -433,11 +441,11 @@ class TransferAdapter:
         thread = threading.Thread(target=run, name=f"rolloutcore-transfer-{target.label}",
                                   daemon=True)
         thread.start()
-        if not done.wait(deadline):
+        if not done.wait(seconds):
             self.stuck.append(f"transfer to {target.label} (thread {thread.name}) still running "
-                              f"after {deadline:.2f} s; calls: {log.calls}")
+                              f"after {seconds:.2f} s; calls: {log.calls}")
             return MutationEvidence(MutationOutcome.AMBIGUOUS,
-                                    f"transfer did not finish within {deadline:.2f} s "
+                                    f"transfer did not finish within {seconds:.2f} s "
                                     f"(started={log.started}); left behind, not retried",
                                     time.perf_counter() - t0)
         client.clear_pending()

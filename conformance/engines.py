@@ -24,6 +24,7 @@ from typing import Any
 
 from rolloutcore.adapters.contract import (
     EngineReport,
+    FenceEvidence,
     GenerationResult,
     LifecycleAdapter,
     MutationEvidence,
@@ -68,28 +69,35 @@ class RecordingAdapter:
             self.calls.append(OpRecord(op, time.perf_counter() - t0, out))
         return out
 
-    def read_state(self) -> EngineReport:
-        out: EngineReport = self._rec("read_state", self.inner.read_state)
+    def read_state(self, deadline: float) -> EngineReport:
+        out: EngineReport = self._rec("read_state", lambda: self.inner.read_state(deadline))
         return out
 
-    def pause(self, mode: PauseMode) -> PauseEvidence:
-        out: PauseEvidence = self._rec("pause", lambda: self.inner.pause(mode))
+    def pause(self, mode: PauseMode, deadline: float) -> PauseEvidence:
+        out: PauseEvidence = self._rec("pause", lambda: self.inner.pause(mode, deadline))
         return out
 
-    def resume(self) -> ResumeEvidence:
-        out: ResumeEvidence = self._rec("resume", self.inner.resume)
+    def resume(self, deadline: float) -> ResumeEvidence:
+        out: ResumeEvidence = self._rec("resume", lambda: self.inner.resume(deadline))
         return out
 
-    def mutate(self, target: WeightTarget) -> MutationEvidence:
-        out: MutationEvidence = self._rec("mutate", lambda: self.inner.mutate(target))
+    def mutate(self, target: WeightTarget, deadline: float) -> MutationEvidence:
+        out: MutationEvidence = self._rec("mutate", lambda: self.inner.mutate(target, deadline))
         return out
 
-    def reset_cache(self, tier: str) -> ResetEvidence:
-        out: ResetEvidence = self._rec(f"reset_{tier}", lambda: self.inner.reset_cache(tier))
+    def reset_cache(self, tier: str, deadline: float) -> ResetEvidence:
+        out: ResetEvidence = self._rec(f"reset_{tier}",
+                                       lambda: self.inner.reset_cache(tier, deadline))
         return out
 
-    def probe(self, prompt: tuple[int, ...], max_tokens: int) -> ProbeEvidence:
-        out: ProbeEvidence = self._rec("probe", lambda: self.inner.probe(prompt, max_tokens))
+    def probe(self, prompt: tuple[int, ...], max_tokens: int, deadline: float, *,
+              scored: bool = False) -> ProbeEvidence:
+        out: ProbeEvidence = self._rec("probe", lambda: self.inner.probe(
+            prompt, max_tokens, deadline, scored=scored))
+        return out
+
+    def fence(self, label: str, deadline: float) -> FenceEvidence:
+        out: FenceEvidence = self._rec("fence", lambda: self.inner.fence(label, deadline))
         return out
 
     def generate(self, prompt: tuple[int, ...], max_tokens: int) -> GenerationResult:
@@ -193,6 +201,16 @@ class HarnessEngine(abc.ABC):
         (``died``: the engine died; ``tokens``: what it served)."""
 
     @abc.abstractmethod
+    def inject(self, op: str, fault: str, *, times: int | None = 1) -> None:
+        """Make the next ``times`` (None: every) call of adapter operation ``op`` meet
+        ``fault``, a controlled cause from :data:`INJECTABLE` (the real server: through
+        the fault proxy in front of it)."""
+
+    @abc.abstractmethod
+    def clear_faults(self) -> None:
+        """Drop pending faults and let go of anything they hold."""
+
+    @abc.abstractmethod
     def alive(self) -> bool:
         ...
 
@@ -203,6 +221,30 @@ class HarnessEngine(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the engine owns (stop a server it started)."""
+
+
+#: Controlled causes a scenario can inject into one adapter operation, the same on both
+#: engines: what the adapter sees, and whether the engine carried the operation out.
+INJECTABLE: dict[str, str] = {
+    "late": "the engine does it; the reply is held past the step's deadline",
+    "hang": "held before it reaches the engine, past the step's deadline",
+    "drop": "the engine does it; the connection drops before the reply",
+    "refuse": "the connection drops before the request reaches the engine",
+    "http_500": "answered 500 before the request reaches the engine",
+    "empty_body": "the engine does it; the reply comes back with an empty body",
+    "fail_body": 'the engine does it; the reply says {"success": false}',
+}
+#: Adapter operations and the request on the wire each one starts with.
+WIRE_OPS: dict[str, tuple[str, str, str | None]] = {  # op -> (method, path, body marker)
+    "pause": ("POST", "/pause", None),
+    "resume": ("POST", "/resume", None),
+    "reset_prefix": ("POST", "/reset_prefix_cache", None),
+    "reset_encoder": ("POST", "/reset_encoder_cache", None),
+    "reset_mm": ("POST", "/reset_mm_cache", None),
+    "read_state": ("GET", "/weight_info", None),
+    "probe": ("POST", "/v1/completions", "rolloutcore:probe"),
+    "mutate": ("POST", "/collective_rpc", "reload_weights"),
+}
 
 
 # ---- simulator
@@ -302,6 +344,17 @@ class SimHarnessEngine(HarnessEngine):
     def alive(self) -> bool:
         return not self.engine.dead
 
+    _SIM_KINDS = {"late": "late", "hang": "hang", "drop": "drop", "refuse": "connection_error",
+                  "http_500": "http_500", "empty_body": "empty_body", "fail_body": "fail_body"}
+
+    def inject(self, op: str, fault: str, *, times: int | None = 1) -> None:
+        kind = self._SIM_KINDS[fault]
+        self.sim_adapter.faults.add(op, kind, times)
+
+    def clear_faults(self) -> None:
+        self.sim_adapter.faults.faults.clear()
+        self.sim_adapter.release_hangs()
+
     def restore(self) -> None:
         self.sim_adapter.release_hangs()
         self._fresh()
@@ -329,7 +382,8 @@ def checkpoint_target(path: Path, generation: int, label: str, *,
         generation=generation, label=label,
         identity=identity or checkpoint_identity(path), source=str(Path(path).resolve()),
         probe_prompt=tuple(entry["prompt_token_ids"]),
-        probe_tokens=tuple(entry["output_token_ids"]), nbytes=checkpoint_nbytes(path))
+        probe_tokens=tuple(entry["output_token_ids"]), nbytes=checkpoint_nbytes(path),
+        probe_logprobs=tuple(entry["prompt_logprobs"]) if "prompt_logprobs" in entry else None)
 
 
 class VllmHarnessEngine(HarnessEngine):
@@ -344,13 +398,18 @@ class VllmHarnessEngine(HarnessEngine):
     def __init__(self, server: Any, models: Mapping[str, Path], *, work_dir: Path,
                  own_server: bool = False) -> None:
         from rolloutcore.adapters.http import HttpAdapter
+        from rolloutcore.conformance.fault_proxy import FaultProxy
         from rolloutcore.conformance.tiny_model import LONG_ROLLOUT_TOKENS, SHORT_MAX_TOKENS
 
         self.server = server
         self.models = {k: Path(v).resolve() for k, v in models.items()}
         self.work_dir = Path(work_dir)
         self.own_server = own_server
-        self.http = HttpAdapter(server.url, model=server.served_model_name)
+        # The runner's adapter talks through a fault proxy (controlled causes); the
+        # harness's own reads and raw operations go straight to the server.
+        self.proxy = FaultProxy(server.url).start()
+        self.http = HttpAdapter(self.proxy.url, model=server.served_model_name)
+        self.direct = HttpAdapter(server.url, model=server.served_model_name)
         self.adapter = self.http
         self.probe_tokens = SHORT_MAX_TOKENS
         self.rollout_tokens = LONG_ROLLOUT_TOKENS
@@ -361,12 +420,11 @@ class VllmHarnessEngine(HarnessEngine):
     def start(cls, models: Mapping[str, Path], work_dir: Path, *,
               initial: str = "v1") -> VllmHarnessEngine:
         """Start a server on ``models[initial]`` with the worker extension."""
-        from rolloutcore.adapters.http import EXTENSION_CLS
+        from rolloutcore.adapters.vllm_worker import SERVER_ARGS
         from rolloutcore.conformance.server import VllmServer
 
         work_dir.mkdir(parents=True, exist_ok=True)
-        srv = VllmServer(Path(models[initial]).resolve(),
-                         extra_args=["--worker-extension-cls", EXTENSION_CLS],
+        srv = VllmServer(Path(models[initial]).resolve(), extra_args=list(SERVER_ARGS),
                          log_path=work_dir / f"vllm-{int(time.time() * 1000)}.log")
         srv.start()
         return cls(srv, models, work_dir=work_dir, own_server=True)
@@ -412,17 +470,17 @@ class VllmHarnessEngine(HarnessEngine):
         from rolloutcore.adapters.contract import AdapterError
 
         try:
-            return self.http.generate(prompt, max_tokens)
+            return self.direct.generate(prompt, max_tokens)
         except AdapterError as e:
             if not self.server.is_running():
                 raise EngineDied(str(e)) from e
             raise
 
     def prefix_hits(self) -> int:
-        return self.http.prefix_counters()[1]
+        return self.direct.prefix_counters()[1]
 
     def running_requests(self) -> int:
-        return self.http.running_requests() or 0
+        return self.direct.running_requests() or 0
 
     def pid(self) -> int:
         pid: int = self.server.pid
@@ -432,15 +490,15 @@ class VllmHarnessEngine(HarnessEngine):
         from rolloutcore.adapters.contract import AdapterError
 
         try:
-            return self.http.read_identity()
+            return self.direct.read_identity()
         except AdapterError:
             return None
 
     def label(self) -> str | None:
-        return self.http.read_label()
+        return self.direct.read_label()
 
     def _reload(self, path: Path) -> None:
-        r = self.http.rpc("rc_reload_weights", op="harness_reload", idempotent=False,
+        r = self.direct.rpc("rc_reload_weights", op="harness_reload", idempotent=False,
                           weights_path=str(path))
         results = r.body.get("results") if isinstance(r.body, dict) else None
         if r.status != 200 or not results or results[0].get("loaded") is not True:
@@ -450,19 +508,19 @@ class VllmHarnessEngine(HarnessEngine):
         self._reload(self.models[version])
 
     def pause_raw(self, mode: PauseMode) -> None:
-        r = self.http.request("POST", "/pause", op="pause_raw", idempotent=True,
+        r = self.direct.request("POST", "/pause", op="pause_raw", idempotent=True,
                               timeout=120.0, params={"mode": mode.value,
                                                      "clear_cache": "false"})
         if r.status != 200:
             raise RuntimeError(f"pause {mode.value}: HTTP {r.status} {r.text[:200]}")
 
     def resume_raw(self) -> None:
-        r = self.http.request("POST", "/resume", op="resume_raw", idempotent=True)
+        r = self.direct.request("POST", "/resume", op="resume_raw", idempotent=True)
         if r.status != 200:
             raise RuntimeError(f"resume: HTTP {r.status} {r.text[:200]}")
 
     def is_paused_raw(self) -> bool:
-        return self.http.read_paused()
+        return self.direct.read_paused()
 
     def broken_checkpoint(self) -> Path:
         """v2 with one layer-1 tensor a column short: same names, a different shape. vLLM's
@@ -519,7 +577,7 @@ class VllmHarnessEngine(HarnessEngine):
         out: dict[str, Any] = {"died": False, "tokens": None, "error": None}
         try:
             self.resume_raw()
-            res = self.http.generate(self.prompt("probe"), self.probe_tokens)
+            res = self.direct.generate(self.prompt("probe"), self.probe_tokens)
             out["tokens"] = list(res.tokens)
         except (AdapterError, RuntimeError) as e:
             out["error"] = str(e)
@@ -533,26 +591,49 @@ class VllmHarnessEngine(HarnessEngine):
         if not self.server.is_running():
             return False
         try:
-            return self.http.read_identity() is not None
+            return self.direct.read_identity() is not None
         except Exception:
             return False
 
     def restore(self) -> None:
+        self.clear_faults()
         self.http.mutation_method = "rc_reload_weights"
         if self.is_paused_raw():
             self.resume_raw()
         self._reload(self.models["v1"])
-        r = self.http.request("POST", "/update_weight_version", op="harness_label",
+        r = self.direct.request("POST", "/update_weight_version", op="harness_label",
                               idempotent=True, json_body={"new_version": INITIAL_LABEL})
         if r.status != 200:
             raise RuntimeError(f"restore: label: HTTP {r.status}")
-        r = self.http.request("POST", "/reset_prefix_cache", op="harness_reset",
+        r = self.direct.request("POST", "/reset_prefix_cache", op="harness_reset",
                               idempotent=True)
         if r.status != 200 or not (isinstance(r.body, dict) and r.body.get("success")):
             raise RuntimeError(f"restore: prefix reset not verified: {r.text[:200]}")
 
+    def inject(self, op: str, fault: str, *, times: int | None = 1) -> None:
+        from rolloutcore.conformance.fault_proxy import Fault
+
+        method, path, marker = WIRE_OPS[op]
+        makers: dict[str, Callable[[], Fault]] = {
+            "late": lambda: Fault.hang_after(method, path, times=times),
+            "hang": lambda: Fault.hang_before(method, path, times=times),
+            "drop": lambda: Fault.drop_after(method, path, times=times),
+            "refuse": lambda: Fault.drop_before(method, path, times=times),
+            "http_500": lambda: Fault.status(method, path, 500, times=times),
+            "empty_body": lambda: Fault.empty_body(method, path, times=times),
+            "fail_body": lambda: Fault.replace_body(method, path, {"success": False},
+                                                    times=times)}
+        f = makers[fault]()
+        self.proxy.add(f.when_body(marker) if marker else f)
+
+    def clear_faults(self) -> None:
+        self.proxy.clear()
+        self.proxy.release()
+
     def close(self) -> None:
+        self.proxy.stop()
         self.http.close()
+        self.direct.close()
         if self.own_server:
             self.server.stop()
 

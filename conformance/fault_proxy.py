@@ -42,7 +42,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from types import TracebackType
 from typing import Any, Literal, NoReturn
 
@@ -135,6 +135,9 @@ class Fault:
     content_type: str | None = None
     skip: int = 0
     times: int | None = 1
+    #: Only requests whose body contains these bytes match (e.g. one RPC method among the
+    #: calls that share ``/collective_rpc``); see :meth:`when_body`.
+    body_contains: bytes | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -297,8 +300,16 @@ class Fault:
     def contacts_upstream(self) -> bool:
         return self.action.contacts_upstream
 
-    def matches(self, method: str, path: str) -> bool:
-        return _matches(self.method, self.path, method, path)
+    def matches(self, method: str, path: str, body: bytes = b"") -> bool:
+        return _matches(self.method, self.path, method, path) and (
+            self.body_contains is None or self.body_contains in body)
+
+    def when_body(self, contains: bytes | str) -> Fault:
+        """This fault, acting only on requests whose body contains ``contains``."""
+        data = contains.encode() if isinstance(contains, str) else bytes(contains)
+        if not data:
+            raise ValueError("when_body needs a non-empty byte string")
+        return replace(self, body_contains=data)
 
 
 def _matches(want_method: str, want_path: str, method: str, path: str) -> bool:
@@ -716,7 +727,8 @@ class FaultProxy:
         method = request.method.decode("ascii", "replace").upper()
         target = bytes(request.target)
         path_b, _, query_b = target.partition(b"?")
-        rec = self._begin(conn.ident, method, path_b.decode("latin-1"), query_b.decode("latin-1"))
+        rec = self._begin(conn.ident, method, path_b.decode("latin-1"), query_b.decode("latin-1"),
+                          body)
         fault = rec.fault
         self._watch_client(conn, rec)
         try:
@@ -919,11 +931,11 @@ class FaultProxy:
 
     # ------------------------------------------------------------------ records
 
-    def _begin(self, conn: int, method: str, path: str, query: str) -> _Record:
+    def _begin(self, conn: int, method: str, path: str, query: str, body: bytes) -> _Record:
         with self._edit():
             fault: Fault | None = None
             for rule in self._rules:
-                if not rule.fault.matches(method, path):
+                if not rule.fault.matches(method, path, body):
                     continue
                 if fault is None and rule.eligible():
                     fault = rule.fault

@@ -13,6 +13,8 @@ the corpus and compares. Run: ``python -m rolloutcore.conformance.make_traces``.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 import sys
 import tempfile
@@ -20,9 +22,29 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rolloutcore.adapters.contract import (
+    EngineReport,
+    FenceEvidence,
+    MutationEvidence,
+    MutationOutcome,
+    PauseEvidence,
+    PauseMode,
+    ProbeEvidence,
+    ResetEvidence,
+    ResumeEvidence,
+)
 from rolloutcore.controller import Controller, IllegalTransition
-from rolloutcore.journal import Journal, dumps_line, open_controller, read_journal, rechain
+from rolloutcore.journal import (
+    DECISION,
+    Journal,
+    dumps_line,
+    open_controller,
+    read_journal,
+    rechain,
+)
+from rolloutcore.postconditions import Decision, Expected, decision_to_json
 from rolloutcore.spec.lifecycle import TIERS
+from rolloutcore.spec.triggers import Op
 
 TRACES = Path(__file__).resolve().parent / "traces"
 Record = dict[str, Any]
@@ -39,40 +61,123 @@ class FixedClock:
         return self.t
 
 
+# ----------------------------------------------------------------------- evidence
+
+PROBE_PROMPT = (5, 3, 8, 1, 9)
+
+
+def _label(g: int) -> str:
+    return f"gen-{g}"
+
+
+def _identity(g: int) -> str:
+    return hashlib.sha256(f"weights of generation {g}".encode()).hexdigest()
+
+
+def _reference(g: int) -> tuple[int, ...]:
+    return tuple((g * 7 + k * 3) % 1024 for k in range(4))
+
+
+def _expected(g: int, **kw: Any) -> Expected:
+    return Expected(label=_label(g), identity=_identity(g), probe_tokens=_reference(g), **kw)
+
+
+def sample_decision(c: Controller, trigger: str, param: str | None = None) -> Decision:
+    """Evidence that decides ``trigger`` for the state ``c`` is in: what the runner would
+    journal had the engine answered so."""
+    g = c.control.target or c.control.committed or 1
+    paused_ok = PauseEvidence(PauseMode.WAIT, 200, {"status": "paused"}, True, 0)
+    table: dict[str, Decision] = {
+        "bootstrap_ok": Decision(Op.BOOTSTRAP, (
+            EngineReport(_label(1), _identity(1), False, 0),
+            ProbeEvidence(PROBE_PROMPT, _reference(1), 200, "length", 0)), _expected(1)),
+        "bootstrap_failed": Decision(Op.BOOTSTRAP, error="ConnectError: connection refused"),
+        "bootstrap_mismatch": Decision(Op.BOOTSTRAP, (
+            EngineReport(_label(1), _identity(0), False, 0),
+            ProbeEvidence(PROBE_PROMPT, _reference(1), 200, "length", 0)), _expected(1)),
+        "pause_ok": Decision(Op.PAUSE, (paused_ok,)),
+        "pause_failed": Decision(Op.PAUSE, (PauseEvidence(PauseMode.WAIT, 503, None, None,
+                                                          None),)),
+        "pause_abort_ok": Decision(Op.PAUSE_ABORT, (
+            PauseEvidence(PauseMode.ABORT, 200, {"status": "paused"}, True, 0),)),
+        "pause_abort_failed": Decision(Op.PAUSE_ABORT, (
+            PauseEvidence(PauseMode.ABORT, 200, {"status": "paused"}, True, 1),)),
+        "mutate_ok": Decision(Op.MUTATE, (MutationEvidence(
+            MutationOutcome.COMPLETED, f"loaded and finalised as {_label(g)}", 0.25, 4096),)),
+        "mutate_refused": Decision(Op.MUTATE, (MutationEvidence(
+            MutationOutcome.NOT_MUTATED, "refused before any byte moved", 0.25),)),
+        "mutate_ambiguous": Decision(Op.MUTATE, (MutationEvidence(
+            MutationOutcome.AMBIGUOUS, "mutate did not return within 10.00 s", 10.0),)),
+        "reset_ok": Decision(Op.RESET, (ResetEvidence(str(param), 200, True) if param ==
+                                        "prefix" else ResetEvidence(str(param), 200, None, 0),)),
+        "reset_failed": Decision(Op.RESET, (ResetEvidence(str(param), 200, False),)),
+        "validate_ok": Decision(Op.VALIDATE, (EngineReport(_label(g), _identity(g), True, 0),),
+                                _expected(g)),
+        "validate_failed": Decision(Op.VALIDATE, error="ReadTimeout: timed out"),
+        "validate_mismatch": Decision(Op.VALIDATE, (
+            EngineReport(_label(g - 1), _identity(g), True, 0),), _expected(g)),
+        "resume_ok": Decision(Op.RESUME, (ResumeEvidence(200, {"status": "resumed"}, False),)),
+        "resume_failed": Decision(Op.RESUME, error="ReadTimeout: timed out"),
+        "probe_ok": Decision(Op.PROBE, (ProbeEvidence(PROBE_PROMPT, _reference(g), 200,
+                                                      "length", 0),), _expected(g)),
+        "probe_failed": Decision(Op.PROBE, error="ReadTimeout: timed out"),
+        "probe_mismatch": Decision(Op.PROBE, (ProbeEvidence(
+            PROBE_PROMPT, _reference(g + 1), 200, "length", 0),), _expected(g)),
+        "fence_ok": Decision(Op.FENCE, (FenceEvidence(
+            f"tainted:{_label(g)}", 200, 200, True, f"tainted:{_label(g)}", 0),)),
+        "fence_failed": Decision(Op.FENCE, (FenceEvidence(
+            f"tainted:{_label(g)}", None, None, None, None, None, "ConnectError: refused"),)),
+    }
+    return table[trigger]
+
+
+def out(c: Controller, trigger: str, param: str | None = None, **detail: Any) -> None:
+    """Take an outcome step, journalled with the decision it stands for."""
+    c.fire(trigger, param, {DECISION: decision_to_json(sample_decision(c, trigger, param)),
+                            **detail})
+
+
 # --------------------------------------------------------------------- scenarios
 
 
 def bootstrap(c: Controller, *, fail_first: bool = False) -> None:
     if fail_first:
         c.fire("bootstrap_begin")
-        c.fire("bootstrap_failed", detail={"error": "connection refused"})
+        out(c, "bootstrap_failed")
     c.fire("bootstrap_begin")
-    c.fire("bootstrap_ok", detail={"label": "gen-1", "identity": "sha256:aa11"})
+    out(c, "bootstrap_ok")
+
+
+def request_update(c: Controller) -> None:
+    g = c.control.committed + 1
+    c.fire("request_update", detail={"target": _label(g), "identity": _identity(g)})
 
 
 def drain_and_pause(c: Controller, *, pause_fails: bool = False) -> None:
-    c.fire("request_update", detail={"checkpoint": f"ckpt-{c.control.committed + 1}"})
+    request_update(c)
     if pause_fails:
         c.fire("pause_begin")
-        c.fire("pause_failed", detail={"status": 503})
+        out(c, "pause_failed")
+        c.fire("resume_begin")
+        out(c, "resume_ok")
     c.fire("pause_begin")
-    c.fire("pause_ok")
+    out(c, "pause_ok")
 
 
 def mutate(c: Controller, outcome: str = "mutate_ok") -> None:
     # The detail carries credentials on purpose: the journal must redact them.
     c.fire("mutate_begin", detail={"backend": "nccl", "headers": {
         "Authorization": "Bearer abc123", "X-Api-Key": "k-456"}})
-    c.fire(outcome)
+    out(c, outcome)
 
 
 def invalidate(c: Controller, *, fail: tuple[str, ...] = ()) -> None:
     for tier in TIERS:
         if tier in fail:
             c.fire("reset_begin", tier)
-            c.fire("reset_failed", tier, detail={"success": False})
+            out(c, "reset_failed", tier)
         c.fire("reset_begin", tier)
-        c.fire("reset_ok", tier)
+        out(c, "reset_ok", tier)
     c.fire("invalidated")
 
 
@@ -80,9 +185,9 @@ def validate_resume_probe(c: Controller, *, retries: bool = False) -> None:
     for step in ("validate", "resume", "probe"):
         if retries:
             c.fire(f"{step}_begin")
-            c.fire(f"{step}_failed", detail={"error": "timeout"})
+            out(c, f"{step}_failed")
         c.fire(f"{step}_begin")
-        c.fire(f"{step}_ok")
+        out(c, f"{step}_ok")
 
 
 def full_cycle(c: Controller, *, retries: bool = False) -> None:
@@ -90,14 +195,20 @@ def full_cycle(c: Controller, *, retries: bool = False) -> None:
     mutate(c)
     invalidate(c, fail=("encoder",) if retries else ())
     validate_resume_probe(c, retries=retries)
-    c.fire("publish", detail={"generation": c.control.target})
+    c.fire("publish", detail={"label": _label(c.control.target),
+                              "identity": _identity(c.control.target)})
+
+
+def fence(c: Controller) -> None:
+    c.fire("fence_begin")
+    out(c, "fence_ok")
 
 
 def rollouts(c: Controller, *ids: str) -> None:
     for rid in ids:
         c.admit(rid)
     for rid in ids:
-        c.release(rid, detail={"tokens": 17})  # "tokens" matches a secret marker: redacted
+        c.release(rid, detail={"tokens": 17})  # a token count: kept (redaction is by key name)
 
 
 def s_bootstrap(c: Controller) -> None:
@@ -126,7 +237,7 @@ def s_update_cycle(c: Controller) -> None:
 def s_update_while_bound(c: Controller) -> None:
     bootstrap(c)
     c.admit("r1")
-    c.fire("request_update")
+    request_update(c)
     try:  # the drain holds: refused, and nothing is journalled
         c.fire("pause_begin")
         raise AssertionError("pause_begin must be refused while r1 is bound")
@@ -134,7 +245,7 @@ def s_update_while_bound(c: Controller) -> None:
         pass
     c.release("r1")
     c.fire("pause_begin")
-    c.fire("pause_ok")
+    out(c, "pause_ok")
     mutate(c)
     invalidate(c)
     validate_resume_probe(c)
@@ -142,10 +253,29 @@ def s_update_while_bound(c: Controller) -> None:
     rollouts(c, "r2")
 
 
+def s_abort_drain(c: Controller) -> None:
+    """Drain policy wait-then-abort: a rollout still running is released as aborted; the
+    abort-mode pause shows it gone before the mutation."""
+    bootstrap(c)
+    c.admit("r1")
+    c.admit("r2")
+    request_update(c)
+    c.release("r1")
+    c.abort("r2", {"reason": "still running 0.5 s into the drain"})
+    c.fire("pause_abort_begin")
+    out(c, "pause_abort_ok")
+    mutate(c)
+    invalidate(c)
+    validate_resume_probe(c)
+    c.fire("publish")
+    c.release("r2")  # the application lets the aborted rollout go: nothing journalled
+    rollouts(c, "r3")
+
+
 def s_cancel_while_draining(c: Controller) -> None:
     bootstrap(c)
     c.admit("r1")
-    c.fire("request_update")
+    request_update(c)
     c.fire("cancel_update")
     c.release("r1")
     rollouts(c, "r2")
@@ -158,7 +288,7 @@ def s_refused_then_reopen(c: Controller) -> None:
     mutate(c, "mutate_refused")
     c.fire("abandon_update")
     c.fire("resume_begin")
-    c.fire("resume_ok")
+    out(c, "resume_ok")
     c.fire("reopen")
     rollouts(c, "r2")
 
@@ -179,6 +309,7 @@ def _to_mutation(c: Controller) -> None:
 def s_mutate_ambiguous(c: Controller) -> None:
     _to_mutation(c)
     mutate(c, "mutate_ambiguous")
+    fence(c)
 
 
 def s_validate_mismatch(c: Controller) -> None:
@@ -186,7 +317,8 @@ def s_validate_mismatch(c: Controller) -> None:
     mutate(c)
     invalidate(c)
     c.fire("validate_begin")
-    c.fire("validate_mismatch", detail={"label": "gen-1", "expected": "gen-2"})
+    out(c, "validate_mismatch")
+    fence(c)
 
 
 def s_probe_mismatch(c: Controller) -> None:
@@ -194,11 +326,12 @@ def s_probe_mismatch(c: Controller) -> None:
     mutate(c)
     invalidate(c)
     c.fire("validate_begin")
-    c.fire("validate_ok")
+    out(c, "validate_ok")
     c.fire("resume_begin")
-    c.fire("resume_ok")
+    out(c, "resume_ok")
     c.fire("probe_begin")
-    c.fire("probe_mismatch")
+    out(c, "probe_mismatch")
+    fence(c)
 
 
 def s_give_up(c: Controller) -> None:
@@ -206,7 +339,7 @@ def s_give_up(c: Controller) -> None:
     mutate(c)
     for _ in range(2):
         c.fire("reset_begin", "prefix")
-        c.fire("reset_failed", "prefix")
+        out(c, "reset_failed", "prefix")
     c.fire("give_up", detail={"after": "2 failed resets"})
 
 
@@ -216,6 +349,7 @@ SCENARIOS: dict[str, Scenario] = {
     "admit_release": s_admit_release,
     "update_cycle": s_update_cycle,
     "update_while_bound": s_update_while_bound,
+    "abort_drain": s_abort_drain,
     "cancel_while_draining": s_cancel_while_draining,
     "refused_then_reopen": s_refused_then_reopen,
     "retries": s_retries,
@@ -244,7 +378,7 @@ def recover_ready(path: Path, clock: Callable[[], float]) -> None:
     assert not rec.tainted, rec
     rollouts(ctl, "r3")
     ctl.admit("r4")
-    ctl.fire("request_update")
+    request_update(ctl)
     ctl.release("r4")
     j.close()  # crash while draining, nothing in flight
     ctl, j, rec = open_controller(path, fsync=False, clock=clock)
@@ -264,6 +398,28 @@ def recover_tainted(path: Path, clock: Callable[[], float]) -> None:
         ctl, j, rec = open_controller(path, fsync=False, clock=clock)
         assert rec.tainted, rec
         j.close()
+    ctl, j, rec = open_controller(path, fsync=False, clock=clock)
+    fence(ctl)  # fenced once; a later restart keeps the fence
+    j.close()
+    ctl, j, rec = open_controller(path, fsync=False, clock=clock)
+    assert "fenced" in ctl.control.evidence, ctl.control
+    j.close()
+
+
+def recover_broken_chain(path: Path, clock: Callable[[], float]) -> None:
+    """A journal whose chain is broken is moved aside; the new segment names its last good
+    hash and restarts TAINTED (only that segment is kept in the corpus)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        old = Path(tmp) / path.name
+        run_scenario(old, s_update_cycle, clock)
+        lines = old.read_bytes().splitlines(keepends=True)
+        lines[5] = lines[5].replace(b'"committed":1', b'"committed":7')
+        old.write_bytes(b"".join(lines))
+        ctl, j, rec = open_controller(old, fsync=False, clock=clock)
+        assert rec.tainted and not rec.trusted, rec
+        fence(ctl)
+        j.close()
+        path.write_bytes(old.read_bytes())
 
 
 def torn_tail(path: Path, clock: Callable[[], float]) -> None:
@@ -303,7 +459,15 @@ def like(rec: Record, step: str, typ: str, param: Any = None, **fields: Any) -> 
     """A record with ``rec``'s projection, for another step."""
     out = {**rec, "step": step, "type": typ, "op": None, "param": param, **fields}
     out.pop("detail", None)
+    out.pop("evidence", None)
     return out
+
+
+def _evidence_swap(rec: Record, **changes: Any) -> Record:
+    """``rec`` with fields of its first evidence object changed."""
+    ev = json.loads(json.dumps(rec["evidence"]))
+    ev["evidence"][0].update(changes)
+    return {**rec, "evidence": ev}
 
 
 def make_bad(good: Path, bad: Path) -> None:
@@ -312,28 +476,29 @@ def make_bad(good: Path, bad: Path) -> None:
         "admit_release", "recover_tainted")}
 
     r = g["mutate_ambiguous"]
-    write(bad / "ActivityAfterAmbiguity__admit_after_mutate_ambiguous.jsonl",
-          renumber([*r, like(r[-1], "admit", "step", "r9")]))
+    i = find(r, "mutate_ambiguous")
+    write(bad / "TaintedIsAbsorbing__admit_after_mutate_ambiguous.jsonl",
+          renumber([*r[:i + 1], like(r[i], "admit", "step", "r9")]))
 
     r = g["validate_mismatch"]
-    write(bad / "ActivityAfterAmbiguity__publish_after_validate_mismatch.jsonl",
-          renumber([*r, like(r[-1], "publish", "step", phase="READY",
-                              committed=r[-1]["target"], target=0)]))
+    i = find(r, "validate_mismatch")
+    write(bad / "TaintedIsAbsorbing__publish_after_validate_mismatch.jsonl",
+          renumber([*r[:i + 1], like(r[i], "publish", "step", phase="READY",
+                                     committed=r[i]["target"], target=0)]))
 
     # A controller that mutates with r1 still bound (no drain, no pause at all).
     r = g["update_while_bound"]
     i, k = find(r, "request_update"), find(r, "mutate_begin")
-    write(bad / "RolloutCrossesMutation__mutate_begin_while_bound.jsonl",
+    write(bad / "NoRolloutCrossesMutation__mutate_begin_while_bound.jsonl",
           renumber(r[:i] + r[k:]))
 
     # A rollout admitted while the weights are being transferred.
     r = g["update_cycle"]
     k = find(r, "mutate_begin")
-    write(bad / "RolloutCrossesMutation__admit_during_mutation.jsonl",
+    write(bad / "AdmissionOnlyInReady__admit_during_mutation.jsonl",
           renumber([*r[:k + 1], like(r[k], "admit", "step", "r9"), *r[k + 1:]]))
 
-    # The same fault as the first RolloutCrossesMutation trace, as a controller that
-    # pauses with r1 bound would write it: the spec rejects the pause already.
+    # A controller that pauses with r1 bound: the spec rejects the pause.
     r = g["update_while_bound"]
     i = find(r, "release", "r1")
     rel = r[i]
@@ -345,11 +510,11 @@ def make_bad(good: Path, bad: Path) -> None:
 
     r = g["update_cycle"]
     i, k = find(r, "reset_begin", "mm"), find(r, "publish")
-    write(bad / "PublishWithoutCleanTiers__publish_missing_mm_reset.jsonl",
+    write(bad / "PublishOnlyVerified__publish_missing_mm_reset.jsonl",
           renumber(r[:i] + r[k:]))
 
     i = find(r, "probe_begin")
-    write(bad / "spec__publish_without_probe.jsonl", renumber(r[:i] + r[i + 2:]))
+    write(bad / "PublishOnlyVerified__publish_without_probe.jsonl", renumber(r[:i] + r[i + 2:]))
 
     i = find(r, "validate_begin")
     write(bad / "spec__skipped_validate.jsonl", renumber(r[:i] + r[i + 2:]))
@@ -357,7 +522,7 @@ def make_bad(good: Path, bad: Path) -> None:
     r = g["update_while_bound"]
     i = find(r, "release", "r1")
     tampered = [*r[:i], {**r[i], "committed": r[i]["target"]}, *r[i + 1:]]
-    write(bad / "RolloutChangedGeneration__release_under_other_generation.jsonl", tampered)
+    write(bad / "PublishOnlyVerified__release_under_other_generation.jsonl", tampered)
 
     r = g["admit_release"]
     write(bad / "SequenceGap__skipped_seq.jsonl",
@@ -373,12 +538,45 @@ def make_bad(good: Path, bad: Path) -> None:
     write(bad / "Schema__ambiguous_journalled_as_fail.jsonl",
           [*r[:i], {**r[i], "type": "fail"}, *r[i + 1:]])
 
+    # A restart READY after a crash with the mutation in flight.
     r = g["recover_tainted"]
-    i = find(r, "recover")
-    fake = {**r[i], "phase": "READY", "target": 0, "pending": "none",
-            "detail": {**r[i]["detail"], "to_phase": "READY"}}
-    write(bad / "RecoverReadyOnFaith__ready_after_crash_mid_mutation.jsonl",
+    i = find(r, "restart_tainted")
+    fake = {**r[i], "step": "restart_ready", "phase": "READY", "target": 0}
+    write(bad / "ReadyEngineServesCommitted__ready_after_crash_mid_mutation.jsonl",
           [*r[:i], fake, *r[i + 1:]])
+
+    # Outcomes that disagree with their own evidence.
+    r = g["update_cycle"]
+    i = find(r, "reset_ok", "prefix")
+    write(bad / "EvidenceContradictsOutcome__reset_ok_with_empty_body.jsonl",
+          [*r[:i], _evidence_swap(r[i], body_success=None), *r[i + 1:]])
+    i = find(r, "validate_ok")
+    other = "0" * 64
+    write(bad / "EvidenceContradictsOutcome__validate_ok_other_identity.jsonl",
+          [*r[:i], _evidence_swap(r[i], identity=other), *r[i + 1:]])
+    ev = json.loads(json.dumps(r[i]["evidence"]))
+    ev["evidence"][0]["identity"] = ev["expected"]["identity"] = other
+    write(bad / "EvidenceContradictsTarget__validate_ok_against_another_target.jsonl",
+          [*r[:i], {**r[i], "evidence": ev}, *r[i + 1:]])
+    i = find(r, "mutate_ok")
+    write(bad / "Evidence__outcome_without_evidence.jsonl",
+          [*r[:i], {k: v for k, v in r[i].items() if k != "evidence"}, *r[i + 1:]])
+
+    # A journal that begins with a restart to READY at generation 5, no bootstrap.
+    r = g["admit_release"]
+    start = {**like(r[1], "restart_ready", "recover", phase="READY", committed=5, target=0,
+                    pending="none", seq=1)}
+    write(bad / "SegmentStart__restart_ready_without_bootstrap.jsonl",
+          [r[0], start, {**like(start, "admit", "step", "r1"), "seq": 2}])
+
+    # Records with a valid chain but ill-typed fields.
+    r = g["admit_release"]
+    i = find(r, "admit")
+    write(bad / "Schema__param_is_an_object.jsonl", [*r[:i], {**r[i], "param": {}}, *r[i + 1:]])
+    write(bad / "Schema__step_is_a_list.jsonl", [*r[:i], {**r[i], "step": ["admit"]},
+                                                  *r[i + 1:]])
+    write(bad / "Schema__phase_is_an_object.jsonl", [*r[:i], {**r[i], "phase": {"x": 1}},
+                                                     *r[i + 1:]])
 
 
 # ------------------------------------------------------------------------- driver
@@ -395,6 +593,7 @@ def generate(root: Path = TRACES) -> list[Path]:
         run_scenario(good / f"{name}.jsonl", scenario, FixedClock())
     recover_ready(good / "recover_ready.jsonl", FixedClock())
     recover_tainted(good / "recover_tainted.jsonl", FixedClock())
+    recover_broken_chain(good / "recover_broken_chain.jsonl", FixedClock())
     torn_tail(good / "torn_tail.jsonl", FixedClock())
     make_bad(good, bad)
     return sorted([*good.glob("*.jsonl"), *bad.glob("*.jsonl")])

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     import torch
 
 # Bump when anything that changes the bytes of a built model changes.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2  # 2: references carry prompt log-probabilities (the scored probe)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # The repo's git-ignored models/ (editable install); override with ROLLOUTCORE_MODELS_DIR.
@@ -401,6 +401,18 @@ def greedy_reference(
     return out
 
 
+def prompt_logprobs(model: Any, prompt_ids: Sequence[int]) -> list[float]:
+    """Log-probability of each prompt token after the first, from one forward pass (what
+    vLLM returns for ``prompt_logprobs: 0``): the reference of the scored probe."""
+    import torch
+
+    ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].to(torch.float32)
+    logp = torch.log_softmax(logits, dim=-1)
+    return [float(logp[i - 1, prompt_ids[i]].item()) for i in range(1, len(prompt_ids))]
+
+
 def _compute_references(model: Any, tokenizer_dir: Path, recipe: VersionRecipe) -> dict[str, Any]:
     from transformers import PreTrainedTokenizerFast
 
@@ -421,6 +433,7 @@ def _compute_references(model: Any, tokenizer_dir: Path, recipe: VersionRecipe) 
                 "output_text": tok.decode(g.token_ids),
                 "output_logprobs": g.logprobs,
                 "min_margin": min(g.margins),
+                "prompt_logprobs": prompt_logprobs(model, ids),
             }
         )
 

@@ -186,7 +186,8 @@ class Session:
 
     def probe_ok(self, target: WeightTarget) -> bool:
         assert self.http is not None
-        ev = self.http.probe(target.probe_prompt, len(target.probe_tokens))
+        ev = self.http.probe(target.probe_prompt, len(target.probe_tokens),
+                             time.monotonic() + 60.0)
         return ev.tokens == target.probe_tokens
 
 

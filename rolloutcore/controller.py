@@ -16,11 +16,15 @@ The facade is the only way in: it takes one lock per step, raises
 :class:`IllegalTransition` instead of returning False, does no I/O in callbacks and
 emits exactly one trace record per accepted step. Admission and release are the hot
 path: they use the same spec rows (``sources`` and ``when``) without a machine trigger.
+An admission while admissions are closed can wait (bounded, cancellable) for them to
+reopen instead of being refused. Restart triggers are taken only through
+:meth:`Controller.restart`, by journal recovery.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -29,7 +33,8 @@ from typing import Any, NamedTuple
 from transitions import Machine
 from transitions.extensions import LockedMachine
 
-from rolloutcore.spec.lifecycle import NO_OP, SPEC, Action, Phase, Spec
+from rolloutcore.spec.lifecycle import NO_OP, SPEC, Action, Kind, Phase, Spec
+from rolloutcore.spec.triggers import Trigger
 
 
 class IllegalTransition(Exception):
@@ -75,6 +80,15 @@ class Binding(NamedTuple):
     generation: int
     identity: str | None
     seq: int  # trace sequence number of its admission
+    aborted: bool = False  # released as aborted by the drain (partial output)
+
+
+class AdmissionTimeout(IllegalTransition):
+    """Admissions stayed closed (or below the requested generation) for the whole wait."""
+
+
+class AdmissionCancelled(IllegalTransition):
+    """The caller cancelled a waiting admission."""
 
 
 class TraceRecord(NamedTuple):
@@ -120,6 +134,11 @@ class TriggerSpec:
     param: str | None
     when: Callable[[Any, Any], bool]
     control: Callable[[Any, Any], Mapping[str, object]]
+    kind: Kind
+
+
+#: Triggers that are not machine transitions: the hot path (admission and releases).
+HOT_PATH = frozenset({Trigger.ADMIT, Trigger.RELEASE, Trigger.RELEASE_ABORTED})
 
 
 def triggers_of(spec: Spec) -> dict[str, TriggerSpec]:
@@ -137,9 +156,8 @@ def triggers_of(spec: Spec) -> dict[str, TriggerSpec]:
             )
             if not same:
                 raise ValueError(f"{a.name} is observed as {name} but its controller half differs")
-        out[name] = TriggerSpec(
-            name, tuple(acts), first.sources, first.dest, first.param, first.when, first.control
-        )
+        out[name] = TriggerSpec(name, tuple(acts), first.sources, first.dest, first.param,
+                                first.when, first.control, first.kind)
     return out
 
 
@@ -165,11 +183,12 @@ class Controller:
         self._lock = threading.Lock()
         self._step_view = self._view()
         self._released = threading.Condition(self._lock)
+        self._opened = threading.Condition(self._lock)  # notified when admissions reopen
+        self._aborted: dict[str, Binding] = {}  # released as aborted, not yet let go by the app
         self._triggers = triggers_of(self.spec)
-        admit = self._triggers["admit"]
-        release = self._triggers["release"]
-        self._admit_phases = admit.sources
-        self._release_phases = release.sources
+        self._admit_phases = self._triggers[Trigger.ADMIT].sources
+        self._release_phases = self._triggers[Trigger.RELEASE].sources
+        self._abort_phases = self._triggers[Trigger.RELEASE_ABORTED].sources
         self._model = _Model()
         self._machine = self.machine_class(
             model=self._model,
@@ -180,7 +199,7 @@ class Controller:
             ignore_invalid_triggers=False,
         )
         for t in self._triggers.values():
-            if t.name in ("admit", "release"):
+            if t.name in HOT_PATH:
                 continue
             for src in sorted(t.sources, key=list(Phase).index):
                 self._machine.add_transition(
@@ -210,6 +229,9 @@ class Controller:
     def _effect(self, t: TriggerSpec) -> Callable[[Any], None]:
         def effect(event: Any) -> None:
             updates = dict(t.control(self._step_view, event.kwargs.get("param")))
+            # Bindings live beside the control state; the only machine step that writes
+            # them (a restart) drops them all, which restart() does.
+            updates.pop("bind", None)
             if t.dest is not None:
                 updates["phase"] = t.dest
             rebuild: Callable[..., ControlState] = self.control._replace
@@ -239,9 +261,9 @@ class Controller:
         if self.control.phase not in t.sources:
             allowed = ", ".join(sorted(p.value for p in t.sources))
             return f"allowed only in {allowed}"
-        if t.name == "admit":
+        if t.name == Trigger.ADMIT:
             return f"rollout {param!r} is already bound" if param in self.bindings else None
-        if t.name == "release":
+        if t.name in (Trigger.RELEASE, Trigger.RELEASE_ABORTED):
             return None if param in self.bindings else f"rollout {param!r} is not bound"
         if t.param == "tier" and param not in ("prefix", "encoder", "mm"):
             return f"unknown cache tier {param!r}"
@@ -260,8 +282,27 @@ class Controller:
         ControlState
     ):
         """Take one step; raise :class:`IllegalTransition` (changing nothing) if illegal."""
-        if trigger in ("admit", "release"):
-            raise IllegalTransition(trigger, self.phase, "use admit()/release()")
+        if trigger in HOT_PATH:
+            raise IllegalTransition(trigger, self.phase, "use admit()/release()/abort()")
+        t = self._triggers.get(trigger)
+        if t is not None and t.kind is Kind.RESTART:
+            raise IllegalTransition(trigger, self.phase, "a restart is taken by restart()")
+        return self._fire(trigger, param, detail)
+
+    def restart(self, trigger: str, detail: Mapping[str, Any] | None = None) -> ControlState:
+        """The controller restarted on its journal: take the restart step the spec allows
+        (journal recovery chooses it). The crashed process's bindings are dropped."""
+        t = self._triggers.get(trigger)
+        if t is None or t.kind is not Kind.RESTART:
+            raise IllegalTransition(trigger, self.phase, "not a restart step")
+        out = self._fire(trigger, None, detail)
+        with self._lock:
+            self.bindings = {}
+            self._aborted.clear()
+            self._released.notify_all()
+        return out
+
+    def _fire(self, trigger: str, param: Any, detail: Mapping[str, Any] | None) -> ControlState:
         with self._lock:
             reason = self._refusal(trigger, param, guard=False)
             if reason is not None:
@@ -273,50 +314,110 @@ class Controller:
             if self._model.state != self.control.phase.value:
                 raise AssertionError(f"machine and facade disagree on {trigger}")
             try:
-                return self._emit(trigger, param, detail)
+                out = self._emit(trigger, param, detail)
             except BaseException:
                 # The journal did not take the step: undo it so memory never runs ahead.
                 self.control = before
                 self._machine.set_state(before.phase.value, model=self._model)
                 raise
+            if self.control.phase != before.phase or self.control.committed != before.committed:
+                self._opened.notify_all()
+            return out
 
-    def admit(self, rollout_id: str, detail: Mapping[str, Any] | None = None) -> Binding:
-        """Bind a rollout to the committed generation (hot path)."""
+    def admit(self, rollout_id: str, detail: Mapping[str, Any] | None = None, *,
+              wait: float = 0.0, min_generation: int = 0,
+              cancel: threading.Event | None = None) -> Binding:
+        """Bind a rollout to the committed generation (hot path).
+
+        ``wait``: while admissions are closed (or the committed generation is below
+        ``min_generation``, a staleness bound), wait up to that many seconds for them to
+        reopen, woken by the step that reopens them; ``cancel`` ends the wait early.
+        """
         with self._lock:
+            if wait > 0 and not self._open_for(min_generation):
+                self._wait_open(rollout_id, wait, min_generation, cancel)
             c = self.control
             bindings = self.bindings
             if c.phase not in self._admit_phases:
                 raise IllegalTransition("admit", c.phase, "admissions are closed")
+            if c.committed < min_generation:
+                raise IllegalTransition("admit", c.phase, f"committed generation {c.committed} "
+                                        f"is below the required {min_generation}")
             if rollout_id in bindings:
                 raise IllegalTransition(
                     "admit", c.phase, f"rollout {rollout_id!r} is already bound")
             seq = self._last_seq + 1
             # tuple.__new__ skips NamedTuple's Python-level __new__: this is the hot path.
-            binding = _new(Binding, (rollout_id, c.committed, self.identity, seq))
+            binding = _new(Binding, (rollout_id, c.committed, self.identity, seq, False))
             if self.trace is not None:  # journal first: a failed write changes nothing
                 self.trace(_new(TraceRecord, (seq, "admit", rollout_id, c.phase, c.committed,
                                               c.target, c.pending, detail)))
             bindings[rollout_id] = binding
+            if self._aborted:  # an id reused after its abort: the old one is let go
+                self._aborted.pop(rollout_id, None)
             self._last_seq = seq
             return binding
 
+    def _open_for(self, min_generation: int) -> bool:
+        c = self.control
+        return c.phase in self._admit_phases and c.committed >= min_generation
+
+    def _wait_open(self, rollout_id: str, wait: float, min_generation: int,
+                   cancel: threading.Event | None) -> None:
+        """Wait (lock held by the caller) until admissions are open for ``min_generation``;
+        the cancel event is polled at a coarse interval: it is a caller's give-up signal."""
+        deadline = time.monotonic() + wait
+        while not self._open_for(min_generation):
+            if cancel is not None and cancel.is_set():
+                raise AdmissionCancelled("admit", self.control.phase,
+                                         f"admission of {rollout_id!r} cancelled while waiting")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AdmissionTimeout("admit", self.control.phase, f"admissions stayed closed "
+                                       f"for {wait:.3f} s (min generation {min_generation})")
+            self._opened.wait(left if cancel is None else min(left, 0.05))
+
     def release(self, rollout_id: str, detail: Mapping[str, Any] | None = None) -> Binding:
-        """Release a rollout's binding (hot path)."""
+        """Release a rollout's binding (hot path). A rollout already released as aborted by
+        the drain is let go without another record (it never counts as finished)."""
+        return self._unbind(Trigger.RELEASE, self._release_phases, rollout_id, detail)
+
+    def abort(self, rollout_id: str, detail: Mapping[str, Any] | None = None) -> Binding:
+        """Release a bound rollout as aborted (drain policy wait-then-abort)."""
+        return self._unbind(Trigger.RELEASE_ABORTED, self._abort_phases, rollout_id, detail)
+
+    def _unbind(self, step: str, phases: frozenset[Phase], rollout_id: str,
+                detail: Mapping[str, Any] | None) -> Binding:
         with self._lock:
             c = self.control
-            if c.phase not in self._release_phases:
-                raise IllegalTransition("release", c.phase, "no rollout can be bound now")
+            if step == Trigger.RELEASE and rollout_id not in self.bindings:
+                aborted = self._aborted.pop(rollout_id, None)
+                if aborted is not None:
+                    return aborted
+            if c.phase not in phases:
+                raise IllegalTransition(step, c.phase, "no rollout can be released so now")
             binding = self.bindings.get(rollout_id)
             if binding is None:
-                raise IllegalTransition("release", c.phase, f"rollout {rollout_id!r} is not bound")
+                raise IllegalTransition(step, c.phase, f"rollout {rollout_id!r} is not bound")
             seq = self._last_seq + 1
             if self.trace is not None:  # journal first: a failed write changes nothing
-                self.trace(_new(TraceRecord, (seq, "release", rollout_id, c.phase, c.committed,
+                self.trace(_new(TraceRecord, (seq, step, rollout_id, c.phase, c.committed,
                                               c.target, c.pending, detail)))
             del self.bindings[rollout_id]
+            if step == Trigger.RELEASE_ABORTED:
+                binding = binding._replace(aborted=True)
+                self._aborted[rollout_id] = binding
             self._last_seq = seq
             self._released.notify_all()
             return binding
+
+    def was_aborted(self, rollout_id: str) -> bool:
+        with self._lock:
+            return rollout_id in self._aborted
+
+    def bound_ids(self) -> list[str]:
+        with self._lock:
+            return list(self.bindings)
 
     def wait_drained(self, timeout: float) -> bool:
         """Block until no rollout is bound (woken by each release, no polling), or until
@@ -328,8 +429,8 @@ class Controller:
         return len(self.bindings)
 
     @contextmanager
-    def rollout(self, rollout_id: str) -> Iterator[Binding]:
-        binding = self.admit(rollout_id)
+    def rollout(self, rollout_id: str, *, wait: float = 0.0) -> Iterator[Binding]:
+        binding = self.admit(rollout_id, wait=wait)
         try:
             yield binding
         finally:
@@ -362,7 +463,8 @@ class Controller:
                 self._last_seq = next_seq - 1
 
 
-__all__ = ["Binding", "Controller", "IllegalTransition", "LockedMachine", "TraceRecord"]
+__all__ = ["AdmissionCancelled", "AdmissionTimeout", "Binding", "Controller", "IllegalTransition",
+           "LockedMachine", "TraceRecord"]
 
 
 def control_of(state: Any) -> ControlState:

@@ -43,7 +43,7 @@ class Violation:
 @dataclass
 class Exploration:
     spec: Spec
-    initial: State
+    initial: tuple[State, ...]
     graph: nx.MultiDiGraph  # nodes: State; edges keyed (action name, param)
     violations: dict[str, Violation] = field(default_factory=dict)
     unreachable_actions: tuple[str, ...] = ()
@@ -85,11 +85,11 @@ def format_state(s: State) -> str:
 def explore(spec: Spec, *, max_states: int = 2_000_000) -> Exploration:
     """Visit every reachable state of ``spec`` within its bounds."""
     t0 = time.perf_counter()
-    init = spec.initial()
+    init = spec.initial_states()
     graph = nx.MultiDiGraph()
-    graph.add_node(init)
-    parent: dict[State, tuple[State, str, Param] | None] = {init: None}
-    queue: deque[State] = deque([init])
+    graph.add_nodes_from(init)
+    parent: dict[State, tuple[State, str, Param] | None] = dict.fromkeys(init)
+    queue: deque[State] = deque(init)
     violations: dict[str, Violation] = {}
     fired: set[str] = set()
 
@@ -112,7 +112,8 @@ def explore(spec: Spec, *, max_states: int = 2_000_000) -> Exploration:
             if inv.name not in violations and not inv.holds(s):
                 violations[inv.name] = Violation(inv.name, "invariant", trace_to(s))
 
-    check_state(init)
+    for s0 in init:
+        check_state(s0)
     while queue:
         s = queue.popleft()
         succ = spec.successors(s)

@@ -22,25 +22,36 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
 from json.encoder import encode_basestring_ascii as _json_str
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, BinaryIO
 
-from rolloutcore.controller import INITIAL_CONTROL, Controller, ControlState, TraceRecord
-from rolloutcore.spec.lifecycle import ALL_EVIDENCE, NO_OP, SPEC, Kind, Phase, Spec
+from rolloutcore.controller import (
+    INITIAL_CONTROL,
+    Controller,
+    ControlState,
+    IllegalTransition,
+    TraceRecord,
+)
+from rolloutcore.spec.lifecycle import NO_OP, SPEC, Kind, Phase, Spec
+from rolloutcore.spec.triggers import RESTARTS, Trigger
 
-SCHEMA = 1
+#: Version 2: outcome records carry the decision (``evidence``) they were decided on;
+#: restarts are spec steps; a header may name the segment it continues.
+SCHEMA = 2
 ZERO_HASH = "0" * 64
 REDACTED = "<redacted>"
-#: A detail key whose lower-cased name contains one of these is never written.
-SECRET_MARKERS: tuple[str, ...] = (
-    "token", "secret", "password", "authorization", "api_key", "apikey", "bearer", "cookie",
-)
+#: The detail key under which the runner hands over an outcome's decision; the journal
+#: writes it as the record's typed ``evidence`` field.
+DECISION = "decision"
+#: Header field of a new segment: the last good hash of the journal it continues.
+CONTINUES = "continues"
 #: Journal-level record types that are not spec steps.
 HEADER = "header"
 RECOVER = "recover"
@@ -60,22 +71,20 @@ class JournalError(Exception):
 
 
 def jepsen_types(spec: Spec = SPEC) -> dict[str, tuple[str, str | None]]:
-    """Map every controller trigger to its (Jepsen type, operation), from the spec.
-
-    Outcomes: ``*_ambiguous`` is ``info``, a trigger ending in ``_ok`` is ``ok``, any
-    other outcome (failed, refused, mismatch) is ``fail``. Control steps: an operation's
-    ``*_begin`` is ``invoke``, everything else (admit, publish, ...) is ``step``.
+    """Map every controller trigger to its (Jepsen type, operation), from the spec:
+    an operation's action journals as its :class:`~rolloutcore.spec.lifecycle.Result`
+    says (begin ``invoke``, ok ``ok``, ambiguous ``info``, any other outcome ``fail``), a
+    restart as ``recover``, every other control step (admit, publish, ...) as ``step``.
     """
     out: dict[str, tuple[str, str | None]] = {}
     for a in spec.actions:
         trigger = a.trigger
         if trigger is None:
             continue
-        if a.kind is Kind.OUTCOME:
-            typ = "info" if a.name.endswith("_ambiguous") else (
-                "ok" if trigger.endswith("_ok") else "fail")
-        elif a.op is not None and a.name.endswith("_begin"):
-            typ = "invoke"
+        if a.result is not None:
+            typ = a.result.jepsen
+        elif a.kind is Kind.RESTART:
+            typ = RECOVER
         else:
             typ = "step"
         seen = out.setdefault(trigger, (typ, a.op))
@@ -89,8 +98,6 @@ _SPEC_TYPES = jepsen_types(SPEC)
 
 def jepsen_type(step: str, spec: Spec = SPEC) -> str:
     """The Jepsen type of a step (``recover`` for a recovery record)."""
-    if step == RECOVER:
-        return RECOVER
     table = _SPEC_TYPES if spec is SPEC else jepsen_types(spec)
     try:
         return table[step][0]
@@ -101,16 +108,40 @@ def jepsen_type(step: str, spec: Spec = SPEC) -> str:
 # ------------------------------------------------------------------------ encoding
 
 
+def _norm_key(key: str) -> str:
+    return key.lower().replace("-", "").replace("_", "")
+
+
+#: Detail keys whose value is never written, compared case-insensitively and ignoring
+#: ``-`` and ``_`` (``X-Api-Key`` is ``x_api_key``, ``ClientSecret`` is ``client_secret``).
+#: Exact names, not substrings: ``tokens``, ``max_tokens`` or ``prompt_token_ids`` are
+#: token ids and counts, and must survive.
+SECRET_KEYS: frozenset[str] = frozenset(_norm_key(k) for k in (
+    "authorization", "proxy-authorization", "api_key", "apikey", "x-api-key", "bearer",
+    "bearer_token", "admin_token", "access_token", "auth_token", "refresh_token", "secret",
+    "client_secret", "password", "cookie", "set-cookie",
+))
+#: A string value that looks like a credential, whatever its key: ``Bearer <token>``,
+#: an OpenAI-style ``sk-...`` or a Hugging Face ``hf_...`` key, with 20+ token characters.
+_CREDENTIAL = re.compile(r"\s*(?:bearer\s+|sk-|hf_)[A-Za-z0-9._~+/=-]{20,}", re.IGNORECASE)
+
+
 def _is_secret(key: str) -> bool:
-    k = key.lower().replace("-", "_")  # X-Api-Key is an api_key too
-    return any(m in k for m in SECRET_MARKERS)
+    return _norm_key(key) in SECRET_KEYS
+
+
+def _looks_like_credential(value: str) -> bool:
+    return _CREDENTIAL.match(value) is not None
 
 
 def redact(value: Any) -> Any:
-    """A JSON-ready copy of ``value`` with every secret-named key's value replaced.
+    """A JSON-ready copy of ``value`` with the value of every secret key, and every
+    credential-looking string, replaced by :data:`REDACTED`.
 
     Keys become strings (sorting mixed key types would fail) and sets sorted lists.
     """
+    if isinstance(value, str):
+        return REDACTED if _looks_like_credential(value) else value
     if isinstance(value, Mapping):
         out: dict[str, Any] = {}
         for k, v in value.items():
@@ -170,6 +201,7 @@ class Journal:
     def __init__(
         self, path: str | os.PathLike[str], *, fsync: bool = True,
         clock: Callable[[], float] = time.time, spec: Spec = SPEC,
+        continues: str | None = None,
     ) -> None:
         self.path = Path(path)
         self.fsync = fsync
@@ -182,6 +214,7 @@ class Journal:
         }
         self._strs: dict[str, str] = {}  # JSON text of phases and pendings seen
         self._spec_name = spec.name
+        self._continues = continues
         self._fd = -1
         fresh = not self.path.exists() or self.path.stat().st_size == 0
         if fresh:
@@ -210,6 +243,8 @@ class Journal:
         rec: dict[str, Any] = {"seq": 0, "type": HEADER, "schema": SCHEMA,
                                "spec": self._spec_name, "t": float(self._clock()),
                                "prev": ZERO_HASH}
+        if self._continues is not None:  # a new segment after a broken one
+            rec[CONTINUES] = self._continues
         rec["hash"] = seal(rec)
         self._write(dumps_line(rec).encode())
         self._prev, self._seq = rec["hash"], 0
@@ -233,10 +268,16 @@ class Journal:
                 detail: Mapping[str, Any] | None) -> None:
         # The line is assembled in sorted key order by hand so that the record is
         # serialised once: ``head + tail`` is the canonical JSON the hash covers and
-        # ``head + hash + tail`` the line ("hash" sorts between "detail" and "op").
+        # ``head + hash + tail`` the line ("hash" sorts between "evidence" and "op").
         head = f'{{"committed":{committed:d}'
-        if detail is not None:
+        evidence = None
+        if detail is not None and DECISION in detail:
+            detail = dict(detail)
+            evidence = detail.pop(DECISION)
+        if detail:
             head += ',"detail":' + canonical(redact(detail))
+        if evidence is not None:
+            head += ',"evidence":' + canonical(redact(evidence))
         param_json = "null" if param is None else _json_str(param)
         with self._lock:
             if self._fd < 0:
@@ -259,14 +300,6 @@ class Journal:
             raise JournalError(f"unknown step {record.step!r}") from None
         self._append(record.seq, typ, op_json, step_json, record.param, record.phase,
                      record.committed, record.target, record.pending, record.detail)
-
-    def record_recovery(self, recovery: Recovery) -> None:
-        """Append the ``recover`` record that says in which state the controller restarts."""
-        c = recovery.control
-        detail = {"from_phase": recovery.from_phase, "to_phase": c.phase.value,
-                  "reason": recovery.safe_reason}
-        self._append(recovery.next_seq, RECOVER, "null", _json_str(RECOVER), None, c.phase,
-                     c.committed, c.target, c.pending, detail)
 
     @property
     def last_seq(self) -> int:
@@ -304,6 +337,12 @@ def _fsync_dir(path: Path) -> None:
 
 # --------------------------------------------------------------------- verification
 
+#: The longest journal line read (bytes, newline included). A controller step is far
+#: below it; a longer line is not one the writer produced, and is skipped over without
+#: being loaded, so a corrupt file cannot make the reader's memory grow.
+MAX_LINE = 1 << 20
+_CHUNK = 1 << 16
+
 
 @dataclass(frozen=True)
 class ChainReport:
@@ -323,17 +362,38 @@ class ChainReport:
     last_hash: str = ZERO_HASH
 
 
+_STEP_TYPES: dict[str, tuple[type, ...]] = {
+    "op": (str, type(None)), "step": (str,), "param": (str, type(None)), "phase": (str,),
+    "committed": (int,), "target": (int,), "pending": (str,), "t": (int, float),
+    "prev": (str,),
+}
+_HEADER_TYPES: dict[str, tuple[type, ...]] = {
+    "schema": (int,), "spec": (str,), "t": (int, float), "prev": (str,),
+}
+
+
 def _check_fields(rec: dict[str, Any]) -> str | None:
+    """Why a decoded record is not a well-formed journal record (None if it is): the
+    fields every reader relies on are there and of the type the writer gives them."""
     typ = rec.get("type")
-    fields = HEADER_FIELDS if typ == HEADER else STEP_FIELDS
+    if not isinstance(typ, str):
+        return f"type is not a string: {typ!r}"
+    header = typ == HEADER
+    fields = HEADER_FIELDS if header else STEP_FIELDS
     missing = [f for f in fields if f not in rec]
     if missing:
         return f"missing field(s): {', '.join(missing)}"
-    if typ != HEADER and typ not in JEPSEN_TYPES:
+    if not header and typ not in JEPSEN_TYPES:
         return f"unknown record type {typ!r}"
     seq = rec["seq"]
     if not isinstance(seq, int) or isinstance(seq, bool):
         return f"seq is not an integer: {seq!r}"
+    for name, types in (_HEADER_TYPES if header else _STEP_TYPES).items():
+        v = rec[name]
+        if not isinstance(v, types) or isinstance(v, bool):
+            return f"{name} has the wrong type: {type(v).__name__} {v!r:.40}"
+    if "detail" in rec and not isinstance(rec["detail"], dict):
+        return f"detail is not an object: {type(rec['detail']).__name__}"
     return None
 
 
@@ -354,68 +414,152 @@ def _raw_hash_ok(raw: bytes, h: str) -> bool:
     return hashlib.sha256(body).hexdigest() == h
 
 
+def _rest_is_nuls(fh: BinaryIO) -> bool:
+    """Is everything left in ``fh`` NUL bytes (space allocated, data never written)?
+    Reads in chunks: the rest may be large."""
+    while chunk := fh.read(_CHUNK):
+        if chunk.strip(b"\0"):
+            return False
+    return True
+
+
+def _skip_line(fh: BinaryIO, start: bytes) -> tuple[bool, bool]:
+    """Skip to the end of an overlong line whose first bytes are ``start``, in chunks.
+    Returns (it ended with a newline, it is all NULs)."""
+    nuls = not start.strip(b"\0")
+    while chunk := fh.readline(_CHUNK):
+        ended = chunk.endswith(b"\n")
+        if nuls and (chunk[:-1] if ended else chunk).strip(b"\0"):
+            nuls = False
+        if ended:
+            return True, nuls
+    return False, nuls
+
+
+class JournalReader:
+    """Stream a journal's records while verifying its hash chain.
+
+    Iterating yields ``(line_number, record)`` (1-based; ``record`` is the decoded dict,
+    its ``hash`` included) for each record that verifies, header first, and stops at the
+    first that does not. The file is read one line at a time (at most :data:`MAX_LINE`
+    bytes held), so memory does not grow with the journal. After iteration, ``report``
+    is the :class:`ChainReport` and ``good_end`` the byte offset where the good records
+    end (where a writer continues after cutting off a torn tail).
+
+    A file that cannot be opened raises :class:`OSError` from the first ``next()``.
+    Rules for a crash mid-write (both report ``truncated``): a final line without its
+    newline is torn; so is a final run of NUL bytes (allocated, never written) on the
+    last line, with or without a newline before it.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, max_line: int = MAX_LINE) -> None:
+        self.path = Path(path)
+        self.max_line = max_line
+        self._report: ChainReport | None = None
+        self._good_end = 0
+
+    @property
+    def report(self) -> ChainReport:
+        if self._report is None:
+            raise RuntimeError("the journal has not been read to its end yet")
+        return self._report
+
+    @property
+    def good_end(self) -> int:
+        if self._report is None:
+            raise RuntimeError("the journal has not been read to its end yet")
+        return self._good_end
+
+    def __iter__(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        self._report = None
+        with open(self.path, "rb") as fh:
+            yield from self._records(fh)
+
+    def _records(self, fh: BinaryIO) -> Iterator[tuple[int, dict[str, Any]]]:
+        prev, last_seq, offset, n = ZERO_HASH, -1, 0, 0
+
+        def stop(reason: str, truncated: bool = False) -> None:
+            self._report = ChainReport(False, n, n + 1, reason, truncated, last_seq, prev)
+            self._good_end = offset
+
+        loads, sha256, dumps = json.loads, hashlib.sha256, json.dumps
+        readline, limit = fh.readline, self.max_line
+        raw = readline(limit + 1)
+        if not raw:
+            self._report = ChainReport(False, 0, 1, "truncated final record (empty journal)",
+                                       True)
+            self._good_end = 0
+            return
+        while raw:
+            if not raw.endswith(b"\n"):
+                if len(raw) <= limit:  # the end of the file: a torn final line
+                    return stop("truncated final record", truncated=True)
+                ended, nuls = _skip_line(fh, raw)
+                if not ended:
+                    return stop("truncated final record", truncated=True)
+                if nuls and _rest_is_nuls(fh):
+                    return stop("truncated final record", truncated=True)
+                return stop(f"line longer than {limit} bytes")
+            line = raw[:-1]
+            try:
+                rec = loads(line)
+            except (ValueError, RecursionError):
+                # A final run of NULs: space allocated, data never written (a crash).
+                if not line.strip(b"\0") and _rest_is_nuls(fh):
+                    return stop("truncated final record", truncated=True)
+                return stop("not a JSON line")
+            if not isinstance(rec, dict):
+                return stop("not a JSON object")
+            h = rec.pop("hash", None)
+            if not isinstance(h, str):
+                return stop("missing field: hash")
+            bad = _check_fields(rec)
+            if bad:
+                return stop(bad)
+            if rec["prev"] != prev:
+                return stop("prev does not match the previous record's hash"
+                            if n else "the first record's prev is not 64 zeros")
+            if not _raw_hash_ok(line, h) and sha256(
+                    dumps(rec, sort_keys=True, separators=(",", ":")).encode()).hexdigest() != h:
+                return stop("hash does not match the record's content")
+            seq = rec["seq"]
+            if n == 0 and (rec["type"] != HEADER or seq != 0):
+                return stop("the first record is not a header with seq 0")
+            if n and seq <= last_seq:
+                return stop(f"seq {seq} does not increase (previous {last_seq})")
+            rec["hash"] = h
+            prev, last_seq, n = h, seq, n + 1
+            offset += len(raw)
+            yield n, rec
+            raw = readline(limit + 1)
+        self._report = ChainReport(True, n, None, "chain intact", False, last_seq, prev)
+        self._good_end = offset
+
+
 def _scan(path: Path, *, keep: bool = True) -> tuple[ChainReport, list[dict[str, Any]], int]:
     """Verify the chain; return the report, the good records (if ``keep``) and the byte
     offset where the good records end. Raises OSError if the file cannot be read."""
-    data = path.read_bytes()
+    reader = JournalReader(path)
     records: list[dict[str, Any]] = []
-    if not data:
-        return ChainReport(False, 0, 1, "truncated final record (empty journal)", True), [], 0
-    lines = data.split(b"\n")
-    torn_tail = lines.pop()  # b"" when the file ends with a newline
-    prev, last_seq, offset, n = ZERO_HASH, -1, 0, 0
-
-    def broken(reason: str, truncated: bool = False) -> tuple[
-        ChainReport, list[dict[str, Any]], int
-    ]:
-        return (ChainReport(False, n, n + 1, reason, truncated, last_seq, prev),
-                records, offset)
-
-    loads, sha256, dumps = json.loads, hashlib.sha256, json.dumps
-    for raw in lines:
-        try:
-            rec = loads(raw)
-        except ValueError:
-            # A final run of NULs: space allocated, data never written (a crash).
-            if not raw.strip(b"\0") and n + 1 == len(lines) and not torn_tail.strip(b"\0"):
-                return broken("truncated final record", truncated=True)
-            return broken("not a JSON line")
-        if not isinstance(rec, dict):
-            return broken("not a JSON object")
-        h = rec.pop("hash", None)
-        if not isinstance(h, str):
-            return broken("missing field: hash")
-        bad = _check_fields(rec)
-        if bad:
-            return broken(bad)
-        if rec["prev"] != prev:
-            return broken("prev does not match the previous record's hash"
-                          if n else "the first record's prev is not 64 zeros")
-        if not _raw_hash_ok(raw, h) and sha256(
-                dumps(rec, sort_keys=True, separators=(",", ":")).encode()).hexdigest() != h:
-            return broken("hash does not match the record's content")
-        seq = rec["seq"]
-        if n == 0 and (rec["type"] != HEADER or seq != 0):
-            return broken("the first record is not a header with seq 0")
-        if n and seq <= last_seq:
-            return broken(f"seq {seq} does not increase (previous {last_seq})")
-        if keep:
-            rec["hash"] = h
-            records.append(rec)
-        prev, last_seq, n = h, seq, n + 1
-        offset += len(raw) + 1
-    if torn_tail:
-        return broken("truncated final record", truncated=True)
-    return ChainReport(True, n, None, "chain intact", False, last_seq, prev), records, offset
+    if keep:
+        records.extend(rec for _, rec in reader)
+    else:
+        for _ in reader:
+            pass
+    return reader.report, records, reader.good_end
 
 
 def verify_chain(path: str | os.PathLike[str]) -> ChainReport:
-    """Check a journal's hash chain; the first bad line (1-based) if it is broken."""
-    return _scan(Path(path), keep=False)[0]
+    """Check a journal's hash chain (streaming); the first bad line (1-based) if broken."""
+    reader = JournalReader(path)
+    for _ in reader:
+        pass
+    return reader.report
 
 
 def read_journal(path: str | os.PathLike[str]) -> tuple[ChainReport, list[dict[str, Any]]]:
-    """The chain report and the records that verified (header first)."""
+    """The chain report and the records that verified (header first), as a list: for
+    small journals; stream a large one with :class:`JournalReader`."""
     report, records, _ = _scan(Path(path))
     return report, records
 
@@ -427,88 +571,103 @@ def read_journal(path: str | os.PathLike[str]) -> tuple[ChainReport, list[dict[s
 class Recovery:
     """In which state a controller restarts on a journal, and why that is safe.
 
-    ``next_seq`` is the sequence number of the next record appended to the journal
-    (the ``recover`` record; the controller's first step follows it).
+    The decision is the spec's: the journal is replayed through the generated controller
+    (every record must be a step the spec allows, with the phase and generations it
+    names), and the restart step whose guard holds in the replayed state is taken
+    (``restart_ready`` only with nothing in flight and the engine known to run the
+    committed generation; ``restart_tainted`` otherwise). A journal that cannot be
+    trusted (broken chain, a record the spec does not allow) restarts TAINTED in a new
+    segment that names the last good hash of the old one.
     """
 
-    control: ControlState
-    next_seq: int
-    safe_reason: str
-    tainted: bool
-    from_phase: str | None = None
+    control: ControlState  # the state the replay ended in (before the restart step)
+    trigger: Trigger  # the restart step
+    next_seq: int  # sequence number of the restart record
+    reason: str
+    from_phase: str | None
     chain: ChainReport | None = None
+    trusted: bool = True  # False: the journal is moved aside, a new segment begins
+
+    @property
+    def tainted(self) -> bool:
+        return self.trigger == Trigger.RESTART_TAINTED
 
 
-def _tainted(last: Mapping[str, Any] | None, next_seq: int, reason: str, from_phase: str | None,
-             chain: ChainReport) -> Recovery:
-    committed = last.get("committed", 0) if last else 0
-    target = last.get("target", 0) if last else 0
-    if not isinstance(committed, int) or not isinstance(target, int):
-        committed, target = 0, 0
-    control = ControlState(Phase.TAINTED, committed, target, NO_OP, frozenset(), frozenset())
-    return Recovery(control, next_seq, reason, True, from_phase, chain)
+def apply_record(ctl: Controller, rec: Mapping[str, Any]) -> None:
+    """Take the step a journal record names on ``ctl`` (no sink attached): raises
+    :class:`IllegalTransition` if the spec does not allow it, or if the controller ends
+    in another phase or generation than the record says."""
+    step, param = rec.get("step"), rec.get("param")
+    if not isinstance(step, str) or not (param is None or isinstance(param, str)):
+        raise IllegalTransition(str(step), ctl.phase, "malformed step or param")
+    if step == Trigger.ADMIT:
+        ctl.admit(param or "")
+    elif step == Trigger.RELEASE:
+        ctl.release(param or "")
+    elif step == Trigger.RELEASE_ABORTED:
+        ctl.abort(param or "")
+    elif step in RESTARTS:
+        ctl.restart(step)
+    else:
+        ctl.fire(step, param)
+    c = ctl.control
+    if (c.phase.value, c.committed, c.target, c.pending) != (
+            rec.get("phase"), rec.get("committed"), rec.get("target"), rec.get("pending")):
+        raise IllegalTransition(step, c.phase, f"the record says {rec.get('phase')} "
+                                f"(committed {rec.get('committed')}, target "
+                                f"{rec.get('target')}, pending {rec.get('pending')}); the "
+                                f"spec's controller is in {c.phase.value} (committed "
+                                f"{c.committed}, target {c.target}, pending {c.pending})")
 
 
-def recover(path: str | os.PathLike[str]) -> Recovery:
-    """Decide the restart state from the last durable record of a journal.
+def restart_step(ctl: Controller) -> Trigger:
+    """The restart step the spec allows in ``ctl``'s state (exactly one holds)."""
+    allowed = [t for t in RESTARTS if ctl.enabled(t) is None]
+    if len(allowed) != 1:
+        raise AssertionError(f"the spec allows {allowed} on restart from {ctl.control}")
+    return allowed[0]
 
-    * chain broken (other than a torn final line): TAINTED;
-    * no step yet, or UNINITIALIZED: UNINITIALIZED (a bootstrap in flight only read);
-    * DRAINING after a pause attempt not followed by a confirmed resume: TAINTED (a
-      failed pause may have taken effect);
-    * READY, or DRAINING with nothing in flight (nothing paused, nothing mutated): READY
-      with the same committed generation, all evidence, and no bindings: the crashed
-      process's rollouts are gone; requests the engine still runs are orphans that the
-      next update's wait-mode pause drains;
-    * anything else (a pause in flight, QUIESCED or later, TAINTED): TAINTED.
-    """
-    report, records, _ = _scan(Path(path))
-    steps = [r for r in records if r.get("type") != HEADER]
-    last = steps[-1] if steps else None
+
+def recover(path: str | os.PathLike[str], spec: Spec = SPEC) -> Recovery:
+    """Replay the journal at ``path`` and decide the restart step (see :class:`Recovery`).
+    Raises OSError if the file cannot be read."""
+    reader = JournalReader(path)
+    ctl = Controller(spec=spec)
+    last: Mapping[str, Any] | None = None
+    bad: str | None = None
+    for line, rec in reader:
+        if rec.get("type") == HEADER:
+            if rec.get("schema") != SCHEMA:
+                bad = f"line {line}: journal schema {rec.get('schema')!r} (this is {SCHEMA})"
+                break
+            continue
+        if last is None and rec.get("step") in RESTARTS:
+            # A segment that continues a broken one: its restart set the state.
+            ctl.restore(ControlState(Phase(str(rec["phase"])), int(rec["committed"]),
+                                     int(rec["target"]), NO_OP, frozenset(), frozenset()))
+            last = rec
+            continue
+        try:
+            apply_record(ctl, rec)
+        except (IllegalTransition, ValueError) as e:
+            bad = f"line {line}: the journal does not replay through the spec: {e}"
+            break
+        last = rec
+    report = reader.report
     next_seq = max(report.last_seq, 0) + 1
     from_phase = str(last["phase"]) if last else None
-    if not report.ok and not report.truncated:
-        return _tainted(last, next_seq, f"journal chain broken at line {report.first_bad_line}: "
-                        f"{report.reason}", from_phase, report)
+    if bad is None and not report.ok and not report.truncated:
+        bad = f"journal chain broken at line {report.first_bad_line}: {report.reason}"
+    if bad is not None:
+        c = ctl.control
+        return Recovery(ControlState(Phase.TAINTED, c.committed, c.target, NO_OP, frozenset(),
+                                     frozenset()), Trigger.RESTART_TAINTED, 1,
+                        f"{bad}: fail closed", from_phase, report, trusted=False)
     torn = " (a torn final record was ignored: that step did not happen)" \
         if report.truncated and report.records else ""
-    if last is None:
-        return Recovery(INITIAL_CONTROL, next_seq, "the journal holds no step" + torn, False,
-                        None, report)
-    try:
-        phase = Phase(last["phase"])
-    except ValueError:
-        return _tainted(last, next_seq, f"unknown phase {last['phase']!r}", from_phase, report)
-    pending, committed = last["pending"], last["committed"]
-    if phase is Phase.UNINITIALIZED:
-        return Recovery(INITIAL_CONTROL, next_seq, "not yet bootstrapped: the engine was only "
-                        "read" + torn, False, from_phase, report)
-    if phase is Phase.DRAINING and _maybe_paused(steps):
-        return _tainted(last, next_seq, "DRAINING after a pause that did not complete and no "
-                        "confirmed resume: the engine may be paused; fail closed" + torn,
-                        from_phase, report)
-    if phase in (Phase.READY, Phase.DRAINING) and pending == NO_OP and isinstance(committed, int):
-        why = ("READY" if phase is Phase.READY else
-               "DRAINING with nothing in flight (never paused, nothing mutated; the update "
-               "request is dropped)")
-        control = ControlState(Phase.READY, committed, 0, NO_OP, frozenset(), ALL_EVIDENCE)
-        return Recovery(control, next_seq, f"last durable state {why}: the engine still "
-                        f"serves generation {committed}; bindings of the crashed process are "
-                        "dropped" + torn, False, from_phase, report)
-    return _tainted(last, next_seq, f"last durable state {phase.value} (pending {pending}): "
-                    "the engine may be paused or mutated; fail closed" + torn, from_phase, report)
-
-
-def _maybe_paused(steps: list[dict[str, Any]]) -> bool:
-    """Since the last update request, was a pause attempted and not followed by a confirmed
-    resume? (A failed pause may have taken effect: the spec's pause_failed.)"""
-    for r in reversed(steps):
-        step = r.get("step")
-        if step == "resume_ok" or step == "request_update":
-            return False
-        if step in ("pause_begin", "pause_failed"):
-            return True
-    return False
+    trigger = restart_step(ctl)
+    return Recovery(ctl.control, trigger, next_seq, spec.action(trigger).doc + torn,
+                    from_phase, report)
 
 
 def open_controller(
@@ -517,28 +676,30 @@ def open_controller(
 ) -> tuple[Controller, Journal, Recovery]:
     """A controller whose trace sink is the journal at ``path``.
 
-    A new (or empty) journal starts fresh. An existing one is recovered: a ``recover``
-    record is appended and the controller restored to the recovered state. A journal
-    whose chain is broken is moved aside (``<name>.broken``, kept as evidence) and a new
-    chain starts with the recovery to TAINTED.
+    A new (or empty) journal starts fresh. An existing one is recovered: the restart step
+    the spec allows is journalled and taken. A journal that cannot be trusted is moved
+    aside (``<name>.broken``, kept as evidence) and a new segment, whose header names
+    the last good hash of the old one, starts with the restart to TAINTED.
     """
     p = Path(path)
     if not p.exists() or p.stat().st_size == 0:
         journal = Journal(p, fsync=fsync, clock=clock, spec=spec)
         ctl = Controller(spec=spec, trace=journal)
-        return ctl, journal, Recovery(INITIAL_CONTROL, 1, "new journal", False)
-    rec = recover(p)
-    if rec.chain is not None and not rec.chain.ok and not rec.chain.truncated:
+        return ctl, journal, Recovery(INITIAL_CONTROL, Trigger.RESTART_UNINITIALIZED, 1,
+                                      "new journal", None)
+    rec = recover(p, spec)
+    continues: str | None = None
+    if not rec.trusted:
         aside = p.with_name(p.name + ".broken")
         n = 1
         while aside.exists():
             n += 1
             aside = p.with_name(f"{p.name}.broken{n}")
         p.rename(aside)
-        rec = Recovery(rec.control, rec.next_seq, f"{rec.safe_reason} (moved to {aside.name})",
-                       True, rec.from_phase, rec.chain)
-    journal = Journal(p, fsync=fsync, clock=clock, spec=spec)
-    journal.record_recovery(rec)
+        continues = rec.chain.last_hash if rec.chain is not None else ZERO_HASH
+        rec = replace(rec, reason=f"{rec.reason} (moved to {aside.name})")
+    journal = Journal(p, fsync=fsync, clock=clock, spec=spec, continues=continues)
     ctl = Controller(spec=spec, trace=journal)
-    ctl.restore(rec.control, {}, next_seq=rec.next_seq + 1)
+    ctl.restore(rec.control, next_seq=rec.next_seq)
+    ctl.restart(rec.trigger, {"from_phase": rec.from_phase, "reason": rec.reason})
     return ctl, journal, rec

@@ -13,6 +13,7 @@ from rolloutcore import tlc
 from rolloutcore.explore import Exploration, Violation, explore
 from rolloutcore.spec import doc as spec_doc
 from rolloutcore.spec import tla as spec_tla
+from rolloutcore.spec import triggers_gen
 from rolloutcore.spec.lifecycle import SPEC, TIERS, Phase, Spec, State
 from rolloutcore.spec.mutants import MUTANTS, Mutant
 
@@ -20,6 +21,7 @@ SPEC_DIR = Path(spec_pkg.__file__).resolve().parent
 TLA_FILE = SPEC_DIR / "RolloutCore.tla"
 CFG_FILE = SPEC_DIR / "RolloutCore.cfg"
 DOC_FILE = SPEC_DIR / "SPEC.md"
+TRIGGERS_FILE = SPEC_DIR / "triggers.py"
 
 
 # ---------------------------------------------------------------------- generated files
@@ -32,6 +34,7 @@ def generated_files(spec: Spec = SPEC, exploration: Exploration | None = None) -
     return {
         TLA_FILE: spec_tla.module(spec),
         CFG_FILE: spec_tla.config(spec),
+        TRIGGERS_FILE: triggers_gen.module(spec),
         DOC_FILE: spec_doc.document(spec, states=ex.states, edges=ex.edges),
     }
 
@@ -113,8 +116,10 @@ def run_tlc(spec: Spec = SPEC, *, exploration: Exploration | None = None,
     py_edges = ex.labelled_edges()
     run.tlc_edges = len(tlc_edges)
     run.python_edges = len(py_edges)
-    run.graphs_equal = tlc_edges == py_edges and {state_from_tlc(v) for v in g.states.values()} \
-        == set(ex.graph.nodes)
+    run.graphs_equal = (
+        tlc_edges == py_edges
+        and {state_from_tlc(v) for v in g.states.values()} == set(ex.graph.nodes)
+        and {state_from_tlc(g.states[n]) for n in g.initial} == set(ex.initial))
     run.only_python = [f"{a}: {u} -> {v}" for u, a, v in list(py_edges - tlc_edges)[:5]]
     run.only_tlc = [f"{a}: {u} -> {v}" for u, a, v in list(tlc_edges - py_edges)[:5]]
     return run

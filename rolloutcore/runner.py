@@ -1,10 +1,28 @@
 """The lifecycle runner: executes an update cycle step by step through the controller
 and an adapter, never trusting a call's return for a postcondition.
 
-Every adapter call runs under a deadline. Idempotent steps (pause, resume, reads, cache
-resets, probe) are retried a bounded number of times; the mutation is a collective and
-is never retried: a timeout or an unclassifiable error there is ambiguous and latches
-TAINTED within the deadline plus a small margin, whatever the stuck call does after.
+Deadlines. The policy states one deadline per step (:meth:`RunnerPolicy.step_deadline`);
+the adapter receives it with every call and derives its transport timeouts from it, and
+an idempotent step's retries happen inside it. So the time a stuck engine can cost is
+the policy's, not a transport default's:
+
+* time from a frozen engine to TAINTED <= the deadline of the step in progress (the
+  mutation's, or ``step_timeout_s`` for an idempotent step after the mutation) plus the
+  runner's own bookkeeping (milliseconds), whatever the engine does after;
+* a frozen engine before the mutation (the pause) costs at most ``pause_timeout_s`` plus
+  ``step_timeout_s`` for the resume attempts, and leaves admissions closed if the engine
+  cannot be shown to run again (fail closed, reported).
+
+Idempotent steps (pause, resume, reads, cache resets, probe) run on the caller's thread
+(the adapter honours the deadline) and are retried only while their outcome is
+``failed`` (unclassifiable); a definite answer (refused, mismatch) is final. The
+mutation is a collective whose call may never return: it alone runs on a supervised
+worker, is never retried, and a timeout or an unclassifiable error there is ambiguous
+and latches TAINTED at the deadline. On TAINTED the engine is fenced, best effort: paused
+in abort mode and relabelled ``tainted:<target>``.
+
+Every outcome is journalled with the :class:`~rolloutcore.postconditions.Decision` it was
+decided on, so that the trace checker can decide it again.
 """
 
 from __future__ import annotations
@@ -15,6 +33,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, TypeVar
 
 from rolloutcore import postconditions as post
@@ -27,29 +46,50 @@ from rolloutcore.adapters.contract import (
     PauseMode,
     WeightTarget,
 )
-from rolloutcore.controller import Binding, Controller
-from rolloutcore.spec.lifecycle import TIERS, Phase
+from rolloutcore.controller import Binding, Controller, IllegalTransition
+from rolloutcore.postconditions import Decision, Expected, Outcome
+from rolloutcore.spec.lifecycle import TIERS, Phase, Result
+from rolloutcore.spec.triggers import OUTCOMES, Op, Trigger
 
 T = TypeVar("T")
 
 
+class DrainPolicy(StrEnum):
+    WAIT = "wait"  # wait for every bound rollout, up to drain_timeout_s, else cancel
+    WAIT_THEN_ABORT = "wait-then-abort"  # wait up to abort_after_s, then abort the rest
+
+
+class ProbeMode(StrEnum):
+    SCORED = "scored"  # one prefill: every prompt position's log-probability (default)
+    GREEDY = "greedy"  # a greedy decode of the reference's length, token for token
+
+
 @dataclass(frozen=True)
 class RunnerPolicy:
-    step_timeout_s: float = 30.0  # each idempotent call
-    retries: int = 3  # extra attempts of an idempotent step
+    step_timeout_s: float = 30.0  # each idempotent step, all its attempts included
+    pause_timeout_s: float = 120.0  # a wait-mode pause returns once in-flight requests end
+    retries: int = 3  # extra attempts of a failed idempotent step, within its deadline
     retry_backoff_s: float = 0.05
     drain_timeout_s: float = 600.0
-    pause_mode: PauseMode = PauseMode.WAIT
-    # Run idempotent calls on watchdog workers so that even a hung call is bounded. An
-    # adapter whose every call carries its own timeout (httpx) may turn this off to save
-    # the thread hand-offs; the mutation is always supervised.
-    supervise_idempotent: bool = True
+    drain_policy: DrainPolicy = DrainPolicy.WAIT
+    abort_after_s: float = 0.5  # wait-then-abort: how long bound rollouts may still run
+    probe_mode: ProbeMode = ProbeMode.SCORED
+    probe_tolerance: float = post.PROBE_TOLERANCE
+    fence_timeout_s: float = 10.0
     # Mutation deadline: base plus the time to move the target's bytes at a floor rate.
     mutation_base_s: float = 10.0
     mutation_floor_bytes_per_s: float = 50e6
 
     def mutation_deadline(self, target: WeightTarget) -> float:
         return self.mutation_base_s + target.nbytes / self.mutation_floor_bytes_per_s
+
+    def step_timeout(self, op: Op) -> float:
+        """The one deadline (seconds) the policy states for a step of ``op``."""
+        if op is Op.PAUSE:
+            return self.pause_timeout_s
+        if op is Op.FENCE:
+            return self.fence_timeout_s
+        return self.step_timeout_s
 
 
 class DeadlineExceeded(Exception):
@@ -77,6 +117,9 @@ class CycleReport:
     total_s: float = 0.0
     steps: list[StepRecord] = field(default_factory=list)
     stuck_calls: list[str] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)  # rollouts released as aborted
+    tainted_after_s: float | None = None  # from the cycle's start to TAINTED
+    fenced: bool | None = None  # None: not tainted
 
     def timings(self) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -115,9 +158,9 @@ class _Call:
 
 
 class CallPool:
-    """Reusable daemon workers for idempotent calls (a thread per call costs more than the
-    whole control logic). A call past its deadline keeps its worker; a new worker is
-    started when none is idle, so stuck calls never starve the runner."""
+    """Reusable daemon workers for calls that may never return (a thread per call costs
+    more than the whole control logic). A call past its deadline keeps its worker; a new
+    worker is started when none is idle, so stuck calls never starve the runner."""
 
     def __init__(self) -> None:
         self._tasks: queue.SimpleQueue[_Call] = queue.SimpleQueue()
@@ -145,11 +188,20 @@ class CallPool:
 def call_with_deadline(fn: Callable[[], T], seconds: float, what: str,
                        stuck: list[str] | None = None) -> T:
     """Run ``fn`` in its own daemon thread; raise DeadlineExceeded if it has not returned in
-    time. Used for the collective: a call that never returns is left behind (contained,
-    reported in ``stuck``), and the controller moves on."""
+    time. A call that never returns is left behind (contained, reported in ``stuck``)."""
     call = _Call(fn)
     threading.Thread(target=call.run, name=f"rolloutcore-{what}", daemon=True).start()
     return call.wait(seconds, what, stuck)  # type: ignore[no-any-return]
+
+
+def taint_label(target: WeightTarget) -> str:
+    """The label a fenced engine carries: never a generation's label."""
+    return f"tainted:{target.label}"
+
+
+#: How late (past its deadline) an idempotent call may return before it is reported as
+#: not honouring its deadline (an adapter bug: the runner cannot interrupt it).
+LATE_GRACE_S = 0.25
 
 
 class LifecycleRunner:
@@ -164,62 +216,85 @@ class LifecycleRunner:
         self.on_step = on_step
         self.targets: dict[int, WeightTarget] = {}  # generation -> what it is
         self.stuck_calls: list[str] = []
-        self._pool = CallPool()
-        self._collective = CallPool()  # its own workers: a stuck transfer blocks nothing else
+        self._collective = CallPool()  # a stuck transfer blocks nothing else
 
     # ------------------------------------------------------------------ building blocks
 
-    def _fire(self, trigger: str, param: str | None = None, **detail: Any) -> None:
+    def _fire(self, trigger: Trigger, param: str | None = None, *,
+              evidence: Decision | None = None, **detail: Any) -> None:
+        if evidence is not None:
+            detail["decision"] = post.decision_to_json(evidence)
         self.controller.fire(trigger, param, detail or None)
 
-    def _call(self, what: str, fn: Callable[[], T], seconds: float | None = None) -> T:
-        if not self.policy.supervise_idempotent:
-            return fn()
-        return self._pool.call(fn, seconds or self.policy.step_timeout_s, what,
-                               self.stuck_calls)
-
-    def _idempotent(self, report: CycleReport | None, op: str, param: str | None,
-                    attempt: Callable[[], post.Outcome]) -> post.Outcome:
-        """begin -> outcome, retried while the outcome is ``*_failed``."""
+    def _idempotent(self, report: CycleReport | None, op: Op, param: str | None,
+                    attempt: Callable[[float], Decision]) -> Outcome:
+        """begin -> outcome, retried while the outcome is ``failed`` and the step's one
+        deadline (stated by the policy) has time left; definite outcomes are final."""
         t0 = time.perf_counter()
-        outcome = post.Outcome(f"{op}_failed", "not attempted")
+        deadline = time.monotonic() + self.policy.step_timeout(op)
+        outcome = Outcome(OUTCOMES[op][Result.FAILED], "not attempted")
+        n = 0
         for n in range(1, self.policy.retries + 2):
-            self._fire(f"{op}_begin", param)
+            self._fire(OUTCOMES[op][Result.BEGIN], param)
+            started = time.monotonic()
             try:
-                outcome = attempt()
+                decision = attempt(deadline)
             except (AdapterError, DeadlineExceeded, OSError) as e:
-                outcome = post.Outcome(f"{op}_failed", f"{type(e).__name__}: {e}")
-            self._fire(outcome.trigger, param, reason=outcome.reason, attempt=n)
-            if not outcome.trigger.endswith("_failed"):
+                decision = Decision(op, error=f"{type(e).__name__}: {e}")
+            if time.monotonic() > deadline + LATE_GRACE_S:
+                self.stuck_calls.append(f"{op} attempt {n} returned "
+                                        f"{time.monotonic() - deadline:.2f} s past its deadline")
+            decision = Decision(decision.op, decision.evidence, decision.expected,
+                                decision.error, {"attempt": n,
+                                                 "seconds": round(time.monotonic() - started, 4)})
+            outcome = post.decide(decision)
+            self._fire(outcome.trigger, param, evidence=decision, reason=outcome.reason)
+            if outcome.trigger != OUTCOMES[op][Result.FAILED]:
                 break
-            time.sleep(self.policy.retry_backoff_s * n)
-        self._record(report, op if param is None else f"{op}({param})", outcome, t0, n)
+            pause_s = self.policy.retry_backoff_s * n
+            if time.monotonic() + pause_s >= deadline:
+                break  # the step's deadline is spent: no attempt could finish in time
+            time.sleep(pause_s)
+        self._record(report, op if param is None else f"{op}({param})", outcome.trigger,
+                     outcome.reason, t0, n)
         return outcome
 
-    def _record(self, report: CycleReport | None, step: str, outcome: post.Outcome,
+    def _record(self, report: CycleReport | None, step: str, outcome: str, reason: str,
                 t0: float, attempts: int) -> None:
         seconds = time.perf_counter() - t0
         if report is not None:
-            report.steps.append(StepRecord(step, outcome.trigger, seconds, attempts,
-                                           outcome.reason))
+            report.steps.append(StepRecord(step, outcome, seconds, attempts, reason))
         if self.on_step is not None:
-            self.on_step(step, outcome.trigger, seconds)
+            self.on_step(step, outcome, seconds)
+
+    def _expected(self, target: WeightTarget, *, first_since_reset: bool = True) -> Expected:
+        scored = self.policy.probe_mode is ProbeMode.SCORED and target.probe_logprobs is not None
+        return Expected(label=target.label, identity=target.identity,
+                        probe_tokens=None if scored else target.probe_tokens,
+                        probe_logprobs=target.probe_logprobs if scored else None,
+                        tolerance=self.policy.probe_tolerance,
+                        first_since_reset=first_since_reset)
+
+    def _probe_call(self, target: WeightTarget, deadline: float) -> Any:
+        scored = self.policy.probe_mode is ProbeMode.SCORED and target.probe_logprobs is not None
+        return self.adapter.probe(target.probe_prompt, 1 if scored else len(target.probe_tokens),
+                                  deadline, scored=scored)
 
     # ----------------------------------------------------------------------- bootstrap
 
-    def bootstrap(self, initial: WeightTarget) -> post.Outcome:
-        """Read a fresh engine; commit ``initial`` as generation 1 only if it is verified."""
+    def bootstrap(self, initial: WeightTarget) -> Outcome:
+        """Read a fresh engine; commit ``initial`` as generation 1 only if it is verified.
+        A definite mismatch is not retried."""
         if initial.generation != 1:
             raise ValueError("the bootstrap target is generation 1")
 
-        def attempt() -> post.Outcome:
-            report = self._call("read_state", self.adapter.read_state)
-            ev = self._call("probe", lambda: self.adapter.probe(initial.probe_prompt,
-                                                                len(initial.probe_tokens)))
-            return post.bootstrap(report, ev, initial)
+        def attempt(deadline: float) -> Decision:
+            report = self.adapter.read_state(deadline)
+            ev = self._probe_call(initial, deadline)
+            return Decision(Op.BOOTSTRAP, (report, ev), self._expected(initial))
 
-        outcome = self._idempotent(None, "bootstrap", None, attempt)
-        if outcome.trigger == "bootstrap_ok":
+        outcome = self._idempotent(None, Op.BOOTSTRAP, None, attempt)
+        if outcome.trigger == Trigger.BOOTSTRAP_OK:
             self.targets[1] = initial
             self.controller.identity = initial.identity
         return outcome
@@ -237,73 +312,100 @@ class LifecycleRunner:
         try:
             self._cycle(target, report)
         finally:
+            if c.phase is Phase.TAINTED and report.tainted_after_s is None:
+                report.tainted_after_s = time.perf_counter() - t_start
+                report.fenced = self.fence(target, report)
             report.final_phase = c.phase
             report.total_s = time.perf_counter() - t_start
             report.stuck_calls = list(self.stuck_calls)
         return report
 
-    def _cycle(self, target: WeightTarget, report: CycleReport) -> None:
-        c = self.controller
-        self._fire("request_update", target=target.label)
-        # Drain: woken by each release; the engine-side orphans are drained by pause(wait).
+    def _drain(self, report: CycleReport) -> bool:
+        """Wait for bound rollouts per the drain policy; True once none is bound."""
+        c, policy = self.controller, self.policy
         t0 = time.perf_counter()
-        drained = c.wait_drained(self.policy.drain_timeout_s)
+        abort = policy.drain_policy is DrainPolicy.WAIT_THEN_ABORT
+        drained = c.wait_drained(policy.abort_after_s if abort else policy.drain_timeout_s)
+        if not drained and abort:
+            for rid in c.bound_ids():
+                try:
+                    c.abort(rid, {"reason": f"still running {policy.abort_after_s} s into the "
+                                            "drain"})
+                except IllegalTransition:  # released meanwhile by its own thread
+                    continue
+                report.aborted.append(rid)
+            drained = c.bound_count() == 0
         report.drain_wait_s = time.perf_counter() - t0
-        self._record(report, "drain", post.Outcome("drained" if drained else "timeout",
-                                                   f"{c.bound_count()} bound"), t0, 1)
-        if not drained:
-            self._fire("cancel_update", reason="drain timeout")
+        what = "drained" if drained else "timeout"
+        if report.aborted:
+            what = f"aborted {len(report.aborted)}"
+        self._record(report, "drain", what, f"{c.bound_count()} bound", t0, 1)
+        return drained
+
+    def _cycle(self, target: WeightTarget, report: CycleReport) -> None:
+        self._fire(Trigger.REQUEST_UPDATE, target=target.label, identity=target.identity)
+        if not self._drain(report):
+            self._fire(Trigger.CANCEL_UPDATE, reason="drain timeout")
             return
-        mode = self.policy.pause_mode
-        pause = self._idempotent(report, "pause", None, lambda: post.pause(
-            self._call("pause", lambda: self.adapter.pause(mode))))
-        if pause.trigger != "pause_ok":
+        op = Op.PAUSE_ABORT if report.aborted else Op.PAUSE
+        mode = PauseMode.ABORT if report.aborted else PauseMode.WAIT
+        pause = self._idempotent(report, op, None, lambda d: Decision(
+            op, (self.adapter.pause(mode, d),)))
+        if pause.trigger != OUTCOMES[op][Result.OK]:
             # A failed pause may have taken effect: the engine must run again before
             # admissions reopen (the spec's cancel_update requires it).
             if self._resume(report):
-                self._fire("cancel_update", reason=pause.reason)
+                self._fire(Trigger.CANCEL_UPDATE, reason=pause.reason)
             return
-        if self._mutate(target, report) != "mutate_ok":
+        if self._mutate(target, report) != Trigger.MUTATE_OK:
             if self._in(Phase.QUIESCED):  # refused with proof: resume the old generation
-                self._fire("abandon_update")
+                self._fire(Trigger.ABANDON_UPDATE)
                 if self._resume(report):
-                    self._fire("reopen")
+                    self._fire(Trigger.REOPEN)
             return
         for tier in TIERS:
-            r = self._idempotent(report, "reset", tier, self._reset_attempt(tier))
-            if r.trigger != "reset_ok":
-                self._fire("give_up", reason=r.reason)
+            r = self._idempotent(report, Op.RESET, tier, self._reset_attempt(tier))
+            if r.trigger != Trigger.RESET_OK:
+                self._fire(Trigger.GIVE_UP, reason=r.reason)
                 return
-        self._fire("invalidated")
-        v = self._idempotent(report, "validate", None, lambda: post.validation(
-            self._call("read_state", self.adapter.read_state), target))
-        if v.trigger == "validate_mismatch":
+        self._fire(Trigger.INVALIDATED)
+        v = self._idempotent(report, Op.VALIDATE, None, lambda d: Decision(
+            Op.VALIDATE, (self.adapter.read_state(d),), self._expected(target)))
+        if v.trigger == Trigger.VALIDATE_MISMATCH:
             return
-        if v.trigger != "validate_ok":
-            self._fire("give_up", reason=v.reason)
+        if v.trigger != Trigger.VALIDATE_OK:
+            self._fire(Trigger.GIVE_UP, reason=v.reason)
             return
         if not self._resume(report):
             return
         attempts: list[int] = []
 
-        def probe_attempt() -> post.Outcome:
+        def probe_attempt(deadline: float) -> Decision:
             # Prefix hits prove stale reuse only on the first request after invalidation:
             # a failed earlier attempt may have cached blocks under the new weights.
             attempts.append(1)
-            ev = self._call("probe", lambda: self.adapter.probe(target.probe_prompt,
-                                                                len(target.probe_tokens)))
-            return post.probe(ev, target.probe_tokens, first_since_reset=len(attempts) == 1)
+            ev = self._probe_call(target, deadline)
+            return Decision(Op.PROBE, (ev,), self._expected(
+                target, first_since_reset=len(attempts) == 1))
 
-        p = self._idempotent(report, "probe", None, probe_attempt)
-        if p.trigger == "probe_mismatch":
+        p = self._idempotent(report, Op.PROBE, None, probe_attempt)
+        if p.trigger == Trigger.PROBE_MISMATCH:
             return
-        if p.trigger != "probe_ok":
-            self._fire("give_up", reason=p.reason)
+        if p.trigger != Trigger.PROBE_OK:
+            self._fire(Trigger.GIVE_UP, reason=p.reason)
             return
         self.targets[target.generation] = target
         with self._identity_swap(target):
-            self._fire("publish", label=target.label, identity=target.identity)
+            self._fire(Trigger.PUBLISH, label=target.label, identity=target.identity)
         report.published = True
+
+    def fence(self, target: WeightTarget, report: CycleReport | None = None) -> bool:
+        """TAINTED: pause the engine in abort mode and relabel it, best effort (bounded by
+        the fence deadline); True if the fence is confirmed."""
+        label = taint_label(target)
+        outcome = self._idempotent(report, Op.FENCE, None, lambda d: Decision(
+            Op.FENCE, (self.adapter.fence(label, d),)))
+        return outcome.trigger == Trigger.FENCE_OK
 
     @contextmanager
     def _identity_swap(self, target: WeightTarget) -> Iterator[None]:
@@ -318,29 +420,29 @@ class LifecycleRunner:
     def _in(self, phase: Phase) -> bool:
         return self.controller.phase is phase
 
-    def _reset_attempt(self, tier: str) -> Callable[[], post.Outcome]:
-        return lambda: post.reset(self._call(f"reset_{tier}",
-                                             lambda: self.adapter.reset_cache(tier)))
+    def _reset_attempt(self, tier: str) -> Callable[[float], Decision]:
+        return lambda d: Decision(Op.RESET, (self.adapter.reset_cache(tier, d),))
 
     def _resume(self, report: CycleReport) -> bool:
-        r = self._idempotent(report, "resume", None, lambda: post.resume(
-            self._call("resume", self.adapter.resume)))
-        if r.trigger != "resume_ok":
+        r = self._idempotent(report, Op.RESUME, None, lambda d: Decision(
+            Op.RESUME, (self.adapter.resume(d),)))
+        if r.trigger != Trigger.RESUME_OK:
             if self._in(Phase.RESUMING) and self.controller.control.target != 0:
-                self._fire("give_up", reason=r.reason)
+                self._fire(Trigger.GIVE_UP, reason=r.reason)
             # Otherwise admissions stay closed (DRAINING, or RESUMING an abandoned update)
             # with the engine's run state unknown: fail closed, report, let the caller retry.
             return False
         return True
 
-    def _mutate(self, target: WeightTarget, report: CycleReport) -> str:
+    def _mutate(self, target: WeightTarget, report: CycleReport) -> Trigger:
         """The collective: never retried; a timeout or unknown error is ambiguous."""
-        deadline = self.policy.mutation_deadline(target)
+        seconds = self.policy.mutation_deadline(target)
         t0 = time.perf_counter()
-        self._fire("mutate_begin", target=target.label, deadline_s=round(deadline, 3))
+        self._fire(Trigger.MUTATE_BEGIN, target=target.label, deadline_s=round(seconds, 3))
+        deadline = time.monotonic() + seconds
         try:
-            ev = self._collective.call(lambda: self.adapter.mutate(target), deadline, "mutate",
-                                       self.stuck_calls)
+            ev = self._collective.call(lambda: self.adapter.mutate(target, deadline), seconds,
+                                       "mutate", self.stuck_calls)
         except DeadlineExceeded as e:
             ev = MutationEvidence(MutationOutcome.AMBIGUOUS, str(e), time.perf_counter() - t0)
         except AdapterError as e:
@@ -349,31 +451,36 @@ class LifecycleRunner:
         except Exception as e:  # unclassifiable: may or may not have happened
             ev = MutationEvidence(MutationOutcome.AMBIGUOUS, f"{type(e).__name__}: {e}",
                                   time.perf_counter() - t0)
-        outcome = post.mutation(ev)
-        self._fire(outcome.trigger, reason=outcome.reason, seconds=round(ev.seconds, 4),
-                   bytes=ev.bytes_moved)
-        self._record(report, "mutate", outcome, t0, 1)
+        decision = Decision(Op.MUTATE, (ev,))
+        outcome = post.decide(decision)
+        self._fire(outcome.trigger, evidence=decision, reason=outcome.reason)
+        self._record(report, "mutate", outcome.trigger, outcome.reason, t0, 1)
         return outcome.trigger
 
     # ---------------------------------------------------------------- rollouts (the app)
 
     @contextmanager
-    def rollout(self, rollout_id: str) -> Iterator[Binding]:
-        """Bind a rollout to the committed generation for the duration of the block."""
-        with self.controller.rollout(rollout_id) as binding:
+    def rollout(self, rollout_id: str, *, wait: float = 0.0) -> Iterator[Binding]:
+        """Bind a rollout to the committed generation for the duration of the block; with
+        ``wait``, an admission while admissions are closed waits for them to reopen."""
+        with self.controller.rollout(rollout_id, wait=wait) as binding:
             yield binding
 
-    def generate(self, rollout_id: str, prompt: tuple[int, ...], max_tokens: int) -> tuple[
-        Binding, GenerationResult
-    ]:
-        """Admit, generate, release: the result is bound to one committed generation."""
-        with self.rollout(rollout_id) as binding:
+    def generate(self, rollout_id: str, prompt: tuple[int, ...], max_tokens: int, *,
+                 wait: float = 0.0) -> tuple[Binding, GenerationResult]:
+        """Admit, generate, release: the result is bound to one committed generation. A
+        rollout the drain aborted comes back with ``binding.aborted`` set (its output is
+        partial, never counted in the next generation)."""
+        self.controller.admit(rollout_id, wait=wait)
+        try:
             result = self.adapter.generate(prompt, max_tokens)
+        finally:
+            binding = self.controller.release(rollout_id)
         return binding, result
 
     def label_of(self, generation: int) -> str:
         return self.targets[generation].label
 
 
-__all__ = ["CallPool", "CycleReport", "DeadlineExceeded", "LifecycleRunner", "RunnerPolicy",
-           "call_with_deadline"]
+__all__ = ["CallPool", "CycleReport", "DeadlineExceeded", "DrainPolicy", "LifecycleRunner",
+           "ProbeMode", "RunnerPolicy", "call_with_deadline", "taint_label"]

@@ -12,11 +12,25 @@ from typing import Any
 
 from hypothesis import note
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
-from rolloutcore.controller import Controller, TraceBuffer, bindings_of, control_of, slot_id
+from rolloutcore.controller import (
+    HOT_PATH,
+    Controller,
+    TraceBuffer,
+    bindings_of,
+    control_of,
+    slot_id,
+)
 from rolloutcore.explore import format_state
-from rolloutcore.spec.lifecycle import Action, Kind, Param, Spec, State
+from rolloutcore.spec.lifecycle import TIERS, Action, Kind, Param, Spec, State
+from rolloutcore.spec.triggers import Trigger
 
 
 def machine_for(spec: Spec) -> type[RuleBasedStateMachine]:
@@ -32,8 +46,13 @@ def machine_for(spec: Spec) -> type[RuleBasedStateMachine]:
     class Lifecycle(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
-            self.model = spec.initial()
+            self.model = spec.initial_states()[0]
             self.ctl = Controller(spec=spec, trace=TraceBuffer())
+
+        @initialize(data=st.data())
+        def start(self, data: Any) -> None:
+            """Any initial state of the spec (the fresh engine may hold other weights)."""
+            self.model = data.draw(st.sampled_from(spec.initial_states()), label="init")
 
         def take(self, action: Action, data: Any) -> None:
             options = [(p, t) for a, p, t in succ(self.model) if a.name == action.name]
@@ -44,14 +63,17 @@ def machine_for(spec: Spec) -> type[RuleBasedStateMachine]:
                 assert prop.holds(self.model, nxt), (
                     f"action property {prop.name} violated by {action.name}:\n"
                     f"  {format_state(self.model)}\n  -> {format_state(nxt)}")
-            if action.kind is not Kind.ENVIRONMENT:
-                trigger = str(action.trigger)
-                if trigger == "admit":
-                    self.ctl.admit(slot_id(int(param)))
-                elif trigger == "release":
-                    self.ctl.release(slot_id(int(param)))
-                else:
-                    self.ctl.fire(trigger, param)
+            trigger = action.trigger
+            if trigger == Trigger.ADMIT:
+                self.ctl.admit(slot_id(int(param)))
+            elif trigger == Trigger.RELEASE:
+                self.ctl.release(slot_id(int(param)))
+            elif trigger == Trigger.RELEASE_ABORTED:
+                self.ctl.abort(slot_id(int(param)))
+            elif action.kind is Kind.RESTART:
+                self.ctl.restart(trigger or action.name)
+            elif trigger is not None:
+                self.ctl.fire(trigger, param)
             self.model = nxt
             assert self.ctl.control == control_of(nxt), "controller and model disagree"
             assert {k: b.generation for k, b in self.ctl.bindings.items()} == bindings_of(nxt)
@@ -60,11 +82,11 @@ def machine_for(spec: Spec) -> type[RuleBasedStateMachine]:
         @rule()
         def terminal(self) -> None:
             """Nothing is enabled (TAINTED): the controller must refuse every step."""
-            for trigger in self.ctl.triggers:
-                if trigger == "admit":
-                    assert self.ctl.enabled("admit", "fresh") is not None
-                elif trigger != "release":
-                    for p in (None, "prefix", "encoder", "mm"):
+            for trigger, t in self.ctl.triggers.items():
+                if trigger == Trigger.ADMIT:
+                    assert self.ctl.enabled(trigger, "fresh") is not None
+                elif trigger not in HOT_PATH and t.kind is not Kind.RESTART:
+                    for p in (None, *TIERS):
                         assert self.ctl.enabled(trigger, p) is not None, trigger
 
         @invariant()

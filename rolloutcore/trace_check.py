@@ -1,62 +1,89 @@
-"""The trace checker: a journal against the spec, plus linear-time history checks.
+"""The trace checker: a journal against the spec, in one streaming pass.
 
-Spec conformance. The checker keeps the set of spec states consistent with the trace
-so far. Between records the set is closed under environment actions (the engine
-finishing requests, which the controller never sees). A record keeps every successor
-reached by an action whose trigger is the record's step, with the record's parameter,
-whose controller projection (phase, committed, target, pending) equals the record's.
-An empty set rejects the record. Every state in the set must satisfy every invariant
-and every step every action property of the spec.
+What is checked, per record, in this order:
 
-Rollout ids become spec slots. Slots are interchangeable in the spec, so each state is
-kept in a canonical slot order: the bound rollouts first, in sorted id order (so the id
--> slot map is the same for every state and kept once), then the free slots, those
-whose request the engine still runs (orphans) first. An admit takes the last slot
-(free if any slot is) and moves it into place. Fault counts are projected away (faults
-are unbounded here). Each (state set, record) pair is memoised, so a steady trace costs
-one dictionary lookup per record.
+1. **Schema** (file level): every field has its type, the step is a trigger of the spec
+   journalled with its Jepsen type and operation, sequence numbers increase by one, the
+   journal starts with a header and then a bootstrap (or, if the header names the
+   segment it continues, with a restart to TAINTED).
+2. **Evidence**: an outcome record carries the decision it was taken on (evidence,
+   expected target); :func:`rolloutcore.postconditions.decide` is run on it again and
+   must name the record's own step; the expected label and identity must be the target
+   the update request named. The checker does not trust the code it checks.
+3. **Spec**: some behaviour of the spec takes exactly this step, with the phase,
+   generations and pending operation the record states, and every state it can be in
+   satisfies every invariant, every step every action property. Violations are named by
+   the first spec property the record's claimed step breaks, when one does.
 
-History checks, in one pass over the records: a rollout interval (admit..release) never
-overlaps a mutation interval (mutate_begin..its outcome); a rollout is released under
-the generation it was admitted under; nothing is admitted or published after an
-ambiguous mutation or a mismatch; every cache tier was verified clean (reset_ok) since
-the last mutate_begin before a publish; sequence numbers increase by one.
+Why it scales: the state of the spec splits into a controller half, which the trace
+determines exactly (every controller effect is a function of the controller state and
+the step: actions observed alike have equal controller halves, which the controller
+generator checks), and the engine's ghost half, which only evidence constrains. The
+checker keeps the controller half once, with the bound rollouts as an exact map from id
+to generation, and a *set* of ghost states consistent with the trace. The ghost half
+depends on rollouts only through which generations still have a request running (R), a
+symmetry reduction that accepts exactly the traces the full slot-by-slot product accepts:
 
-When both fail on the same record, the history property is reported: it names the
-fault more precisely than "no spec state".
+* slots are interchangeable: every guard, invariant and action property mentions a slot
+  only as "this slot" (the step's parameter) or under one quantifier over slots
+  (``\\A i``, ``\\E i``), comparing a slot's ``bind``/``req`` with constants, with
+  ``committed``/``weights`` or with the same slot after the step;
+* so a representative state with, per distinct bound generation, min(count, 2) bound slots
+  (two, so that releasing one leaves one), one slot per generation in R (requests run
+  under bound and released rollouts alike; which rollout a request belongs to is never
+  read), and one free idle slot (for an admission) evaluates every such predicate as
+  the full state does;
+* the environment finishes any running request at any time, unseen: the consistent set
+  is closed under it, so for every R it holds every subset of R (kept explicitly; R has
+  a handful of generations at most). Predicates on requests are "no request runs" or
+  "every running request satisfies P", so the verdict on the set is the verdict on its
+  R-projection.
+
+Hence the cost of a record does not depend on how many rollouts are bound or how many
+requests run: a journal with a thousand rollouts bound at once checks as fast per record
+as one with ten. Fault outcomes and restarts are not bounded (the fault counter is
+projected away), nor are generations.
 """
 
 from __future__ import annotations
 
 import os
-from bisect import bisect_left
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from itertools import combinations
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from rolloutcore.journal import HEADER, RECOVER, SCHEMA, jepsen_types, read_journal
+from rolloutcore import postconditions as post
+from rolloutcore.adapters.contract import EvidenceFormatError
+from rolloutcore.controller import triggers_of
+from rolloutcore.journal import CONTINUES, HEADER, SCHEMA, JournalReader, jepsen_types
 from rolloutcore.spec.lifecycle import (
-    ALL_EVIDENCE,
+    BROKEN,
+    MIXED,
     NO_OP,
     SPEC,
+    TAINT,
     TIERS,
+    Action,
     Bounds,
     Kind,
     Phase,
     Spec,
     State,
 )
+from rolloutcore.spec.triggers import RESTARTS, Trigger
 
 SPEC_VIOLATION = "spec: no state of the spec is consistent with this step"
-#: Faults are not bounded when checking a trace (the count is projected away).
-UNBOUNDED_FAULTS = 10**9
-_MEMO_LIMIT = 200_000
+UNBOUNDED = 10**9
+_MEMO_LIMIT = 100_000
 _PHASES = frozenset(p.value for p in Phase)
+_OUTCOME_TYPES = frozenset({"ok", "fail", "info"})
 
 
 class TraceInputError(Exception):
-    """The input is not a journal at all (missing, unreadable, not JSON lines)."""
+    """The input is not a journal this checker reads (missing, unreadable, not JSON lines,
+    another schema version)."""
 
 
 @dataclass(frozen=True)
@@ -64,9 +91,9 @@ class TraceVerdict:
     accepted: bool
     records: int  # records checked, header not counted
     first_bad_line: int | None  # 1-based line in the file, header counted
-    violated: str | None  # a property name, or SPEC_VIOLATION
+    violated: str | None  # a property name, Schema, Evidence..., or SPEC_VIOLATION
     message: str
-    states_max: int  # the largest consistent-state set seen
+    states_max: int  # the largest consistent ghost-state set seen
 
     def as_json(self) -> dict[str, Any]:
         return {"accepted": self.accepted, "records": self.records,
@@ -81,227 +108,154 @@ class Rejection:
     message: str
 
 
-# ------------------------------------------------------------------------- bounds
+class Ghost(NamedTuple):
+    """The engine half of a spec state, with requests as the set of generations running."""
+
+    weights: int
+    label: int
+    paused: bool
+    running: frozenset[int]
+    caches: tuple[frozenset[int], ...]
+    amb: bool
+    stale: bool
 
 
-def bounds_for(records: Sequence[Mapping[str, Any]]) -> Bounds:
-    """Model bounds that fit a trace: slots for the most rollouts ever bound at once
-    plus two for orphans, one generation past the highest seen, unbounded faults."""
-    bound: set[Any] = set()
-    most, gen = 0, 1
-    for r in records:
-        step = r.get("step")
-        if step == "admit":
-            bound.add(r.get("param"))
-            if len(bound) > most:
-                most = len(bound)
-        elif step == "release":
-            bound.discard(r.get("param"))
-        elif step == RECOVER:
-            bound.clear()
-        target = r.get("target")
-        if type(target) is int and target > gen:
-            gen = target
-        committed = r.get("committed")
-        if type(committed) is int and committed > gen:
-            gen = committed
-    return Bounds(rollouts=most + 2, generations=gen + 1, faults=UNBOUNDED_FAULTS)
+class Control(NamedTuple):
+    phase: Phase
+    committed: int
+    target: int
+    pending: str
+    cleared: frozenset[str]
+    evidence: frozenset[str]
 
 
-# ---------------------------------------------------------------------- canonical
+def _ghost(s: State) -> Ghost:
+    return Ghost(s.weights, s.label, s.paused, frozenset(r for r in s.req if r), s.caches,
+                 s.amb, s.stale)
 
 
-def _sorted_free(req: Sequence[int]) -> tuple[int, ...]:
-    """Requests of free slots, orphans first (descending), then the idle ones."""
-    busy = sorted((r for r in req if r), reverse=True)
-    return (*busy, *(0,) * (len(req) - len(busy)))
+def _closed(g: Ghost) -> Iterator[Ghost]:
+    """``g`` and every ghost state the engine reaches by finishing running requests."""
+    r = sorted(g.running)
+    for k in range(len(r) + 1):
+        for keep in combinations(r, k):
+            yield g._replace(running=frozenset(keep))
 
 
-def _canonical(s: State) -> State:
-    k = len(s.bind) - s.bind.count(0)  # bound slots come first, so they are 0..k-1
-    free = s.req[k:]
-    if len(free) > 1:
-        ordered = _sorted_free(free)
-        if ordered != free:
-            s = s._replace(req=(*s.req[:k], *ordered))
-    return s if s.faults == 0 else s._replace(faults=0)
+BoundKey = tuple[tuple[int, int], ...]  # (generation, min(count, 2)) per bound generation
 
 
-def _move_admitted(s: State, j: int) -> State:
-    """The last slot was just admitted: move it to position ``j`` of the bound ones."""
-    b, r = s.bind, s.req
-    return _canonical(s._replace(bind=(*b[:j], b[-1], *b[j:-1]), req=(*r[:j], r[-1], *r[j:-1])))
+# ---------------------------------------------------------------------------- checker
 
 
-def _move_released(s: State, j: int, k: int) -> State:
-    """Slot ``j`` of ``k`` bound ones was just released: move it among the free ones."""
-    b, r = s.bind, s.req
-    bind = (*b[:j], *b[j + 1:k], 0, *b[k:])
-    req = (*r[:j], *r[j + 1:k], *_sorted_free((r[j], *r[k:])))
-    return s._replace(bind=bind, req=req, faults=0)
+@dataclass
+class _Segment:
+    started: bool = False  # a first step was seen
+    continues: str | None = None
 
 
-# ------------------------------------------------------------------------ history
-
-
-class _History:
-    """The linear-time history properties; state is O(bound rollouts)."""
-
-    def __init__(self, spec: Spec) -> None:
-        types = jepsen_types(spec)
-        # Outcomes after which the engine's weights are unknown: ambiguous ones (info)
-        # and mismatches (outcomes that latch TAINTED).
-        self.doubtful = frozenset(
-            t for a in spec.actions if (t := a.trigger) is not None and a.kind is Kind.OUTCOME
-            and (types[t][0] == "info" or a.dest is Phase.TAINTED))
-        self.mutation_outcomes = frozenset(
-            t for t, (typ, op) in types.items() if op == "mutate" and typ != "invoke")
-        self.last_seq = 0
-        self.open: dict[Any, Any] = {}  # rollout id -> committed at its admission
-        self.mutating: int | None = None  # line of the open mutate_begin
-        self.doubt: int | None = None  # line of the first ambiguous outcome
-        self.clean: set[Any] = set()
-
-    def feed(self, r: Mapping[str, Any], line: int) -> tuple[str, str] | None:
-        step, seq, param = r["step"], r["seq"], r["param"]
-        bad: tuple[str, str] | None = None
-        if step == RECOVER:
-            if seq <= self.last_seq:
-                bad = ("SequenceGap", f"recover seq {seq} does not continue {self.last_seq}")
-            self.open.clear()  # the crashed process's rollouts are gone
-            self.mutating = None
-            self.clean.clear()
-        elif seq != self.last_seq + 1:
-            bad = ("SequenceGap", f"seq {seq} follows {self.last_seq}")
-        self.last_seq = seq
-        if step == "admit":
-            if self.mutating is not None and bad is None:
-                bad = ("RolloutCrossesMutation",
-                       f"rollout {param!r} admitted during the mutation begun on line "
-                       f"{self.mutating}")
-            if self.doubt is not None and bad is None:
-                bad = ("ActivityAfterAmbiguity",
-                       f"rollout {param!r} admitted after the ambiguous outcome on line "
-                       f"{self.doubt}")
-            self.open[param] = r["committed"]
-        elif step == "release":
-            admitted = self.open.pop(param, None)
-            if admitted is not None and admitted != r["committed"] and bad is None:
-                bad = ("RolloutChangedGeneration",
-                       f"rollout {param!r} admitted under generation {admitted} is released "
-                       f"under {r['committed']}")
-        elif step == "mutate_begin":
-            if self.open and bad is None:
-                ids = ", ".join(sorted(map(str, self.open)))
-                bad = ("RolloutCrossesMutation", f"mutation begins while rollouts are bound: {ids}")
-            self.mutating = line
-            self.clean.clear()
-        elif step in self.mutation_outcomes:
-            self.mutating = None
-        elif step == "reset_ok":
-            self.clean.add(param)
-        elif step == "publish":
-            missing = [t for t in TIERS if t not in self.clean]
-            if self.doubt is not None and bad is None:
-                bad = ("ActivityAfterAmbiguity",
-                       f"publish after the ambiguous outcome on line {self.doubt}")
-            if missing and bad is None:
-                bad = ("PublishWithoutCleanTiers",
-                       f"publish without reset_ok since the last mutate_begin for: "
-                       f"{', '.join(missing)}")
-        if step in self.doubtful and self.doubt is None:
-            self.doubt = line
-        return bad
-
-
-# ---------------------------------------------------------------------- the checker
-
-
-Key = tuple[Any, ...]
-
-
+@dataclass
 class TraceChecker:
-    """Incremental checker: :meth:`feed` records one by one; ``states`` is the set of
-    spec states consistent with the trace so far."""
+    """Incremental checker: :meth:`feed` records one by one (the header first)."""
 
-    def __init__(self, spec: Spec = SPEC, bounds: Bounds | None = None) -> None:
-        b = bounds or Bounds(rollouts=4, generations=64, faults=UNBOUNDED_FAULTS)
-        self.spec = spec.with_bounds(b)
-        self.types = jepsen_types(spec)
-        self._expect: dict[str, tuple[str, str | None]] = {**self.types, RECOVER: (RECOVER, None)}
-        groups: dict[str, list[Any]] = {}
-        for a in spec.actions:
-            if a.trigger is not None:
-                groups.setdefault(a.trigger, []).append(a)
-        # One sub-spec per trigger: successors() then only tries that trigger's actions.
-        self._by_trigger = {t: replace(self.spec, actions=tuple(acts))
-                            for t, acts in groups.items()}
-        self._params = {t: acts[0].param for t, acts in groups.items()}
-        self._env = replace(self.spec, actions=tuple(
-            a for a in spec.actions if a.kind is Kind.ENVIRONMENT))
-        self._memo: dict[tuple[frozenset[State], Key], frozenset[State] | str] = {}
-        self._closure: dict[State, frozenset[State]] = {}
-        self._succ: dict[tuple[State, str, Any], tuple[State, ...]] = {}
-        self._checked: set[State] = set()
-        self.bound: list[str] = []  # sorted ids of bound rollouts = slots 0..k-1
-        self.terminal = False  # recovered to TAINTED: nothing may follow
-        self.steps = 0  # step records seen (recover records included)
-        self.history = _History(spec)
-        init = self._close_all([_canonical(self.spec.initial())])
-        self.states: frozenset[State] = init
-        self.states_max = len(init)
-        bad = self._check_states(init)
-        if bad:
-            raise ValueError(f"the spec's initial state violates {bad[0]}")
+    spec: Spec = SPEC
+    states_max: int = 0
+    steps: int = 0
+    bound: dict[str, int] = field(default_factory=dict)  # rollout id -> generation
+    counts: dict[int, int] = field(default_factory=dict)  # generation -> rollouts bound
 
-    # ------------------------------------------------------------------ set algebra
+    def __post_init__(self) -> None:
+        self.spec = self.spec.with_bounds(Bounds(rollouts=1, generations=UNBOUNDED,
+                                                 faults=UNBOUNDED))
+        self.types = jepsen_types(self.spec)
+        self.triggers = triggers_of(self.spec)
+        self._actions: dict[str, tuple[Action, ...]] = {
+            t: ts.actions for t, ts in self.triggers.items()}
+        self._env = tuple(a for a in self.spec.actions if a.kind is Kind.ENVIRONMENT)
+        init = self.spec.initial_states()
+        c0 = init[0]
+        self.control = Control(c0.phase, c0.committed, c0.target, c0.pending, c0.cleared,
+                               c0.evidence)
+        self.ghosts: frozenset[Ghost] = frozenset(_ghost(s) for s in init)
+        self.states_max = len(self.ghosts)
+        self.last_seq = -1
+        self.header_seen = False
+        self.segment = _Segment()
+        self.target_named: tuple[str | None, str | None] = (None, None)  # label, identity
+        self._memo: dict[tuple[Any, ...], frozenset[Ghost] | tuple[str, str]] = {}
 
-    def _close(self, s: State) -> frozenset[State]:
-        """Every state the engine reaches from ``s`` on its own (requests finishing)."""
-        out = self._closure.get(s)
-        if out is None:
-            seen = {s}
-            todo = [s]
-            while todo:
-                for _a, _p, t in self._env.successors(todo.pop()):
-                    t = _canonical(t)
-                    if t not in seen:
-                        seen.add(t)
-                        todo.append(t)
-            out = self._closure[s] = frozenset(seen)
-        return out
+    # ------------------------------------------------------------------ representation
 
-    def _close_all(self, states: Iterable[State]) -> frozenset[State]:
-        out: set[State] = set()
-        for s in states:
-            out |= self._close(s)
-        return frozenset(out)
+    def _bound_key(self) -> BoundKey:
+        return tuple(sorted((g, min(n, 2)) for g, n in self.counts.items() if n))
 
-    def _check_states(self, states: Iterable[State]) -> tuple[str, str] | None:
-        for s in states:
-            if s in self._checked:
-                continue
-            for inv in self.spec.invariants:
-                if not inv.holds(s):
-                    return inv.name, f"invariant {inv.name} fails in a consistent state: {s}"
-            self._checked.add(s)
-        return None
+    def _rep(self, g: Ghost, c: Control, bk: BoundKey, extra_bound: int = 0) -> State:
+        """A representative full state (see the module doc); the last slot is free."""
+        binds = [gen for gen, n in bk for _ in range(n)]
+        bind = (*binds, *(0,) * len(g.running), 0)
+        req = (*(0,) * len(binds), *sorted(g.running), 0)
+        return State(c.phase, c.committed, c.target, c.pending, bind, c.cleared,
+                     c.evidence, g.weights, g.label, g.paused, req, g.caches, g.amb, g.stale,
+                     0)
 
-    # ------------------------------------------------------------------------- feed
+    @staticmethod
+    def _slot_of_generation(bk: BoundKey, gen: int) -> int:
+        """1-based index of a representative bound slot of generation ``gen``."""
+        i = 1
+        for g, n in bk:
+            if g == gen:
+                return i
+            i += n
+        raise KeyError(gen)
+
+    # ----------------------------------------------------------------------- feeding
 
     def feed(self, r: Mapping[str, Any], line: int) -> Rejection | None:
         """Check one record (``line``: its line in the file); None if it conforms."""
+        if r.get("type") == HEADER:
+            return self._header(r, line)
         bad = self._schema(r)
         if bad:
             return Rejection(line, "Schema", bad)
-        hist = self.history.feed(r, line)
-        spec_bad = self._spec_step(r)
+        step, seq = r["step"], r["seq"]
+        if not self.header_seen:
+            return Rejection(line, "Schema", "the journal does not begin with a header")
+        if seq != self.last_seq + 1:
+            return Rejection(line, "SequenceGap", f"seq {seq} follows {self.last_seq}")
+        self.last_seq = seq
+        if not self.segment.started:
+            self.segment.started = True
+            if self.segment.continues is not None:
+                if step != Trigger.RESTART_TAINTED:
+                    return Rejection(line, "SegmentStart", "a segment that continues another "
+                                     "must begin with its restart to TAINTED, not " + step)
+                return self._forced_restart(r, line)
+            if step not in (Trigger.BOOTSTRAP_BEGIN, Trigger.RESTART_UNINITIALIZED):
+                return Rejection(line, "SegmentStart", f"the journal begins with {step}: a "
+                                 "journal begins with a bootstrap (or a restart before it), "
+                                 "or with a restart to TAINTED in a segment whose header "
+                                 "names the journal it continues")
+        ev = self._evidence(r)
+        if ev is not None:
+            return Rejection(line, ev[0], ev[1])
         self.steps += 1
-        if hist is not None:
-            extra = f" (and the spec: {spec_bad[1]})" if spec_bad else ""
-            return Rejection(line, hist[0], hist[1] + extra)
+        spec_bad = self._spec_step(r)
         if spec_bad is not None:
             return Rejection(line, spec_bad[0], spec_bad[1])
+        return None
+
+    def _header(self, r: Mapping[str, Any], line: int) -> Rejection | None:
+        if self.header_seen:
+            return Rejection(line, "Schema", "a second header")
+        self.header_seen = True
+        if r.get("schema") != SCHEMA or r.get("spec") != self.spec.name:
+            return Rejection(line, "Schema", f"header is for schema {r.get('schema')!r} of "
+                             f"spec {r.get('spec')!r}, not schema {SCHEMA} of {self.spec.name}")
+        cont = r.get(CONTINUES)
+        if cont is not None and not (isinstance(cont, str) and len(cont) == 64):
+            return Rejection(line, "Schema", f"{CONTINUES} is not a hash: {cont!r}")
+        self.segment.continues = cont
+        self.last_seq = 0
         return None
 
     def _schema(self, r: Mapping[str, Any]) -> str | None:
@@ -311,224 +265,324 @@ class TraceChecker:
             ints = (r["seq"], r["committed"], r["target"])
         except KeyError as e:
             return f"record lacks {e.args[0]!r}"
-        expect = self._expect.get(step)
+        if type(step) is not str:
+            return f"step is not a string: {step!r:.40}"
+        expect = self.types.get(step)
         if expect is None:
-            return f"unknown step {step!r}"
+            return f"unknown step {step!r:.60}"
         if (typ, op) != expect:
             return f"{step} is journalled as type {expect[0]!r}, op {expect[1]!r}; " \
-                f"found {typ!r}, {op!r}"
+                f"found {typ!r:.20}, {op!r:.20}"
         for v in ints:  # type(), not isinstance(): a bool is no sequence number
             if type(v) is not int:
-                return f"seq, committed or target is not an integer: {v!r}"
-        if phase not in _PHASES:
-            return f"unknown phase {phase!r}"
+                return f"seq, committed or target is not an integer: {v!r:.40}"
+        if type(phase) is not str or phase not in _PHASES:
+            return f"unknown phase {phase!r:.40}"
         if type(pending) is not str or (param is not None and type(param) is not str):
             return "pending or param is not a string"
+        kind = self.triggers[step].param
+        if kind is None and param is not None:
+            return f"{step} takes no parameter, got {param!r:.40}"
+        if kind == "tier" and param not in TIERS:
+            return f"{step} names unknown cache tier {param!r:.40}"
+        if kind == "slot" and not param:
+            return f"{step} names no rollout"
+        if "detail" in r and not isinstance(r["detail"], dict):
+            return "detail is not an object"
         return None
+
+    # ---------------------------------------------------------------------- evidence
+
+    def _evidence(self, r: Mapping[str, Any]) -> tuple[str, str] | None:
+        step = r["step"]
+        if step == Trigger.REQUEST_UPDATE:
+            d = r.get("detail") or {}
+            label, ident = d.get("target"), d.get("identity")
+            self.target_named = (label if isinstance(label, str) else None,
+                                 ident if isinstance(ident, str) else None)
+        if r["type"] not in _OUTCOME_TYPES:
+            if "evidence" in r:
+                return "Schema", f"{step} is no outcome and carries no evidence"
+            return None
+        if "evidence" not in r:
+            return "Evidence", f"outcome {step} carries no evidence to decide it by"
+        try:
+            decision = post.decision_from_json(r["evidence"])
+            decided = post.decide(decision)
+        except (EvidenceFormatError, TypeError, ValueError, KeyError, AttributeError) as e:
+            return "Schema", f"{step}: malformed evidence: {e}"
+        if decision.op.value != self.types[step][1]:
+            return "Evidence", f"{step} carries the evidence of another operation " \
+                f"({decision.op.value})"
+        if decided.trigger != step:
+            return "EvidenceContradictsOutcome", (
+                f"the record says {step} but its evidence decides {decided.trigger} "
+                f"({decided.reason})")
+        exp = decision.expected
+        label, ident = self.target_named
+        if exp is not None and decision.op.value in ("validate", "probe") \
+                and label is not None and (exp.label, exp.identity) != (label, ident):
+            return "EvidenceContradictsTarget", (
+                f"{step} was decided against label {exp.label!r}, identity "
+                f"{str(exp.identity)[:16]}; the update named {label!r}, "
+                f"{str(ident)[:16]}")
+        return None
+
+    # -------------------------------------------------------------------------- spec
 
     def _spec_step(self, r: Mapping[str, Any]) -> tuple[str, str] | None:
         step, param = r["step"], r["param"]
-        if step == RECOVER:
-            return self._recover(r)
-        if self.terminal:
-            return SPEC_VIOLATION, f"{step} after the controller recovered to TAINTED, " \
-                "which is terminal"
-        kind = self._params[step]
-        j: int | None = None
-        if kind == "slot":
-            k = len(self.bound)
-            j = bisect_left(self.bound, param)
-            is_bound = j < k and self.bound[j] == param
-            if step == "admit":
-                if is_bound:
-                    return SPEC_VIOLATION, f"admit of rollout {param!r}, which is already bound"
-                sparam: Any = self.spec.bounds.rollouts  # the last slot
-            else:
-                if not is_bound:
-                    return SPEC_VIOLATION, f"release of rollout {param!r}, which is not bound"
-                sparam = j + 1
-        elif kind == "tier":
-            if param not in TIERS:
-                return SPEC_VIOLATION, f"{step} names unknown cache tier {param!r}"
-            sparam = param
-        else:
-            if param is not None:
-                return SPEC_VIOLATION, f"{step} takes no parameter, got {param!r}"
-            sparam = None
         proj = (r["phase"], r["committed"], r["target"], r["pending"])
-        key: Key = (step, sparam, j, *proj)
-        nxt = self._memo.get((self.states, key))
+        bk = self._bound_key()
+        sparam: Any = param
+        gen: int | None = None
+        if step == Trigger.ADMIT:
+            if param in self.bound:
+                return SPEC_VIOLATION, f"admit of rollout {param!r}, which is already bound"
+            sparam = None  # the representative's free slot, resolved below
+        elif step in (Trigger.RELEASE, Trigger.RELEASE_ABORTED):
+            gen = self.bound.get(param)
+            if gen is None:
+                return SPEC_VIOLATION, f"{step} of rollout {param!r}, which is not bound"
+            sparam = gen
+        key = (self.ghosts, self.control, bk, step, sparam, proj)
+        nxt = self._memo.get(key)
         if nxt is None:
-            nxt = self._advance(step, sparam, j, proj)
-            if len(self._memo) > _MEMO_LIMIT:  # old generations' sets do not come back
+            nxt = self._advance(step, sparam, proj, bk)
+            if len(self._memo) > _MEMO_LIMIT:
                 self._memo.clear()
-                self._succ.clear()
-                self._closure.clear()
-            self._memo[(self.states, key)] = nxt
-        if isinstance(nxt, str):
-            return self._explain(step, param, proj, nxt)
-        self.states = nxt
+            self._memo[key] = nxt
+        if isinstance(nxt, tuple):
+            return nxt
+        self.control = self._control_after(step, sparam, proj, bk)
+        self.ghosts = nxt
         self.states_max = max(self.states_max, len(nxt))
-        if step == "admit":
-            self.bound.insert(j or 0, param)
-        elif step == "release":
-            del self.bound[j or 0]
+        if step == Trigger.ADMIT:
+            self.bound[param] = self.control.committed
+            self.counts[self.control.committed] = self.counts.get(self.control.committed, 0) + 1
+        elif gen is not None:
+            del self.bound[param]
+            self.counts[gen] -= 1
+        elif step in RESTARTS:
+            self.bound.clear()
+            self.counts.clear()
         return None
 
-    def _advance(self, step: str, sparam: Any, j: int | None, proj: tuple[Any, ...]) -> (
-        frozenset[State] | str
-    ):
-        """The next consistent set, or (a str) the name of the property that failed."""
-        sub = self._by_trigger[step]
-        phase, committed, target, pending = proj
-        k = len(self.bound)
-        out: list[State] = []
-        for s in self.states:
-            succ = self._succ.get((s, step, sparam))
-            if succ is None:
-                succ = self._succ[(s, step, sparam)] = tuple(
-                    t for _a, p, t in sub.successors(s) if p == sparam)
-            for t in succ:
-                if t.phase != phase or t.committed != committed or t.target != target \
-                        or t.pending != pending:
-                    continue
-                for prop in self.spec.action_properties:
-                    if not prop.holds(s, t):
-                        return prop.name
-                if step == "admit":
-                    t = _move_admitted(t, j or 0)
-                elif step == "release":
-                    t = _move_released(t, j or 0, k)
-                else:
-                    t = _canonical(t)
-                out.append(t)
-        if not out:
-            return SPEC_VIOLATION
-        nxt = self._close_all(out)
-        bad = self._check_states(nxt)
-        return bad[0] if bad else nxt
+    def _slot(self, step: str, sparam: Any, bk: BoundKey, s: State) -> Any:
+        if step == Trigger.ADMIT:
+            return len(s.bind)  # the free slot
+        if step in (Trigger.RELEASE, Trigger.RELEASE_ABORTED):
+            return self._slot_of_generation(bk, int(sparam))
+        return sparam
 
-    def _explain(self, step: str, param: Any, proj: tuple[Any, ...], prop: str) -> tuple[
-        str, str
-    ]:
-        label = step if param is None else f"{step}({param})"
-        if prop != SPEC_VIOLATION:
-            return prop, f"{label} leads to a state violating {prop}"
-        before = sorted({f"{s.phase.value} (committed {s.committed}, target {s.target}, "
-                         f"pending {s.pending})" for s in self.states})
-        sub = self._by_trigger[step]
-        srcs = sorted({p.value for a in sub.actions for p in a.sources})
-        dests = sorted({a.dest.value if a.dest else "(same phase)" for a in sub.actions})
-        known = ""
-        if self.states:
-            s = next(iter(self.states))  # the controller half is the same in all of them
-            known = (f" (evidence: {', '.join(sorted(s.evidence)) or 'none'}; tiers cleared: "
-                     f"{', '.join(t for t in TIERS if t in s.cleared) or 'none'}; rollouts "
-                     f"bound: {', '.join(self.bound) or 'none'})")
-        return SPEC_VIOLATION, (
-            f"{label} -> {proj[0]} (committed {proj[1]}, target {proj[2]}, pending {proj[3]}) "
-            f"is not a step of the spec from the consistent state(s): {'; '.join(before)}"
-            f"{known}; {step} is a step from {', '.join(srcs)} to {', '.join(dests)} when "
-            "its guard holds")
+    def _successors(self, step: str, sparam: Any, proj: tuple[Any, ...],
+                    bk: BoundKey) -> list[tuple[State, State]]:
+        out: list[tuple[State, State]] = []
+        for g in self.ghosts:
+            s = self._rep(g, self.control, bk)
+            p = self._slot(step, sparam, bk, s)
+            for a in self._actions[step]:
+                for t in self.spec.step(a, s, p):
+                    if (t.phase.value, t.committed, t.target, t.pending) == proj:
+                        out.append((s, t))
+        return out
 
-    # ---------------------------------------------------------------------- recovery
+    def _advance(self, step: str, sparam: Any, proj: tuple[Any, ...],
+                 bk: BoundKey) -> frozenset[Ghost] | tuple[str, str]:
+        pairs = self._successors(step, sparam, proj, bk)
+        if not pairs:
+            return self._name(step, sparam, proj, bk)
+        out: set[Ghost] = set()
+        after_bk = self._bound_after(step, sparam, bk)
+        c_after = self._control_after(step, sparam, proj, bk)
+        for s, t in pairs:
+            for prop in self.spec.action_properties:
+                if not prop.holds(s, t):
+                    return prop.name, f"{step} leads to a step violating {prop.name}"
+            for g in _closed(_ghost(t)):
+                out.add(g)
+        for g in out:
+            rep = self._rep(g, c_after, after_bk)
+            for inv in self.spec.invariants:
+                if not inv.holds(rep):
+                    return inv.name, (f"{step} leads to a state violating {inv.name} "
+                                      f"({self._describe(rep)})")
+        return frozenset(out)
 
-    def _recover(self, r: Mapping[str, Any]) -> tuple[str, str] | None:
-        to = Phase(r["phase"])
-        proj = (r["committed"], r["target"], r["pending"])
-        self.bound = []
-        if to is Phase.TAINTED:
-            self.terminal, self.states = True, frozenset()
-            return None
-        if self.terminal:
-            return "RecoverReadyOnFaith", f"recovery to {to.value} after TAINTED (it latches)"
-        prior = next(iter(self.states))  # all consistent states share the controller half
-        fresh = self.steps == 0  # nothing before it: the segment starts here
-        if to is Phase.UNINITIALIZED:
-            if prior.phase is not Phase.UNINITIALIZED or proj != (0, 0, NO_OP):
-                return "RecoverReadyOnFaith", f"recovery to UNINITIALIZED from {prior.phase.value}"
-            base = [s._replace(pending=NO_OP) for s in self.states]
-        elif to is Phase.READY:
-            quiet = prior.phase is Phase.READY or (
-                prior.phase is Phase.DRAINING and prior.pending == NO_OP)
-            if not fresh and (not quiet or proj != (prior.committed, 0, NO_OP)):
-                return "RecoverReadyOnFaith", (
-                    f"recovery to READY (committed {proj[0]}) from {prior.phase.value} "
-                    f"(committed {prior.committed}, pending {prior.pending}): the engine may "
-                    "be paused or mutated")
-            if proj[1:] != (0, NO_OP) or proj[0] < 1:
-                return "RecoverReadyOnFaith", f"recovery to READY with {proj}"
-            free = (0,) * self.spec.bounds.rollouts
-            if fresh:
-                # No history: any engine consistent with READY under that generation.
-                c = proj[0]
-                subsets: tuple[frozenset[int], ...] = (frozenset(), frozenset({c}))
-                base = [
-                    self.spec.initial()._replace(
-                        phase=Phase.READY, committed=c, evidence=ALL_EVIDENCE, weights=c,
-                        label=c, caches=(a, b, m))
-                    for a in subsets for b in subsets for m in subsets]
-            else:
-                # The engine is as the crash left it; bound rollouts become orphans.
-                base = [_canonical(s._replace(
-                    phase=Phase.READY, target=0, pending=NO_OP, bind=free,
-                    cleared=frozenset(), evidence=ALL_EVIDENCE, req=_sorted_free(s.req)))
-                    for s in self.states]
-        else:
-            return "RecoverReadyOnFaith", f"recovery to {to.value}: only READY, " \
-                "UNINITIALIZED or TAINTED are recovery states"
-        nxt = self._close_all(base)
-        bad = self._check_states(nxt)
-        if bad:
-            return bad
-        self.states = nxt
-        self.states_max = max(self.states_max, len(nxt))
+    def _control_after(self, step: str, sparam: Any, proj: tuple[Any, ...],
+                       bk: BoundKey) -> Control:
+        """The controller half after the step: a function of the step (see module doc)."""
+        g = next(iter(self.ghosts))
+        s = self._rep(g, self.control, bk)
+        a = self._actions[step][0]
+        upd: dict[str, Any] = dict(a.control(s, self._slot(step, sparam, bk, s)))
+        c = self.control._replace(**{k: v for k, v in upd.items() if k in Control._fields})
+        return c._replace(phase=Phase(proj[0]))
+
+    def _bound_after(self, step: str, sparam: Any, bk: BoundKey) -> BoundKey:
+        counts = dict(self.counts)
+        if step == Trigger.ADMIT:
+            counts[self.control.committed] = counts.get(self.control.committed, 0) + 1
+        elif step in (Trigger.RELEASE, Trigger.RELEASE_ABORTED):
+            counts[int(sparam)] -= 1
+        elif step in RESTARTS:
+            counts = {}
+        return tuple(sorted((gen, min(n, 2)) for gen, n in counts.items() if n))
+
+    def _name(self, step: str, sparam: Any, proj: tuple[Any, ...], bk: BoundKey) -> tuple[
+            str, str]:
+        """No spec behaviour takes this step: name the first spec property the step, as
+        the record claims it (its controller effect, its phase and generations, whatever
+        the guards say), would break; else say why no behaviour takes it."""
+        a = self._actions[step][0]
+        for g in self.ghosts:
+            s = self._rep(g, self.control, bk)
+            p = self._slot(step, sparam, bk, s)
+            upd: dict[str, Any] = dict(a.control(s, p))
+            upd.update(phase=Phase(proj[0]), committed=proj[1], target=proj[2], pending=proj[3])
+            t = s._replace(**upd)
+            for prop in self.spec.action_properties:
+                if not prop.holds(s, t):
+                    return prop.name, f"{step} as journalled would violate {prop.name}"
+            for inv in self.spec.invariants:
+                if not inv.holds(t):
+                    return inv.name, f"{step} as journalled would violate {inv.name}"
+        return SPEC_VIOLATION, self._explain(step, proj)
+
+    def _explain(self, step: str, proj: tuple[Any, ...]) -> str:
+        c = self.control
+        ts = self.triggers[step]
+        srcs = ", ".join(sorted(p.value for p in ts.sources))
+        dests = sorted({a.dest.value if a.dest else "(same phase)" for a in ts.actions})
+        return (f"{step} -> {proj[0]} (committed {proj[1]}, target {proj[2]}, pending "
+                f"{proj[3]}) is not a step of the spec from {c.phase.value} (committed "
+                f"{c.committed}, target {c.target}, pending {c.pending}; evidence: "
+                f"{', '.join(sorted(c.evidence)) or 'none'}; tiers cleared: "
+                f"{', '.join(t for t in TIERS if t in c.cleared) or 'none'}; rollouts bound: "
+                f"{len(self.bound)}); {step} is a step from {srcs} to {', '.join(dests)} when "
+                "its guard holds and the engine can produce it")
+
+    @staticmethod
+    def _describe(s: State) -> str:
+        return (f"phase {s.phase.value}, weights {s.weights}, label {s.label}, paused "
+                f"{s.paused}, running {sorted(set(s.req) - {0})}")
+
+    def _forced_restart(self, r: Mapping[str, Any], line: int) -> Rejection | None:
+        """The first step of a segment continuing an untrusted journal: TAINTED, whatever
+        the engine holds (its previous segment is not trusted, so not assumed)."""
+        if r["phase"] != Phase.TAINTED or r["pending"] != NO_OP:
+            return Rejection(line, "SegmentStart", "the restart of a continuing segment is "
+                             "to TAINTED with nothing pending")
+        c, t = r["committed"], r["target"]
+        gens = sorted({c, t, MIXED, BROKEN} - {0})
+        labels = sorted({c, t, MIXED, TAINT} - {0})
+        empty: tuple[frozenset[int], ...] = tuple(frozenset() for _ in TIERS)
+        self.control = Control(Phase.TAINTED, c, t, NO_OP, frozenset(), frozenset())
+        # Any engine the spec's invariants allow beside a TAINTED controller.
+        self.ghosts = frozenset(
+            g for g in (Ghost(w, lab, paused, frozenset(run), empty, amb, False)
+                        for w in gens for lab in labels for paused in (False, True)
+                        for run in ((), (c,)) for amb in (False, True))
+            if all(inv.holds(self._rep(g, self.control, ())) for inv in self.spec.invariants))
+        self.states_max = max(self.states_max, len(self.ghosts))
+        self.steps += 1
         return None
 
 
 # ---------------------------------------------------------------------------- entry
 
 
-def check_trace(records: Iterable[Mapping[str, Any]], spec: Spec = SPEC) -> TraceVerdict:
-    """Check parsed journal records (the header, if first, is line 1)."""
-    recs = list(records)
-    start = 0
-    if recs and recs[0].get("type") == HEADER:
-        h = recs[0]
-        if h.get("schema") != SCHEMA or h.get("spec") != spec.name:
-            return TraceVerdict(False, 0, 1, "Schema", f"header is for schema "
-                                f"{h.get('schema')!r} of spec {h.get('spec')!r}, not schema "
-                                f"{SCHEMA} of {spec.name}", 0)
-        start = 1
-    checker = TraceChecker(spec, bounds_for(recs[start:]))
-    for i in range(start, len(recs)):
-        bad = checker.feed(recs[i], i + 1)
+def _chain_fault(reason: str) -> bool:
+    """Whether the reader stopped on the chain itself (hash, prev, order) rather than on a
+    record that is not a well-formed journal record (a Schema rejection)."""
+    return any(w in reason for w in ("hash", "prev", "seq", "header"))
+
+
+def check_records(records: Iterable[tuple[int, Mapping[str, Any]]],
+                  spec: Spec = SPEC) -> TraceVerdict:
+    """Check ``(line, record)`` pairs (the header first) in one pass."""
+    checker = TraceChecker(spec)
+    n = 0
+    for line, rec in records:
+        bad = checker.feed(rec, line)
+        if rec.get("type") != HEADER:
+            n += 1
         if bad is not None:
-            return TraceVerdict(False, i + 1 - start, bad.line, bad.violated,
+            return TraceVerdict(False, n, bad.line, bad.violated,
                                 f"line {bad.line}: {bad.message}", checker.states_max)
-    n = len(recs) - start
+    if not checker.header_seen:
+        return TraceVerdict(False, 0, 1, "Schema", "line 1: the journal has no header", 0)
     return TraceVerdict(True, n, None, None, f"accepted: {n} records conform to "
                         f"{spec.name}", checker.states_max)
 
 
-def check_file(path: str | os.PathLike[str], spec: Spec = SPEC) -> TraceVerdict:
-    """Verify the hash chain, then check the records. A torn final line (a crash
-    mid-write) is a step that did not happen: the records before it are checked."""
+def check_trace(records: Iterable[Mapping[str, Any]], spec: Spec = SPEC) -> TraceVerdict:
+    """Check parsed journal records (the header first, as line 1)."""
+    return check_records(enumerate(records, start=1), spec)
+
+
+def check_file(path: str | os.PathLike[str], spec: Spec = SPEC, *,
+               after: str | os.PathLike[str] | None = None) -> TraceVerdict:
+    """Verify the hash chain and check the records, streaming. A torn final line (a crash
+    mid-write) is a step that did not happen: the records before it are checked. With
+    ``after`` (the journal segment this one continues), that segment is checked too and
+    the link verified: its last good hash must be the one this header names.
+    Raises :class:`TraceInputError` for input that is not a journal of this schema."""
     p = Path(path)
+    link: str | None = None
+    if after is not None:
+        prev = check_file(after, spec)
+        if not prev.accepted and prev.violated != "HashChain":
+            return TraceVerdict(False, 0, None, "PreviousSegment",
+                                f"the segment it continues ({after}) is rejected: "
+                                f"{prev.message}", 0)
+        prev_reader = JournalReader(after)
+        for _ in prev_reader:
+            pass
+        link = prev_reader.report.last_hash
     try:
-        report, records = read_journal(p)
+        reader = JournalReader(p)
+        it = iter(reader)
+        first = next(it, None)
     except FileNotFoundError:
         raise TraceInputError(f"{p}: no such file") from None
+    except IsADirectoryError:
+        raise TraceInputError(f"{p}: is a directory") from None
     except OSError as e:
         raise TraceInputError(f"{p}: cannot read: {e.strerror or e}") from None
-    if not records:  # not even a header verified: this is not a journal
-        raise TraceInputError(f"{p}: not a RolloutCore journal (line 1: {report.reason})")
+    if first is None:  # not even a header verified: this is not a journal
+        raise TraceInputError(f"{p}:{reader.report.first_bad_line or 1}: not a RolloutCore "
+                              f"journal ({reader.report.reason})")
+    header = first[1]
+    if header.get("type") == HEADER and header.get("schema") != SCHEMA:
+        raise TraceInputError(f"{p}:1: journal schema {header.get('schema')!r}; this checker "
+                              f"reads schema {SCHEMA} (re-record the journal)")
+    if link is not None and header.get(CONTINUES) != link:
+        return TraceVerdict(False, 0, 1, "SegmentLink", f"line 1: the header continues "
+                            f"{str(header.get(CONTINUES))[:16]}, but {after} ends with "
+                            f"{link[:16]}", 0)
+
+    def records() -> Iterator[tuple[int, Mapping[str, Any]]]:
+        yield first
+        yield from it
+
+    verdict = check_records(records(), spec)
+    if not verdict.accepted:
+        # The reader yields a record only once its hash verified: every line up to the
+        # rejected one is intact, so the rejection stands whatever follows it.
+        return verdict
+    report = reader.report
     if not report.ok and not report.truncated:
-        return TraceVerdict(False, report.records - 1, report.first_bad_line, "HashChain",
-                            f"line {report.first_bad_line}: {report.reason}", 0)
-    verdict = check_trace(records, spec)
-    if report.truncated and verdict.accepted:
-        verdict = replace(verdict, message=verdict.message + f" (line "
-                          f"{report.first_bad_line} is a torn final record: that step did "
-                          "not happen)")
+        return TraceVerdict(False, verdict.records, report.first_bad_line,
+                            "HashChain" if _chain_fault(report.reason) else "Schema",
+                            f"line {report.first_bad_line}: {report.reason}",
+                            verdict.states_max)
+    if report.truncated:
+        return TraceVerdict(True, verdict.records, None, None, verdict.message + f" (line "
+                            f"{report.first_bad_line} is a torn final record: that step did "
+                            "not happen)", verdict.states_max)
     return verdict
+
+
+__all__ = ["SPEC_VIOLATION", "TraceChecker", "TraceInputError", "TraceVerdict", "check_file",
+           "check_records", "check_trace"]

@@ -14,6 +14,7 @@ QuietPhases == {"INVALIDATING", "QUIESCED", "UPDATING", "VALIDATING"}
 PostMutationPhases == {"INVALIDATING", "RESUMING", "VALIDATING"}
 MIXED == -1
 BROKEN == -2
+TAINT == -3
 
 VARIABLES phase, committed, target, pending, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults
 vars == <<phase, committed, target, pending, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
@@ -26,7 +27,7 @@ Init ==
     /\ bind = [i \in Slots |-> 0]
     /\ cleared = {}
     /\ evidence = {}
-    /\ weights = 1
+    /\ weights \in {1, MIXED}
     /\ label = 1
     /\ paused = FALSE
     /\ req = [i \in Slots |-> 0]
@@ -34,6 +35,195 @@ Init ==
     /\ amb = FALSE
     /\ stale = FALSE
     /\ faults = 0
+
+\* The effect on the engine of an outcome of the operation in flight.
+
+BootstrapOkEffect ==
+    /\ phase \in {"UNINITIALIZED"}
+    /\ pending = "bootstrap"
+    /\ weights = 1 /\ label = 1 /\ ~paused
+    /\ UNCHANGED <<weights, label, paused, req, caches, amb, stale>>
+
+BootstrapFailedEffect ==
+    /\ phase \in {"UNINITIALIZED"}
+    /\ pending = "bootstrap"
+    /\ UNCHANGED <<weights, label, paused, req, caches, amb, stale>>
+
+BootstrapMismatchEffect ==
+    /\ phase \in {"UNINITIALIZED"}
+    /\ pending = "bootstrap"
+    /\ weights # 1 \/ label # 1
+    /\ UNCHANGED <<weights, label, paused, req, caches, amb, stale>>
+
+PauseOkEffect ==
+    /\ phase \in {"DRAINING"}
+    /\ pending = "pause"
+    /\ \A j \in Slots : req[j] = 0
+    /\ paused' = TRUE
+    /\ UNCHANGED <<weights, label, req, caches, amb, stale>>
+
+PauseFailedEffect ==
+    /\ phase \in {"DRAINING"}
+    /\ pending = "pause"
+    /\ paused' \in {paused, TRUE}
+    /\ UNCHANGED <<weights, label, req, caches, amb, stale>>
+
+PauseAbortOkEffect ==
+    /\ phase \in {"DRAINING"}
+    /\ pending = "pause_abort"
+    /\ \A j \in Slots : req[j] = 0
+    /\ paused' = TRUE
+    /\ UNCHANGED <<weights, label, req, caches, amb, stale>>
+
+PauseAbortFailedEffect ==
+    /\ phase \in {"DRAINING"}
+    /\ pending = "pause_abort"
+    /\ paused' \in {paused, TRUE}
+    /\ UNCHANGED <<weights, label, req, caches, amb, stale>>
+
+MutateOkEffect ==
+    /\ phase \in {"UPDATING"}
+    /\ pending = "mutate"
+    /\ weights' = target
+    /\ label' = target
+    /\ UNCHANGED <<paused, req, caches, amb, stale>>
+
+MutateOkUnlabelledEffect ==
+    /\ phase \in {"UPDATING"}
+    /\ pending = "mutate"
+    /\ weights' = target
+    /\ UNCHANGED <<label, paused, req, caches, amb, stale>>
+
+MutateOkWrongWeightsEffect ==
+    /\ phase \in {"UPDATING"}
+    /\ pending = "mutate"
+    /\ weights' = MIXED
+    /\ label' = target
+    /\ UNCHANGED <<paused, req, caches, amb, stale>>
+
+MutateOkBrokenEffect ==
+    /\ phase \in {"UPDATING"}
+    /\ pending = "mutate"
+    /\ weights' = BROKEN
+    /\ label' = target
+    /\ UNCHANGED <<paused, req, caches, amb, stale>>
+
+MutateRefusedEffect ==
+    /\ phase \in {"UPDATING"}
+    /\ pending = "mutate"
+    /\ UNCHANGED <<weights, label, paused, req, caches, amb, stale>>
+
+MutateAmbiguousEffect ==
+    /\ phase \in {"UPDATING"}
+    /\ pending = "mutate"
+    /\ weights' \in {committed, target, MIXED}
+    /\ label' \in {committed, target}
+    /\ amb' = TRUE
+    /\ UNCHANGED <<paused, req, caches, stale>>
+
+ResetOkEffect(t) ==
+    /\ phase \in {"INVALIDATING"}
+    /\ pending = "reset_" \o t
+    /\ caches' = [caches EXCEPT ![t] = {}]
+    /\ UNCHANGED <<weights, label, paused, req, amb, stale>>
+
+ResetFailedEffect(t) ==
+    /\ phase \in {"INVALIDATING"}
+    /\ pending = "reset_" \o t
+    /\ caches' \in {caches, [caches EXCEPT ![t] = {}]}
+    /\ UNCHANGED <<weights, label, paused, req, amb, stale>>
+
+ValidateOkEffect ==
+    /\ phase \in {"VALIDATING"}
+    /\ pending = "validate"
+    /\ label = target /\ weights \in {target, BROKEN}
+    /\ UNCHANGED <<weights, label, paused, req, caches, amb, stale>>
+
+ValidateFailedEffect ==
+    /\ phase \in {"VALIDATING"}
+    /\ pending = "validate"
+    /\ UNCHANGED <<weights, label, paused, req, caches, amb, stale>>
+
+ValidateMismatchEffect ==
+    /\ phase \in {"VALIDATING"}
+    /\ pending = "validate"
+    /\ label # target \/ weights \notin {target, BROKEN}
+    /\ amb' = TRUE
+    /\ UNCHANGED <<weights, label, paused, req, caches, stale>>
+
+ResumeOkEffect ==
+    /\ phase \in {"DRAINING", "RESUMING"}
+    /\ pending = "resume"
+    /\ paused' = FALSE
+    /\ UNCHANGED <<weights, label, req, caches, amb, stale>>
+
+ResumeFailedEffect ==
+    /\ phase \in {"DRAINING", "RESUMING"}
+    /\ pending = "resume"
+    /\ UNCHANGED <<weights, label, paused, req, caches, amb, stale>>
+
+ProbeOkEffect ==
+    /\ phase \in {"RESUMING"}
+    /\ pending = "probe"
+    /\ weights = target
+    /\ stale' = (stale \/ \E t \in Tiers : caches[t] \ {weights} # {})
+    /\ caches' = [t \in Tiers |-> caches[t] \cup {weights}]
+    /\ UNCHANGED <<weights, label, paused, req, amb>>
+
+ProbeFailedEffect ==
+    /\ phase \in {"RESUMING"}
+    /\ pending = "probe"
+    /\ UNCHANGED <<weights, label, paused, req, caches, amb, stale>>
+
+ProbeMismatchEffect ==
+    /\ phase \in {"RESUMING"}
+    /\ pending = "probe"
+    /\ weights # target
+    /\ amb' = TRUE
+    /\ UNCHANGED <<weights, label, paused, req, caches, stale>>
+
+FenceOkEffect ==
+    /\ phase \in {"TAINTED"}
+    /\ pending = "fence"
+    /\ \A j \in Slots : req[j] = 0
+    /\ paused' = TRUE
+    /\ label' = TAINT
+    /\ UNCHANGED <<weights, req, caches, amb, stale>>
+
+FenceFailedEffect ==
+    /\ phase \in {"TAINTED"}
+    /\ pending = "fence"
+    /\ paused' \in {paused, TRUE}
+    /\ label' \in {label, TAINT}
+    /\ UNCHANGED <<weights, req, caches, amb, stale>>
+
+InFlight ==
+    \/ UNCHANGED <<weights, label, paused, req, caches, amb, stale>>
+    \/ BootstrapOkEffect
+    \/ BootstrapFailedEffect
+    \/ BootstrapMismatchEffect
+    \/ PauseOkEffect
+    \/ PauseFailedEffect
+    \/ PauseAbortOkEffect
+    \/ PauseAbortFailedEffect
+    \/ MutateOkEffect
+    \/ MutateOkUnlabelledEffect
+    \/ MutateOkWrongWeightsEffect
+    \/ MutateOkBrokenEffect
+    \/ MutateRefusedEffect
+    \/ MutateAmbiguousEffect
+    \/ \E t \in Tiers : ResetOkEffect(t)
+    \/ \E t \in Tiers : ResetFailedEffect(t)
+    \/ ValidateOkEffect
+    \/ ValidateFailedEffect
+    \/ ValidateMismatchEffect
+    \/ ResumeOkEffect
+    \/ ResumeFailedEffect
+    \/ ProbeOkEffect
+    \/ ProbeFailedEffect
+    \/ ProbeMismatchEffect
+    \/ FenceOkEffect
+    \/ FenceFailedEffect
 
 \* bootstrap_begin [control]: Read the fresh engine: label, weight identity, a probe generation.
 BootstrapBegin ==
@@ -48,12 +238,12 @@ BootstrapOk ==
     /\ pending = "bootstrap"
     /\ weights = 1 /\ label = 1 /\ ~paused
     /\ phase' = "READY"
-    /\ pending' = "none"
     /\ committed' = 1
     /\ evidence' = AllEvidence
+    /\ pending' = "none"
     /\ UNCHANGED <<target, bind, cleared, weights, label, paused, req, caches, amb, stale, faults>>
 
-\* bootstrap_failed [outcome]: The engine could not be read (or disagreed); stay uninitialised.
+\* bootstrap_failed [outcome]: The engine could not be read; stay uninitialised (retried).
 BootstrapFailed ==
     /\ phase \in {"UNINITIALIZED"}
     /\ pending = "bootstrap"
@@ -61,6 +251,14 @@ BootstrapFailed ==
     /\ pending' = "none"
     /\ faults' = faults + 1
     /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale>>
+
+\* bootstrap_mismatch [outcome]: The engine definitely holds other weights (or another label) than the declared initial ones: stay uninitialised; asking again cannot help.
+BootstrapMismatch ==
+    /\ phase \in {"UNINITIALIZED"}
+    /\ pending = "bootstrap"
+    /\ weights # 1 \/ label # 1
+    /\ pending' = "none"
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
 
 \* admit [control]: Admit a rollout: bind it to the committed generation; the engine starts it.
 Admit(i) ==
@@ -83,6 +281,13 @@ EngineFinish(i) ==
 \* release [control]: The application releases a rollout's binding. If the engine still runs the request (the client gave up), the request lives on as an orphan.
 Release(i) ==
     /\ phase \in {"DRAINING", "READY"}
+    /\ bind[i] # 0
+    /\ bind' = [bind EXCEPT ![i] = 0]
+    /\ UNCHANGED <<phase, committed, target, pending, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+
+\* release_aborted [control]: Drain policy wait-then-abort: past the drain deadline a bound rollout is released as aborted (never as finished, never counted in the new generation). Its engine request lives on until the abort-mode pause ends it.
+ReleaseAborted(i) ==
+    /\ phase \in {"DRAINING"}
     /\ bind[i] # 0
     /\ bind' = [bind EXCEPT ![i] = 0]
     /\ UNCHANGED <<phase, committed, target, pending, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
@@ -117,22 +322,50 @@ PauseOk ==
     /\ pending = "pause"
     /\ \A j \in Slots : req[j] = 0
     /\ phase' = "QUIESCED"
-    /\ pending' = "none"
     /\ evidence' = evidence \ {"resumed"}
+    /\ pending' = "none"
     /\ paused' = TRUE
     /\ UNCHANGED <<committed, target, bind, cleared, weights, label, req, caches, amb, stale, faults>>
 
-\* pause_failed [outcome]: The pause did not complete (timeout, requests still running): it may have taken effect (a wait-mode pause does at once on vLLM), so the engine is no longer known to run: it must be resumed before admissions reopen.
+\* pause_failed [outcome]: The pause did not complete (timeout, requests still running): it may have taken effect, so the engine is no longer known to run: it must be resumed before admissions reopen.
 PauseFailed ==
     /\ phase \in {"DRAINING"}
     /\ pending = "pause"
     /\ faults < MaxFaults
-    /\ phase' = "DRAINING"
-    /\ pending' = "none"
     /\ evidence' = evidence \ {"resumed"}
+    /\ pending' = "none"
     /\ paused' \in {paused, TRUE}
     /\ faults' = faults + 1
-    /\ UNCHANGED <<committed, target, bind, cleared, weights, label, req, caches, amb, stale>>
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, weights, label, req, caches, amb, stale>>
+
+\* pause_abort_begin [control]: Drain policy wait-then-abort: every binding is released (finished or aborted); pause the engine in abort mode, which ends the requests it still runs with partial output.
+PauseAbortBegin ==
+    /\ phase \in {"DRAINING"}
+    /\ pending = "none" /\ \A j \in Slots : bind[j] = 0
+    /\ pending' = "pause_abort"
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+
+\* pause_abort_ok [outcome]: The engine reports paused and its running count reads 0: every aborted request is gone before anything mutates.
+PauseAbortOk ==
+    /\ phase \in {"DRAINING"}
+    /\ pending = "pause_abort"
+    /\ \A j \in Slots : req[j] = 0
+    /\ phase' = "QUIESCED"
+    /\ evidence' = evidence \ {"resumed"}
+    /\ pending' = "none"
+    /\ paused' = TRUE
+    /\ UNCHANGED <<committed, target, bind, cleared, weights, label, req, caches, amb, stale, faults>>
+
+\* pause_abort_failed [outcome]: The abort-mode pause did not complete, or requests still run: it may have paused the engine.
+PauseAbortFailed ==
+    /\ phase \in {"DRAINING"}
+    /\ pending = "pause_abort"
+    /\ faults < MaxFaults
+    /\ evidence' = evidence \ {"resumed"}
+    /\ pending' = "none"
+    /\ paused' \in {paused, TRUE}
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, weights, label, req, caches, amb, stale>>
 
 \* abandon_update [control]: Give up the update before any mutation: resume the committed generation.
 AbandonUpdate ==
@@ -147,9 +380,9 @@ MutateBegin ==
     /\ phase \in {"QUIESCED"}
     /\ pending = "none" /\ target # 0
     /\ phase' = "UPDATING"
-    /\ pending' = "mutate"
     /\ evidence' = {}
     /\ cleared' = {}
+    /\ pending' = "mutate"
     /\ UNCHANGED <<committed, target, bind, weights, label, paused, req, caches, amb, stale, faults>>
 
 \* mutate_ok [outcome]: The transfer finalised with the target's label and the target's weights.
@@ -158,7 +391,8 @@ MutateOk ==
     /\ pending = "mutate"
     /\ phase' = "INVALIDATING"
     /\ pending' = "none"
-    /\ weights' = target /\ label' = target
+    /\ weights' = target
+    /\ label' = target
     /\ UNCHANGED <<committed, target, bind, cleared, evidence, paused, req, caches, amb, stale, faults>>
 
 \* mutate_ok_unlabelled [outcome]: Returned ok, weights moved, but finalised without the target label (the seed's bug): looks like mutate_ok; validation must catch it.
@@ -179,7 +413,8 @@ MutateOkWrongWeights ==
     /\ faults < MaxFaults
     /\ phase' = "INVALIDATING"
     /\ pending' = "none"
-    /\ weights' = MIXED /\ label' = target
+    /\ weights' = MIXED
+    /\ label' = target
     /\ faults' = faults + 1
     /\ UNCHANGED <<committed, target, bind, cleared, evidence, paused, req, caches, amb, stale>>
 
@@ -190,7 +425,8 @@ MutateOkBroken ==
     /\ faults < MaxFaults
     /\ phase' = "INVALIDATING"
     /\ pending' = "none"
-    /\ weights' = BROKEN /\ label' = target
+    /\ weights' = BROKEN
+    /\ label' = target
     /\ faults' = faults + 1
     /\ UNCHANGED <<committed, target, bind, cleared, evidence, paused, req, caches, amb, stale>>
 
@@ -200,9 +436,9 @@ MutateRefused ==
     /\ pending = "mutate"
     /\ faults < MaxFaults
     /\ phase' = "QUIESCED"
-    /\ pending' = "none"
     /\ target' = 0
     /\ evidence' = WeightEvidence
+    /\ pending' = "none"
     /\ faults' = faults + 1
     /\ UNCHANGED <<committed, bind, cleared, weights, label, paused, req, caches, amb, stale>>
 
@@ -230,8 +466,8 @@ ResetBegin(t) ==
 ResetOk(t) ==
     /\ phase \in {"INVALIDATING"}
     /\ pending = "reset_" \o t
-    /\ pending' = "none"
     /\ cleared' = cleared \cup {t}
+    /\ pending' = "none"
     /\ caches' = [caches EXCEPT ![t] = {}]
     /\ UNCHANGED <<phase, committed, target, bind, evidence, weights, label, paused, req, amb, stale, faults>>
 
@@ -240,11 +476,10 @@ ResetFailed(t) ==
     /\ phase \in {"INVALIDATING"}
     /\ pending = "reset_" \o t
     /\ faults < MaxFaults
-    /\ phase' = "INVALIDATING"
     /\ pending' = "none"
     /\ caches' \in {caches, [caches EXCEPT ![t] = {}]}
     /\ faults' = faults + 1
-    /\ UNCHANGED <<committed, target, bind, cleared, evidence, weights, label, paused, req, amb, stale>>
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, amb, stale>>
 
 \* invalidated [control]: Every tier is verified clean.
 Invalidated ==
@@ -266,8 +501,8 @@ ValidateOk ==
     /\ pending = "validate"
     /\ label = target /\ weights \in {target, BROKEN}
     /\ phase' = "RESUMING"
-    /\ pending' = "none"
     /\ evidence' = evidence \cup {"version", "identity"}
+    /\ pending' = "none"
     /\ UNCHANGED <<committed, target, bind, cleared, weights, label, paused, req, caches, amb, stale, faults>>
 
 \* validate_failed [outcome]: The reads failed (timeout, connection reset): retry them.
@@ -275,10 +510,9 @@ ValidateFailed ==
     /\ phase \in {"VALIDATING"}
     /\ pending = "validate"
     /\ faults < MaxFaults
-    /\ phase' = "VALIDATING"
     /\ pending' = "none"
     /\ faults' = faults + 1
-    /\ UNCHANGED <<committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale>>
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale>>
 
 \* validate_mismatch [outcome]: The engine holds something other than the target (label or identity): the mutation's outcome is ambiguous after all. TAINTED.
 ValidateMismatch ==
@@ -301,8 +535,8 @@ ResumeBegin ==
 ResumeOk ==
     /\ phase \in {"DRAINING", "RESUMING"}
     /\ pending = "resume"
-    /\ pending' = "none"
     /\ evidence' = evidence \cup {"resumed"}
+    /\ pending' = "none"
     /\ paused' = FALSE
     /\ UNCHANGED <<phase, committed, target, bind, cleared, weights, label, req, caches, amb, stale, faults>>
 
@@ -315,20 +549,20 @@ ResumeFailed ==
     /\ faults' = faults + 1
     /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale>>
 
-\* probe_begin [control]: Run the post-update probe generation (admissions still closed).
+\* probe_begin [control]: Run the post-update probe (admissions still closed).
 ProbeBegin ==
     /\ phase \in {"RESUMING"}
     /\ pending = "none" /\ target # 0 /\ "resumed" \in evidence /\ "probe" \notin evidence
     /\ pending' = "probe"
     /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
 
-\* probe_ok [outcome]: The probe's greedy tokens equal the target's reference.
+\* probe_ok [outcome]: The probe's output equals the target's reference (token for token, or every scored position's log-probability within tolerance).
 ProbeOk ==
     /\ phase \in {"RESUMING"}
     /\ pending = "probe"
     /\ weights = target
-    /\ pending' = "none"
     /\ evidence' = evidence \cup {"probe"}
+    /\ pending' = "none"
     /\ stale' = (stale \/ \E t \in Tiers : caches[t] \ {weights} # {})
     /\ caches' = [t \in Tiers |-> caches[t] \cup {weights}]
     /\ UNCHANGED <<phase, committed, target, bind, cleared, weights, label, paused, req, amb, faults>>
@@ -338,12 +572,11 @@ ProbeFailed ==
     /\ phase \in {"RESUMING"}
     /\ pending = "probe"
     /\ faults < MaxFaults
-    /\ phase' = "RESUMING"
     /\ pending' = "none"
     /\ faults' = faults + 1
-    /\ UNCHANGED <<committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale>>
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale>>
 
-\* probe_mismatch [outcome]: The probe generated something other than the target's reference: TAINTED.
+\* probe_mismatch [outcome]: The probe computed something other than the target's reference: TAINTED.
 ProbeMismatch ==
     /\ phase \in {"RESUMING"}
     /\ pending = "probe"
@@ -376,18 +609,87 @@ GiveUp ==
     /\ phase' = "TAINTED"
     /\ UNCHANGED <<committed, target, pending, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
 
+\* fence_begin [control]: Fence the tainted engine: pause it in abort mode and relabel it tainted:<target>, so that no direct caller is served by or misled about weights that were never published.
+FenceBegin ==
+    /\ phase \in {"TAINTED"}
+    /\ pending = "none" /\ "fenced" \notin evidence
+    /\ pending' = "fence"
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+
+\* fence_ok [outcome]: The engine reads as paused, with no request running, under the taint label.
+FenceOk ==
+    /\ phase \in {"TAINTED"}
+    /\ pending = "fence"
+    /\ \A j \in Slots : req[j] = 0
+    /\ evidence' = evidence \cup {"fenced"}
+    /\ pending' = "none"
+    /\ paused' = TRUE
+    /\ label' = TAINT
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, weights, req, caches, amb, stale, faults>>
+
+\* fence_failed [outcome]: The fence could not be confirmed (the engine may be dead, frozen or half-fenced); retried a bounded number of times, then left.
+FenceFailed ==
+    /\ phase \in {"TAINTED"}
+    /\ pending = "fence"
+    /\ faults < MaxFaults
+    /\ pending' = "none"
+    /\ paused' \in {paused, TRUE}
+    /\ label' \in {label, TAINT}
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, req, caches, amb, stale>>
+
+\* restart_uninitialized [restart]: Restarted before any bootstrap completed: the engine was only read.
+RestartUninitialized ==
+    /\ phase \in {"UNINITIALIZED"}
+    /\ faults < MaxFaults
+    /\ phase' = "UNINITIALIZED"
+    /\ pending' = "none"
+    /\ InFlight
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<committed, target, bind, cleared, evidence>>
+
+\* restart_ready [restart]: Restarted with nothing in flight and the engine known to run the committed generation (READY, or DRAINING never paused, or resumed since): READY again; the crashed process's rollouts are gone (the engine requests they left are orphans) and a pending update request is dropped.
+RestartReady ==
+    /\ phase \in {"DRAINING", "READY"}
+    /\ pending = "none" /\ (phase = "READY" \/ (phase = "DRAINING" /\ "resumed" \in evidence))
+    /\ faults < MaxFaults
+    /\ phase' = "READY"
+    /\ target' = 0
+    /\ bind' = [i \in Slots |-> 0]
+    /\ evidence' = AllEvidence
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<committed, pending, cleared, weights, label, paused, req, caches, amb, stale>>
+
+\* restart_tainted [restart]: Restarted anywhere else (a pause or mutation may have happened, or an operation was in flight, whose effect may or may not have taken place): fail closed. A fence confirmed before the crash still stands.
+RestartTainted ==
+    /\ phase \in {"DRAINING", "INVALIDATING", "QUIESCED", "READY", "RESUMING", "TAINTED", "UPDATING", "VALIDATING"}
+    /\ ~(pending = "none" /\ (phase = "READY" \/ (phase = "DRAINING" /\ "resumed" \in evidence)))
+    /\ faults < MaxFaults
+    /\ phase' = "TAINTED"
+    /\ pending' = "none"
+    /\ bind' = [i \in Slots |-> 0]
+    /\ evidence' = IF phase = "TAINTED" THEN evidence \cap {"fenced"} ELSE {}
+    /\ InFlight
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<committed, target, cleared>>
+
 Next ==
     \/ BootstrapBegin
     \/ BootstrapOk
     \/ BootstrapFailed
+    \/ BootstrapMismatch
     \/ \E i \in Slots : Admit(i)
     \/ \E i \in Slots : EngineFinish(i)
     \/ \E i \in Slots : Release(i)
+    \/ \E i \in Slots : ReleaseAborted(i)
     \/ RequestUpdate
     \/ CancelUpdate
     \/ PauseBegin
     \/ PauseOk
     \/ PauseFailed
+    \/ PauseAbortBegin
+    \/ PauseAbortOk
+    \/ PauseAbortFailed
     \/ AbandonUpdate
     \/ MutateBegin
     \/ MutateOk
@@ -414,6 +716,12 @@ Next ==
     \/ Publish
     \/ Reopen
     \/ GiveUp
+    \/ FenceBegin
+    \/ FenceOk
+    \/ FenceFailed
+    \/ RestartUninitialized
+    \/ RestartReady
+    \/ RestartTainted
 
 Spec == Init /\ [][Next]_vars
 
@@ -471,6 +779,10 @@ PublishedWasVerified ==
 TargetIsNext ==
     target \in {0, committed + 1} /\ (phase \in {"UNINITIALIZED", "READY"} => target = 0)
 
+\* A fenced TAINTED engine is paused, runs no request and reports the taint label: nobody calling it directly is served by, or misled about, unpublished weights.
+FencedTaintServesNothing ==
+    (phase = "TAINTED" /\ "fenced" \in evidence) => (paused /\ label = TAINT /\ \A i \in Slots : req[i] = 0)
+
 \* ---- action properties
 \* The committed generation never goes back and moves one step at a time.
 GenerationsMoveForward ==
@@ -484,6 +796,14 @@ TaintedIsAbsorbing ==
 AdmissionOnlyInReady ==
     [][(\E i \in Slots : bind[i] = 0 /\ bind'[i] # 0) => phase = "READY" ]_vars
 
+\* History: a rollout is released under the generation it was admitted under; its binding never changes while it is held.
+BindingsKeepTheirGeneration ==
+    [][\A i \in Slots : (bind[i] # 0 /\ bind'[i] # 0) => bind'[i] = bind[i]]_vars
+
+\* History: a mutation begins only with no rollout bound, and nothing is admitted while it is in flight.
+NoRolloutCrossesMutation ==
+    [][(pending' = "mutate" /\ pending # "mutate") => \A i \in Slots : bind[i] = 0]_vars
+
 \* The engine's weights change only in UPDATING, paused, with nothing running or bound.
 WeightsChangeOnlyWhenQuiesced ==
     [][weights' # weights =>
@@ -491,7 +811,7 @@ WeightsChangeOnlyWhenQuiesced ==
             /\ paused
             /\ \A i \in Slots : bind[i] = 0 /\ req[i] = 0]_vars
 
-\* A new generation is published only from RESUMING with every piece of evidence, every cache tier verified clean since the mutation, and no rollout bound.
+\* History: a new generation is published only from RESUMING with every piece of evidence, every cache tier verified clean since the mutation, and no rollout bound.
 PublishOnlyVerified ==
     [][(committed' # committed /\ phase # "UNINITIALIZED") =>
             /\ phase = "RESUMING"

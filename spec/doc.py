@@ -6,7 +6,7 @@ from collections import defaultdict
 
 from rolloutcore.spec.lifecycle import Action, Kind, Phase, Spec
 from rolloutcore.spec.mutants import MUTANTS
-from rolloutcore.spec.tla import tla_name
+from rolloutcore.spec.tla import tla_name, world_conjuncts
 
 
 def _cell(text: str) -> str:
@@ -26,15 +26,17 @@ def _guard(a: Action) -> str:
 
 def _effect(a: Action) -> str:
     parts = [f"`{v}' = {e}`" for v, e in a.control_tla.items()]
-    if a.world_tla != "TRUE":
-        parts.append(f"world: `{_cell(a.world_tla)}`")
+    parts += [f"world: `{c}`" for c in world_conjuncts(a.world_tla)]
+    if a.in_flight:
+        parts.append("world: the operation in flight may or may not have taken effect "
+                     "(`InFlight`)")
     return "; ".join(parts) or "-"
 
 
 def mermaid(spec: Spec) -> str:
     edges: dict[tuple[Phase, Phase], list[str]] = defaultdict(list)
     for a in spec.actions:
-        if a.dest is None or a.kind is Kind.ENVIRONMENT:
+        if a.dest is None or a.kind in (Kind.ENVIRONMENT, Kind.RESTART):
             continue
         for src in a.sources - {a.dest}:
             name = a.trigger or a.name
@@ -65,17 +67,24 @@ def document(spec: Spec, *, states: int, edges: int) -> str:
         "```",
         "",
         "Self-loops (steps that keep the phase: begin steps, failed outcomes, admission and "
-        "release) are listed in the table below, not drawn.",
+        "release) are listed in the table below, not drawn. Restarts after a controller "
+        "crash are not drawn either: " + "; ".join(
+            f"{a.name} from {', '.join(p.value for p in Phase if p in a.sources)}"
+            for a in spec.actions if a.kind is Kind.RESTART) + ".",
         "",
         "## Actions",
         "",
         "Kinds: *control* steps are taken by the controller, *outcome* steps are what it "
         "observes of an operation in flight, *environment* steps happen in the engine "
-        "unseen. A *truth* guard constrains which outcome the engine can produce; outcomes "
+        "unseen, *restart* steps are the controller process restarting on its journal after "
+        "a crash (what it may then assume). Each operation's actions have an explicit result: "
+        "begin, ok, failed (unclassifiable: the only one retried), refused (proof of no "
+        "effect), mismatch (definite evidence against) or ambiguous. A *truth* guard "
+        "constrains which outcome the engine can produce; outcomes "
         "marked observed-as look identical to the controller.",
         "",
-        "| action (TLA+) | kind | from | to | guard | effect | observed as |",
-        "|---|---|---|---|---|---|---|",
+        "| action (TLA+) | kind | result | from | to | guard | effect | observed as |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for a in spec.actions:
         src = ", ".join(p.value for p in Phase if p in a.sources)
@@ -85,8 +94,8 @@ def document(spec: Spec, *, states: int, edges: int) -> str:
         head = a.name + (f"({a.param})" if a.param else "") + f" ({tla_name(a.name)})"
         obs = a.trigger if a.trigger and a.trigger != a.name else ""
         out.append(
-            f"| {head} | {a.kind} | {src} | {dest} | {_cell(_guard(a))} | {_cell(_effect(a))} "
-            f"| {obs} |"
+            f"| {head} | {a.kind} | {a.result or ''} | {src} | {dest} | {_cell(_guard(a))} "
+            f"| {_cell(_effect(a))} | {obs} |"
         )
     out += ["", "Each action in plain words:", ""]
     out += [f"- **{a.name}**: {_cell(a.doc)}" for a in spec.actions]

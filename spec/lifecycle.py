@@ -16,18 +16,27 @@ spec has two halves:
   ambiguous mutation happened, whether a stale cache entry was ever used, and a fault
   counter that bounds the model.
 
-Every external operation is a *begin* action plus *outcome* actions: ok, failed with
-proof of no effect, or ambiguous (may or may not have happened). Outcome actions carry
-a ``truth`` guard over the ghost variables: the outcome the controller observes is
-constrained by what the engine really did. Several outcomes can look the same to the
-controller (``observed_as``): a transfer that "returned ok" but installed the wrong
-weights is observed as ``mutate_ok``; only later evidence tells them apart.
+Every external operation is built by one constructor, :func:`operation`: a *begin*
+action plus *outcome* actions, each with an explicit ``op`` and :class:`Result`: ok,
+failed (unclassifiable: the only result an idempotent step retries), refused (proof of
+no effect), mismatch (definite evidence against) or ambiguous (may or may not have
+happened). Outcome actions carry a ``truth`` guard over the ghost variables: the
+outcome the controller observes is constrained by what the engine really did. Several
+outcomes can look the same to the controller (``observed_as``): a transfer that
+"returned ok" but installed the wrong weights is observed as ``mutate_ok``; only later
+evidence tells them apart.
+
+The controller's own crash is part of the spec: a *restart* action takes the controller
+from whatever its journal last recorded to the state it may assume (READY only when
+nothing was paused, mutated or in flight, otherwise TAINTED), while the operation that
+was in flight may or may not have taken effect in the engine. Journal recovery and the
+trace checker's handling of ``recover`` records are derived from these actions.
 
 The controller is generated from the controller half of each action (``sources``,
-``when``, ``control``, ``dest``); the model checker, the TLA+ module and the review
-document are generated from the whole table. Each action keeps its TLA+ text beside
-its Python, and TLC's state graph must equal the Python one edge for edge, which
-proves the two agree.
+``when``, ``control``, ``dest``); the model checker, the TLA+ module, the trigger enum
+and the review document are generated from the whole table. Each action keeps its TLA+
+text beside its Python, and TLC's state graph must equal the Python one edge for edge,
+which proves the two agree.
 """
 
 from __future__ import annotations
@@ -54,6 +63,30 @@ class Kind(StrEnum):
     CONTROL = "control"  # the controller starts it (begin steps, decisions, admission)
     OUTCOME = "outcome"  # the observed result of an operation in flight
     ENVIRONMENT = "environment"  # the engine acts on its own; invisible to the controller
+    RESTART = "restart"  # the controller process restarts on its journal after a crash
+
+
+class Result(StrEnum):
+    """What an operation's action is: its begin, or one kind of outcome."""
+
+    BEGIN = "begin"
+    OK = "ok"
+    FAILED = "failed"  # could not be classified (timeout, 5xx, unreadable): retry
+    REFUSED = "refused"  # refused with proof that nothing changed: definite
+    MISMATCH = "mismatch"  # the engine definitely holds something else: definite
+    AMBIGUOUS = "ambiguous"  # a mutating step that may or may not have happened
+
+    @property
+    def jepsen(self) -> str:
+        """The Jepsen history type of a journal record of this result."""
+        return {Result.BEGIN: "invoke", Result.OK: "ok", Result.AMBIGUOUS: "info"}.get(
+            self, "fail")
+
+    @property
+    def retried(self) -> bool:
+        """Only an unclassifiable outcome is worth another attempt of an idempotent step:
+        a definite answer (refused, mismatch) does not change by asking again."""
+        return self is Result.FAILED
 
 
 #: Cache tiers whose entries depend on the weights. Order is the reset order.
@@ -63,6 +96,9 @@ EVIDENCE: tuple[str, ...] = ("version", "identity", "resumed", "probe")
 ALL_EVIDENCE = frozenset(EVIDENCE)
 #: Evidence that survives pausing: it is about the weights, not about the run state.
 WEIGHT_EVIDENCE = frozenset({"version", "identity", "probe"})
+#: Held only in TAINTED: the engine was paused and relabelled so that nobody calling it
+#: directly is served by (or misled about) weights that were never published.
+FENCED = "fenced"
 NO_OP = "none"
 #: Ghost value of ``weights``/``label``: no single generation, and the digest shows it.
 MIXED = -1
@@ -70,6 +106,8 @@ MIXED = -1
 #: compute as it (tensors left on the meta device, layers the digest cannot see). Only a
 #: generation reveals it.
 BROKEN = -2
+#: Ghost value of ``label``: the fence's label (``tainted:<target>``), never a generation.
+TAINT = -3
 #: Phases in which the controller has closed admissions and the engine must be quiet.
 QUIET_PHASES = frozenset({Phase.QUIESCED, Phase.UPDATING, Phase.INVALIDATING, Phase.VALIDATING})
 #: Phases after a mutation in which evidence speaks about the target generation.
@@ -78,7 +116,8 @@ POST_MUTATION_PHASES = frozenset({Phase.INVALIDATING, Phase.VALIDATING, Phase.RE
 
 @dataclass(frozen=True)
 class Bounds:
-    """Model bounds: rollout slots, generations (the initial one included), faults."""
+    """Model bounds: rollout slots, generations (the initial one included), faults
+    (fault outcomes and controller restarts, together)."""
 
     rollouts: int = 2
     generations: int = 3
@@ -118,15 +157,19 @@ GHOST_VARS: tuple[str, ...] = (
 VARIABLES: tuple[str, ...] = CONTROL_VARS + GHOST_VARS
 assert State._fields == VARIABLES
 
+#: What a fresh engine may hold before bootstrap: the declared initial weights, or other
+#: weights under the same label (a label is not an identity).
+INITIAL_WEIGHTS: tuple[int, ...] = (1, MIXED)
 
-def initial_state(bounds: Bounds) -> State:
-    """A fresh engine holding generation 1 with empty caches; nothing known yet."""
+
+def initial_states(bounds: Bounds) -> tuple[State, ...]:
+    """A fresh engine with empty caches, labelled as generation 1; nothing known yet."""
     free = (0,) * bounds.rollouts
-    return State(
+    return tuple(State(
         phase=Phase.UNINITIALIZED, committed=0, target=0, pending=NO_OP, bind=free,
-        cleared=frozenset(), evidence=frozenset(), weights=1, label=1, paused=False,
+        cleared=frozenset(), evidence=frozenset(), weights=w, label=1, paused=False,
         req=free, caches=tuple(frozenset() for _ in TIERS), amb=False, stale=False, faults=0,
-    )
+    ) for w in INITIAL_WEIGHTS)
 
 
 INIT_TLA = r"""/\ phase = "UNINITIALIZED"
@@ -136,7 +179,7 @@ INIT_TLA = r"""/\ phase = "UNINITIALIZED"
     /\ bind = [i \in Slots |-> 0]
     /\ cleared = {}
     /\ evidence = {}
-    /\ weights = 1
+    /\ weights \in {1, MIXED}
     /\ label = 1
     /\ paused = FALSE
     /\ req = [i \in Slots |-> 0]
@@ -151,6 +194,9 @@ INIT_TLA = r"""/\ phase = "UNINITIALIZED"
 Param = Any  # a slot index (1-based), a tier name, or None
 Guard = Callable[[Any, Param], bool]
 Updates = Mapping[str, object]
+#: TLA+ effects on ghost variables: ``var -> expr`` means ``var' = expr``; a value that
+#: starts with ``\in `` means ``var' \in <set>`` (a nondeterministic effect).
+WorldTla = Mapping[str, str]
 
 
 def _always(_s: Any, _p: Param) -> bool:
@@ -172,7 +218,8 @@ class Action:
     ``when``/``control`` read and write controller variables only (the controller runs
     them); ``truth``/``world`` read the whole state and write ghost variables only (the
     model checker runs them). ``world`` returns the alternatives of a nondeterministic
-    effect. ``*_tla`` hold the same meaning in TLA+.
+    effect. ``*_tla`` hold the same meaning in TLA+. ``in_flight``: the world effect is
+    that of the operation in flight, which may or may not have happened (a restart).
     """
 
     name: str
@@ -181,6 +228,8 @@ class Action:
     sources: frozenset[Phase]
     dest: Phase | None = None
     param: str | None = None  # None, "slot" or "tier"
+    op: str | None = None  # the operation this is the begin or an outcome of
+    result: Result | None = None
     when: Guard = _always
     when_tla: str = "TRUE"
     truth: Guard = _always
@@ -188,9 +237,9 @@ class Action:
     control: Callable[[Any, Param], Updates] = _no_control
     control_tla: Mapping[str, str] = field(default_factory=dict)
     world: Callable[[State, Param], Sequence[Updates]] = _no_updates
-    world_tla: str = "TRUE"
-    world_writes: frozenset[str] = frozenset()
-    fault: bool = False  # a fault outcome: bounded by ``faults`` in the model
+    world_tla: WorldTla = field(default_factory=dict)
+    in_flight: bool = False
+    fault: bool = False  # a fault outcome (or a restart): bounded by ``faults`` in the model
     needs_generation: bool = False  # model bound: a generation must be left to move to
     observed_as: str | None = None  # controller trigger; defaults to ``name``
 
@@ -202,12 +251,10 @@ class Action:
         return self.observed_as or self.name
 
     @property
-    def op(self) -> str | None:
-        """The operation this begin/outcome belongs to (``mutate`` for ``mutate_ok``)."""
-        for op in OPS:
-            if self.name.startswith(op + "_"):
-                return op
-        return None
+    def world_writes(self) -> frozenset[str]:
+        if self.in_flight:
+            return frozenset(v for v in GHOST_VARS if v != "faults")
+        return frozenset(self.world_tla)
 
     @property
     def writes(self) -> frozenset[str]:
@@ -217,9 +264,6 @@ class Action:
         if self.fault:
             out.add("faults")
         return frozenset(out)
-
-
-OPS = ("bootstrap", "pause", "mutate", "reset", "validate", "resume", "probe")
 
 
 def _set(seq: tuple[int, ...], slot: int, value: int) -> tuple[int, ...]:
@@ -233,12 +277,12 @@ def _with_tier(caches: tuple[frozenset[int], ...], tier: str, value: frozenset[i
     return (*caches[:i], value, *caches[i + 1:])
 
 
-def _pending_is(op: str) -> Guard:
-    return lambda c, _p: bool(c.pending == op)
-
-
 def _idle(c: Any, _p: Param) -> bool:
     return bool(c.pending == NO_OP)
+
+
+def _unbound(c: Any, _p: Param) -> bool:
+    return bool(c.pending == NO_OP and not any(c.bind))
 
 
 def _compute(s: State) -> Updates:
@@ -249,40 +293,10 @@ def _compute(s: State) -> Updates:
     return {"caches": tuple(c | {w} for c in s.caches), "stale": stale}
 
 
-_COMPUTE_TLA = r"""/\ stale' = (stale \/ \E t \in Tiers : caches[t] \ {weights} # {})
-        /\ caches' = [t \in Tiers |-> caches[t] \cup {weights}]"""
-
-P = Phase
-_ops: list[Action] = []
-
-
-def _op_outcomes(
-    op: str,
-    sources: frozenset[Phase],
-    back: Phase | None,
-    ok: Action,
-    *,
-    failed_doc: str,
-    failed_world: Callable[[State, Param], Sequence[Updates]] = _no_updates,
-    failed_world_tla: str = "TRUE",
-    failed_writes: frozenset[str] = frozenset(),
-    failed_control: Callable[[Any, Param], Updates] | None = None,
-    failed_control_tla: Mapping[str, str] | None = None,
-    param: str | None = None,
-) -> list[Action]:
-    """An idempotent operation's begin is written by hand; its ``failed`` outcome is
-    uniform: the operation is proven to have had no effect, nothing advances."""
-    pend = f'"{op}"' if param is None else f'"{op}_" \\o {param_var(param)}'
-    failed = Action(
-        name=f"{op}_failed", doc=failed_doc, kind=Kind.OUTCOME, sources=sources, dest=back,
-        param=param,
-        when=(lambda c, p: bool(c.pending == f"{op}_{p}")) if param else _pending_is(op),
-        when_tla=f"pending = {pend}",
-        control=failed_control or (lambda _c, _p: {"pending": NO_OP}),
-        control_tla=failed_control_tla or {"pending": '"none"'},
-        world=failed_world, world_tla=failed_world_tla, world_writes=failed_writes, fault=True,
-    )
-    return [ok, failed]
+_COMPUTE_TLA: WorldTla = {
+    "stale": r"(stale \/ \E t \in Tiers : caches[t] \ {weights} # {})",
+    "caches": r"[t \in Tiers |-> caches[t] \cup {weights}]",
+}
 
 
 def param_var(param: str) -> str:
@@ -293,31 +307,109 @@ def param_domain(param: str) -> str:
     return {"slot": "Slots", "tier": "Tiers"}[param]
 
 
+def pending_name(op: str, param: Param) -> str:
+    """What ``pending`` holds while ``op`` (with a tier parameter, if any) is in flight."""
+    return op if param is None else f"{op}_{param}"
+
+
+def _settle(control: Callable[[Any, Param], Updates]) -> Callable[[Any, Param], Updates]:
+    """An outcome's control effect: its own updates, and nothing pending any more."""
+    return lambda c, p: {**control(c, p), "pending": NO_OP}
+
+
+def operation(op: str, sources: frozenset[Phase], *, param: str | None = None,
+              begin: Mapping[str, Any], **outcomes: Mapping[str, Any]) -> tuple[Action, ...]:
+    """The one constructor of an operation: its begin action and its outcomes.
+
+    ``outcomes`` maps a result name (``ok``, ``failed``, ``refused``, ``mismatch``,
+    ``ambiguous``), optionally with a suffix (``ok_broken``: another way the engine can
+    produce what the controller observes as ``ok``), to the action's other fields. Each
+    outcome is enabled while ``op`` is pending, leaves nothing pending and journals as
+    its result says; a suffixed variant is observed as the plain result.
+    """
+    pend_tla = f'"{op}"' if param is None else f'"{op}_" \\o {param_var(param)}'
+
+    def is_pending(c: Any, p: Param) -> bool:
+        return bool(c.pending == pending_name(op, p))
+
+    begin_fields = dict(begin)
+    control = begin_fields.pop("control", _no_control)
+    control_tla = dict(begin_fields.pop("control_tla", {}))
+    actions = [Action(
+        name=f"{op}_begin", kind=Kind.CONTROL, sources=begin_fields.pop("sources", sources),
+        param=param, op=op,
+        result=Result.BEGIN,
+        control=lambda c, p: {**control(c, p), "pending": pending_name(op, p)},
+        control_tla={**control_tla, "pending": pend_tla}, **begin_fields,
+    )]
+    for key, fields in outcomes.items():
+        result = Result(key.split("_", 1)[0])
+        fields = dict(fields)
+        o_control_tla = dict(fields.pop("control_tla", {}))
+        actions.append(Action(
+            name=f"{op}_{key}", kind=Kind.OUTCOME, sources=fields.pop("sources", sources),
+            param=param, op=op, result=result, when=is_pending,
+            when_tla=f"pending = {pend_tla}",
+            control=_settle(fields.pop("control", _no_control)),
+            control_tla={**o_control_tla, "pending": '"none"'},
+            observed_as=f"{op}_{result.value}" if key != result.value else None,
+            fault=fields.pop("fault", result is not Result.OK), **fields,
+        ))
+    return tuple(actions)
+
+
+P = Phase
+_CLOSE_RESUMED: Mapping[str, Any] = {
+    "control": lambda c, _p: {"evidence": c.evidence - {"resumed"}},
+    "control_tla": {"evidence": 'evidence \\ {"resumed"}'},
+}
+#: A pause that did not complete may have taken effect (a wait-mode pause does at once
+#: on vLLM): the engine is no longer known to run.
+_PAUSE_FAILED: Mapping[str, Any] = {
+    **_CLOSE_RESUMED,
+    "world": lambda s, _p: ({"paused": s.paused}, {"paused": True}),
+    "world_tla": {"paused": r"\in {paused, TRUE}"},
+}
+_NO_REQUESTS = (lambda s, _p: not any(s.req), r"\A j \in Slots : req[j] = 0")
+#: The restart decision: READY only if nothing was in flight and the engine is known to
+#: run the committed generation unmutated (READY, or DRAINING never paused or resumed
+#: since); everything else restarts TAINTED.
+_READY_ON_RESTART_TLA = (r'pending = "none" /\ (phase = "READY" \/ (phase = "DRAINING" '
+                         r'/\ "resumed" \in evidence))')
+
+
+def _ready_on_restart(c: Any, _p: Param) -> bool:
+    return bool(c.pending == NO_OP and (
+        c.phase is Phase.READY or (c.phase is Phase.DRAINING and "resumed" in c.evidence)))
+
+
+_FREE_BIND_TLA = "[i \\in Slots |-> 0]"
+
+
+def _free_bind(c: Any) -> tuple[int, ...]:
+    return (0,) * len(c.bind)
+
+
 ACTIONS: tuple[Action, ...] = (
     # ---- bootstrap ------------------------------------------------------------------
-    Action(
-        name="bootstrap_begin", kind=Kind.CONTROL, sources=frozenset({P.UNINITIALIZED}),
-        doc="Read the fresh engine: label, weight identity, a probe generation.",
-        when=_idle, when_tla='pending = "none"',
-        control=lambda _c, _p: {"pending": "bootstrap"}, control_tla={"pending": '"bootstrap"'},
-    ),
-    Action(
-        name="bootstrap_ok", kind=Kind.OUTCOME, sources=frozenset({P.UNINITIALIZED}),
-        dest=P.READY,
-        doc="The engine reports the initial generation's label and identity, is running, and "
-        "its probe output matches: generation 1 is committed and admissions open.",
-        when=_pending_is("bootstrap"), when_tla='pending = "bootstrap"',
-        truth=lambda s, _p: s.weights == 1 and s.label == 1 and not s.paused,
-        truth_tla=r"weights = 1 /\ label = 1 /\ ~paused",
-        control=lambda _c, _p: {"pending": NO_OP, "committed": 1, "evidence": ALL_EVIDENCE},
-        control_tla={"pending": '"none"', "committed": "1", "evidence": "AllEvidence"},
-    ),
-    Action(
-        name="bootstrap_failed", kind=Kind.OUTCOME, sources=frozenset({P.UNINITIALIZED}),
-        doc="The engine could not be read (or disagreed); stay uninitialised.",
-        when=_pending_is("bootstrap"), when_tla='pending = "bootstrap"',
-        control=lambda _c, _p: {"pending": NO_OP}, control_tla={"pending": '"none"'},
-        fault=True,
+    *operation(
+        "bootstrap", frozenset({P.UNINITIALIZED}),
+        begin={"doc": "Read the fresh engine: label, weight identity, a probe generation.",
+               "when": _idle, "when_tla": 'pending = "none"'},
+        ok={"dest": P.READY,
+            "doc": "The engine reports the initial generation's label and identity, is "
+            "running, and its probe output matches: generation 1 is committed and "
+            "admissions open.",
+            "truth": lambda s, _p: s.weights == 1 and s.label == 1 and not s.paused,
+            "truth_tla": r"weights = 1 /\ label = 1 /\ ~paused",
+            "control": lambda _c, _p: {"committed": 1, "evidence": ALL_EVIDENCE},
+            "control_tla": {"committed": "1", "evidence": "AllEvidence"}},
+        failed={"doc": "The engine could not be read; stay uninitialised (retried)."},
+        mismatch={"fault": False,
+                  "doc": "The engine definitely holds other weights (or another label) than "
+                  "the declared initial ones: stay uninitialised; asking again cannot help.",
+                  "truth": lambda s, _p: s.weights != 1 or s.label != 1,
+                  "truth_tla": r"weights # 1 \/ label # 1"},
     ),
     # ---- rollouts (the application) ---------------------------------------------------
     Action(
@@ -328,8 +420,7 @@ ACTIONS: tuple[Action, ...] = (
         control=lambda c, i: {"bind": _set(c.bind, i, c.committed)},
         control_tla={"bind": "[bind EXCEPT ![i] = committed]"},
         world=lambda s, i: ({"req": _set(s.req, i, s.weights), **_compute(s)},),
-        world_tla="/\\ req' = [req EXCEPT ![i] = weights]\n        " + _COMPUTE_TLA,
-        world_writes=frozenset({"req", "caches", "stale"}),
+        world_tla={"req": "[req EXCEPT ![i] = weights]", **_COMPUTE_TLA},
     ),
     Action(
         name="engine_finish", kind=Kind.ENVIRONMENT, sources=frozenset(P), param="slot",
@@ -338,13 +429,23 @@ ACTIONS: tuple[Action, ...] = (
         truth=lambda s, i: s.req[i - 1] != 0,
         truth_tla="req[i] # 0",
         world=lambda s, i: ({"req": _set(s.req, i, 0)},),
-        world_tla="req' = [req EXCEPT ![i] = 0]", world_writes=frozenset({"req"}),
+        world_tla={"req": "[req EXCEPT ![i] = 0]"},
     ),
     Action(
         name="release", kind=Kind.CONTROL, sources=frozenset({P.READY, P.DRAINING}),
         param="slot",
         doc="The application releases a rollout's binding. If the engine still runs the "
         "request (the client gave up), the request lives on as an orphan.",
+        when=lambda c, i: c.bind[i - 1] != 0, when_tla="bind[i] # 0",
+        control=lambda c, i: {"bind": _set(c.bind, i, 0)},
+        control_tla={"bind": "[bind EXCEPT ![i] = 0]"},
+    ),
+    Action(
+        name="release_aborted", kind=Kind.CONTROL, sources=frozenset({P.DRAINING}),
+        param="slot",
+        doc="Drain policy wait-then-abort: past the drain deadline a bound rollout is "
+        "released as aborted (never as finished, never counted in the new generation). "
+        "Its engine request lives on until the abort-mode pause ends it.",
         when=lambda c, i: c.bind[i - 1] != 0, when_tla="bind[i] # 0",
         control=lambda c, i: {"bind": _set(c.bind, i, 0)},
         control_tla={"bind": "[bind EXCEPT ![i] = 0]"},
@@ -366,35 +467,32 @@ ACTIONS: tuple[Action, ...] = (
         when_tla=r'pending = "none" /\ "resumed" \in evidence',
         control=lambda _c, _p: {"target": 0}, control_tla={"target": "0"},
     ),
-    Action(
-        name="pause_begin", kind=Kind.CONTROL, sources=frozenset({P.DRAINING}),
-        doc="Every local binding is released: pause the engine in wait mode (it returns "
-        "only once its own requests, orphans included, have finished).",
-        when=lambda c, _p: c.pending == NO_OP and not any(c.bind),
-        when_tla=r'pending = "none" /\ \A j \in Slots : bind[j] = 0',
-        control=lambda _c, _p: {"pending": "pause"}, control_tla={"pending": '"pause"'},
+    *operation(
+        "pause", frozenset({P.DRAINING}),
+        begin={"doc": "Every local binding is released: pause the engine in wait mode (it "
+               "returns only once its own requests, orphans included, have finished).",
+               "when": _unbound, "when_tla": r'pending = "none" /\ \A j \in Slots : bind[j] = 0'},
+        ok={"dest": P.QUIESCED,
+            "doc": "The engine reports paused with no request running: quiesced.",
+            "truth": _NO_REQUESTS[0], "truth_tla": _NO_REQUESTS[1], **_CLOSE_RESUMED,
+            "world": lambda _s, _p: ({"paused": True},), "world_tla": {"paused": "TRUE"}},
+        failed={"doc": "The pause did not complete (timeout, requests still running): it may "
+                "have taken effect, so the engine is no longer known to run: it must be "
+                "resumed before admissions reopen.", **_PAUSE_FAILED},
     ),
-    *_op_outcomes(
-        "pause", frozenset({P.DRAINING}), P.DRAINING,
-        Action(
-            name="pause_ok", kind=Kind.OUTCOME, sources=frozenset({P.DRAINING}),
-            dest=P.QUIESCED,
-            doc="The engine reports paused with no request running: quiesced.",
-            when=_pending_is("pause"), when_tla='pending = "pause"',
-            truth=lambda s, _p: not any(s.req), truth_tla=r"\A j \in Slots : req[j] = 0",
-            control=lambda c, _p: {"pending": NO_OP, "evidence": c.evidence - {"resumed"}},
-            control_tla={"pending": '"none"', "evidence": 'evidence \\ {"resumed"}'},
-            world=lambda _s, _p: ({"paused": True},), world_tla="paused' = TRUE",
-            world_writes=frozenset({"paused"}),
-        ),
-        failed_doc="The pause did not complete (timeout, requests still running): it may "
-        "have taken effect (a wait-mode pause does at once on vLLM), so the engine is no "
-        "longer known to run: it must be resumed before admissions reopen.",
-        failed_control=lambda c, _p: {"pending": NO_OP, "evidence": c.evidence - {"resumed"}},
-        failed_control_tla={"pending": '"none"', "evidence": 'evidence \\ {"resumed"}'},
-        failed_world=lambda s, _p: ({"paused": s.paused}, {"paused": True}),
-        failed_world_tla=r"paused' \in {paused, TRUE}",
-        failed_writes=frozenset({"paused"}),
+    *operation(
+        "pause_abort", frozenset({P.DRAINING}),
+        begin={"doc": "Drain policy wait-then-abort: every binding is released (finished or "
+               "aborted); pause the engine in abort mode, which ends the requests it still "
+               "runs with partial output.",
+               "when": _unbound, "when_tla": r'pending = "none" /\ \A j \in Slots : bind[j] = 0'},
+        ok={"dest": P.QUIESCED,
+            "doc": "The engine reports paused and its running count reads 0: every aborted "
+            "request is gone before anything mutates.",
+            "truth": _NO_REQUESTS[0], "truth_tla": _NO_REQUESTS[1], **_CLOSE_RESUMED,
+            "world": lambda _s, _p: ({"paused": True},), "world_tla": {"paused": "TRUE"}},
+        failed={"doc": "The abort-mode pause did not complete, or requests still run: it may "
+                "have paused the engine.", **_PAUSE_FAILED},
     ),
     Action(
         name="abandon_update", kind=Kind.CONTROL, sources=frozenset({P.QUIESCED}),
@@ -404,115 +502,68 @@ ACTIONS: tuple[Action, ...] = (
         control=lambda _c, _p: {"target": 0}, control_tla={"target": "0"},
     ),
     # ---- mutation: never retried, ambiguity latches TAINTED -----------------------------
-    Action(
-        name="mutate_begin", kind=Kind.CONTROL, sources=frozenset({P.QUIESCED}),
-        dest=P.UPDATING,
-        doc="Start the weight mutation (a collective: never retried).",
-        when=lambda c, _p: c.pending == NO_OP and c.target != 0,
-        when_tla=r'pending = "none" /\ target # 0',
-        control=lambda _c, _p: {"pending": "mutate", "evidence": frozenset(),
-                                "cleared": frozenset()},
-        control_tla={"pending": '"mutate"', "evidence": "{}", "cleared": "{}"},
-    ),
-    Action(
-        name="mutate_ok", kind=Kind.OUTCOME, sources=frozenset({P.UPDATING}),
-        dest=P.INVALIDATING,
-        doc="The transfer finalised with the target's label and the target's weights.",
-        when=_pending_is("mutate"), when_tla='pending = "mutate"',
-        control=lambda _c, _p: {"pending": NO_OP}, control_tla={"pending": '"none"'},
-        world=lambda s, _p: ({"weights": s.target, "label": s.target},),
-        world_tla=r"weights' = target /\ label' = target",
-        world_writes=frozenset({"weights", "label"}),
-    ),
-    Action(
-        name="mutate_ok_unlabelled", kind=Kind.OUTCOME, sources=frozenset({P.UPDATING}),
-        dest=P.INVALIDATING, observed_as="mutate_ok", fault=True,
-        doc="Returned ok, weights moved, but finalised without the target label (the seed's "
-        "bug): looks like mutate_ok; validation must catch it.",
-        when=_pending_is("mutate"), when_tla='pending = "mutate"',
-        control=lambda _c, _p: {"pending": NO_OP}, control_tla={"pending": '"none"'},
-        world=lambda s, _p: ({"weights": s.target},), world_tla="weights' = target",
-        world_writes=frozenset({"weights"}),
-    ),
-    Action(
-        name="mutate_ok_wrong_weights", kind=Kind.OUTCOME, sources=frozenset({P.UPDATING}),
-        dest=P.INVALIDATING, observed_as="mutate_ok", fault=True,
-        doc="Returned ok with the target label, but the engine holds other weights (a "
-        "different checkpoint, a partial load): looks like mutate_ok.",
-        when=_pending_is("mutate"), when_tla='pending = "mutate"',
-        control=lambda _c, _p: {"pending": NO_OP}, control_tla={"pending": '"none"'},
-        world=lambda s, _p: ({"weights": MIXED, "label": s.target},),
-        world_tla=r"weights' = MIXED /\ label' = target",
-        world_writes=frozenset({"weights", "label"}),
-    ),
-    Action(
-        name="mutate_ok_broken", kind=Kind.OUTCOME, sources=frozenset({P.UPDATING}),
-        dest=P.INVALIDATING, observed_as="mutate_ok", fault=True,
-        doc="Returned ok with the target label; the weights read as the target's to the "
-        "identity digest but do not compute as them: only the probe can tell.",
-        when=_pending_is("mutate"), when_tla='pending = "mutate"',
-        control=lambda _c, _p: {"pending": NO_OP}, control_tla={"pending": '"none"'},
-        world=lambda s, _p: ({"weights": BROKEN, "label": s.target},),
-        world_tla=r"weights' = BROKEN /\ label' = target",
-        world_writes=frozenset({"weights", "label"}),
-    ),
-    Action(
-        name="mutate_refused", kind=Kind.OUTCOME, sources=frozenset({P.UPDATING}),
-        dest=P.QUIESCED, fault=True,
-        doc="Refused with proof that nothing moved (identity mismatch, no headroom, init "
-        "refused): the update is over, the old evidence stands again.",
-        when=_pending_is("mutate"), when_tla='pending = "mutate"',
-        control=lambda _c, _p: {"pending": NO_OP, "target": 0, "evidence": WEIGHT_EVIDENCE},
-        control_tla={"pending": '"none"', "target": "0", "evidence": "WeightEvidence"},
-    ),
-    Action(
-        name="mutate_ambiguous", kind=Kind.OUTCOME, sources=frozenset({P.UPDATING}),
-        dest=P.TAINTED, fault=True,
-        doc="Timed out, died halfway or failed unclassifiably: the weights may be old, new "
-        "or mixed. TAINTED, nothing retries the collective.",
-        when=_pending_is("mutate"), when_tla='pending = "mutate"',
-        control=lambda _c, _p: {"pending": NO_OP}, control_tla={"pending": '"none"'},
-        world=lambda s, _p: tuple(
-            {"weights": w, "label": lab, "amb": True}
-            for w in sorted({s.committed, s.target, MIXED})
-            for lab in sorted({s.committed, s.target})
-        ),
-        world_tla=r"""/\ weights' \in {committed, target, MIXED}
-        /\ label' \in {committed, target}
-        /\ amb' = TRUE""",
-        world_writes=frozenset({"weights", "label", "amb"}),
+    *operation(
+        "mutate", frozenset({P.UPDATING}),
+        begin={"sources": frozenset({P.QUIESCED}), "dest": P.UPDATING,
+               "doc": "Start the weight mutation (a collective: never retried).",
+               "when": lambda c, _p: c.pending == NO_OP and c.target != 0,
+               "when_tla": r'pending = "none" /\ target # 0',
+               "control": lambda _c, _p: {"evidence": frozenset(), "cleared": frozenset()},
+               "control_tla": {"evidence": "{}", "cleared": "{}"}},
+        ok={"dest": P.INVALIDATING,
+            "doc": "The transfer finalised with the target's label and the target's weights.",
+            "world": lambda s, _p: ({"weights": s.target, "label": s.target},),
+            "world_tla": {"weights": "target", "label": "target"}},
+        ok_unlabelled={
+            "dest": P.INVALIDATING, "fault": True,
+            "doc": "Returned ok, weights moved, but finalised without the target label (the "
+            "seed's bug): looks like mutate_ok; validation must catch it.",
+            "world": lambda s, _p: ({"weights": s.target},), "world_tla": {"weights": "target"}},
+        ok_wrong_weights={
+            "dest": P.INVALIDATING, "fault": True,
+            "doc": "Returned ok with the target label, but the engine holds other weights (a "
+            "different checkpoint, a partial load): looks like mutate_ok.",
+            "world": lambda s, _p: ({"weights": MIXED, "label": s.target},),
+            "world_tla": {"weights": "MIXED", "label": "target"}},
+        ok_broken={
+            "dest": P.INVALIDATING, "fault": True,
+            "doc": "Returned ok with the target label; the weights read as the target's to the "
+            "identity digest but do not compute as them: only the probe can tell.",
+            "world": lambda s, _p: ({"weights": BROKEN, "label": s.target},),
+            "world_tla": {"weights": "BROKEN", "label": "target"}},
+        refused={
+            "dest": P.QUIESCED,
+            "doc": "Refused with proof that nothing moved (identity mismatch, no headroom, "
+            "init refused): the update is over, the old evidence stands again.",
+            "control": lambda _c, _p: {"target": 0, "evidence": WEIGHT_EVIDENCE},
+            "control_tla": {"target": "0", "evidence": "WeightEvidence"}},
+        ambiguous={
+            "dest": P.TAINTED,
+            "doc": "Timed out, died halfway or failed unclassifiably: the weights may be old, "
+            "new or mixed. TAINTED, nothing retries the collective.",
+            "world": lambda s, _p: tuple(
+                {"weights": w, "label": lab, "amb": True}
+                for w in sorted({s.committed, s.target, MIXED})
+                for lab in sorted({s.committed, s.target})),
+            "world_tla": {"weights": r"\in {committed, target, MIXED}",
+                          "label": r"\in {committed, target}", "amb": "TRUE"}},
     ),
     # ---- invalidation: every tier, verified ---------------------------------------------
-    Action(
-        name="reset_begin", kind=Kind.CONTROL, sources=frozenset({P.INVALIDATING}),
-        param="tier",
-        doc="Ask the engine to reset one cache tier.",
-        when=lambda c, t: c.pending == NO_OP and t not in c.cleared,
-        when_tla=r'pending = "none" /\ t \notin cleared',
-        control=lambda _c, t: {"pending": f"reset_{t}"},
-        control_tla={"pending": '"reset_" \\o t'},
-    ),
-    *_op_outcomes(
-        "reset", frozenset({P.INVALIDATING}), P.INVALIDATING,
-        Action(
-            name="reset_ok", kind=Kind.OUTCOME, sources=frozenset({P.INVALIDATING}),
-            param="tier",
-            doc="The reset is verified (response body and, for prefix KV, the hit counters).",
-            when=lambda c, t: c.pending == f"reset_{t}", when_tla='pending = "reset_" \\o t',
-            control=lambda c, t: {"pending": NO_OP, "cleared": c.cleared | {t}},
-            control_tla={"pending": '"none"', "cleared": r"cleared \cup {t}"},
-            world=lambda s, t: ({"caches": _with_tier(s.caches, t, frozenset())},),
-            world_tla="caches' = [caches EXCEPT ![t] = {}]",
-            world_writes=frozenset({"caches"}),
-        ),
-        failed_doc="The reset was refused (success:false, blocks in use) or could not be "
-        "verified (empty body): it may or may not have cleared; it does not count.",
-        failed_world=lambda s, t: (
-            {"caches": s.caches}, {"caches": _with_tier(s.caches, t, frozenset())},
-        ),
-        failed_world_tla=r"caches' \in {caches, [caches EXCEPT ![t] = {}]}",
-        failed_writes=frozenset({"caches"}),
-        param="tier",
+    *operation(
+        "reset", frozenset({P.INVALIDATING}), param="tier",
+        begin={"doc": "Ask the engine to reset one cache tier.",
+               "when": lambda c, t: c.pending == NO_OP and t not in c.cleared,
+               "when_tla": r'pending = "none" /\ t \notin cleared'},
+        ok={"doc": "The reset is verified (response body and, for prefix KV, the hit counters).",
+            "control": lambda c, t: {"cleared": c.cleared | {t}},
+            "control_tla": {"cleared": r"cleared \cup {t}"},
+            "world": lambda s, t: ({"caches": _with_tier(s.caches, t, frozenset())},),
+            "world_tla": {"caches": "[caches EXCEPT ![t] = {}]"}},
+        failed={"doc": "The reset was refused (success:false, blocks in use) or could not be "
+                "verified (empty body): it may or may not have cleared; it does not count.",
+                "world": lambda s, t: (
+                    {"caches": s.caches}, {"caches": _with_tier(s.caches, t, frozenset())}),
+                "world_tla": {"caches": r"\in {caches, [caches EXCEPT ![t] = {}]}"}},
     ),
     Action(
         name="invalidated", kind=Kind.CONTROL, sources=frozenset({P.INVALIDATING}),
@@ -522,98 +573,58 @@ ACTIONS: tuple[Action, ...] = (
         when_tla=r'pending = "none" /\ cleared = Tiers',
     ),
     # ---- validation while paused -------------------------------------------------------
-    Action(
-        name="validate_begin", kind=Kind.CONTROL, sources=frozenset({P.VALIDATING}),
-        doc="Read the engine's label and the identity of the weights it holds (paused).",
-        when=_idle, when_tla='pending = "none"',
-        control=lambda _c, _p: {"pending": "validate"}, control_tla={"pending": '"validate"'},
-    ),
-    *_op_outcomes(
-        "validate", frozenset({P.VALIDATING}), P.VALIDATING,
-        Action(
-            name="validate_ok", kind=Kind.OUTCOME, sources=frozenset({P.VALIDATING}),
-            dest=P.RESUMING,
-            doc="Label and weight identity read as the target's (the digest cannot see "
+    *operation(
+        "validate", frozenset({P.VALIDATING}),
+        begin={"doc": "Read the engine's label and the identity of the weights it holds "
+               "(paused).", "when": _idle, "when_tla": 'pending = "none"'},
+        ok={"dest": P.RESUMING,
+            "doc": "Label and weight identity read as the target's (the digest cannot see "
             "BROKEN weights).",
-            when=_pending_is("validate"), when_tla='pending = "validate"',
-            truth=lambda s, _p: s.label == s.target and s.weights in (s.target, BROKEN),
-            truth_tla=r"label = target /\ weights \in {target, BROKEN}",
-            control=lambda c, _p: {
-                "pending": NO_OP, "evidence": c.evidence | {"version", "identity"}},
-            control_tla={"pending": '"none"',
-                         "evidence": r'evidence \cup {"version", "identity"}'},
-        ),
-        failed_doc="The reads failed (timeout, connection reset): retry them.",
-    ),
-    Action(
-        name="validate_mismatch", kind=Kind.OUTCOME, sources=frozenset({P.VALIDATING}),
-        dest=P.TAINTED,
-        doc="The engine holds something other than the target (label or identity): the "
-        "mutation's outcome is ambiguous after all. TAINTED.",
-        when=_pending_is("validate"), when_tla='pending = "validate"',
-        truth=lambda s, _p: s.label != s.target or s.weights not in (s.target, BROKEN),
-        truth_tla=r"label # target \/ weights \notin {target, BROKEN}",
-        control=lambda _c, _p: {"pending": NO_OP}, control_tla={"pending": '"none"'},
-        world=lambda _s, _p: ({"amb": True},), world_tla="amb' = TRUE",
-        world_writes=frozenset({"amb"}),
+            "truth": lambda s, _p: s.label == s.target and s.weights in (s.target, BROKEN),
+            "truth_tla": r"label = target /\ weights \in {target, BROKEN}",
+            "control": lambda c, _p: {"evidence": c.evidence | {"version", "identity"}},
+            "control_tla": {"evidence": r'evidence \cup {"version", "identity"}'}},
+        failed={"doc": "The reads failed (timeout, connection reset): retry them."},
+        mismatch={"dest": P.TAINTED, "fault": False,
+                  "doc": "The engine holds something other than the target (label or "
+                  "identity): the mutation's outcome is ambiguous after all. TAINTED.",
+                  "truth": lambda s, _p: s.label != s.target
+                  or s.weights not in (s.target, BROKEN),
+                  "truth_tla": r"label # target \/ weights \notin {target, BROKEN}",
+                  "world": lambda _s, _p: ({"amb": True},), "world_tla": {"amb": "TRUE"}},
     ),
     # ---- resume, probe generation, publish -----------------------------------------------
-    Action(
-        name="resume_begin", kind=Kind.CONTROL,
-        sources=frozenset({P.DRAINING, P.RESUMING}),
-        doc="Resume the engine (after a failed pause, or after validation); admissions stay "
-        "closed.",
-        when=lambda c, _p: c.pending == NO_OP and "resumed" not in c.evidence,
-        when_tla=r'pending = "none" /\ "resumed" \notin evidence',
-        control=lambda _c, _p: {"pending": "resume"}, control_tla={"pending": '"resume"'},
+    *operation(
+        "resume", frozenset({P.DRAINING, P.RESUMING}),
+        begin={"doc": "Resume the engine (after a failed pause, or after validation); "
+               "admissions stay closed.",
+               "when": lambda c, _p: c.pending == NO_OP and "resumed" not in c.evidence,
+               "when_tla": r'pending = "none" /\ "resumed" \notin evidence'},
+        ok={"doc": "The engine reads as running.",
+            "control": lambda c, _p: {"evidence": c.evidence | {"resumed"}},
+            "control_tla": {"evidence": r'evidence \cup {"resumed"}'},
+            "world": lambda _s, _p: ({"paused": False},), "world_tla": {"paused": "FALSE"}},
+        failed={"doc": "The resume failed and the engine reads as paused: retry."},
     ),
-    *_op_outcomes(
-        "resume", frozenset({P.DRAINING, P.RESUMING}), None,
-        Action(
-            name="resume_ok", kind=Kind.OUTCOME, sources=frozenset({P.DRAINING, P.RESUMING}),
-            doc="The engine reads as running.",
-            when=_pending_is("resume"), when_tla='pending = "resume"',
-            control=lambda c, _p: {"pending": NO_OP, "evidence": c.evidence | {"resumed"}},
-            control_tla={"pending": '"none"', "evidence": r'evidence \cup {"resumed"}'},
-            world=lambda _s, _p: ({"paused": False},), world_tla="paused' = FALSE",
-            world_writes=frozenset({"paused"}),
-        ),
-        failed_doc="The resume failed and the engine reads as paused: retry.",
-    ),
-    Action(
-        name="probe_begin", kind=Kind.CONTROL, sources=frozenset({P.RESUMING}),
-        doc="Run the post-update probe generation (admissions still closed).",
-        when=lambda c, _p: (
-            c.pending == NO_OP and c.target != 0 and "resumed" in c.evidence
-            and "probe" not in c.evidence
-        ),
-        when_tla=r'pending = "none" /\ target # 0 /\ "resumed" \in evidence '
-        r'/\ "probe" \notin evidence',
-        control=lambda _c, _p: {"pending": "probe"}, control_tla={"pending": '"probe"'},
-    ),
-    *_op_outcomes(
-        "probe", frozenset({P.RESUMING}), P.RESUMING,
-        Action(
-            name="probe_ok", kind=Kind.OUTCOME, sources=frozenset({P.RESUMING}),
-            doc="The probe's greedy tokens equal the target's reference.",
-            when=_pending_is("probe"), when_tla='pending = "probe"',
-            truth=lambda s, _p: s.weights == s.target, truth_tla="weights = target",
-            control=lambda c, _p: {"pending": NO_OP, "evidence": c.evidence | {"probe"}},
-            control_tla={"pending": '"none"', "evidence": r'evidence \cup {"probe"}'},
-            world=lambda s, _p: (_compute(s),), world_tla=_COMPUTE_TLA,
-            world_writes=frozenset({"caches", "stale"}),
-        ),
-        failed_doc="The probe request failed (timeout, 5xx): retry.",
-    ),
-    Action(
-        name="probe_mismatch", kind=Kind.OUTCOME, sources=frozenset({P.RESUMING}),
-        dest=P.TAINTED,
-        doc="The probe generated something other than the target's reference: TAINTED.",
-        when=_pending_is("probe"), when_tla='pending = "probe"',
-        truth=lambda s, _p: s.weights != s.target, truth_tla="weights # target",
-        control=lambda _c, _p: {"pending": NO_OP}, control_tla={"pending": '"none"'},
-        world=lambda _s, _p: ({"amb": True},), world_tla="amb' = TRUE",
-        world_writes=frozenset({"amb"}),
+    *operation(
+        "probe", frozenset({P.RESUMING}),
+        begin={"doc": "Run the post-update probe (admissions still closed).",
+               "when": lambda c, _p: (c.pending == NO_OP and c.target != 0
+                                      and "resumed" in c.evidence and "probe" not in c.evidence),
+               "when_tla": r'pending = "none" /\ target # 0 /\ "resumed" \in evidence '
+               r'/\ "probe" \notin evidence'},
+        ok={"doc": "The probe's output equals the target's reference (token for token, or "
+            "every scored position's log-probability within tolerance).",
+            "truth": lambda s, _p: s.weights == s.target, "truth_tla": "weights = target",
+            "control": lambda c, _p: {"evidence": c.evidence | {"probe"}},
+            "control_tla": {"evidence": r'evidence \cup {"probe"}'},
+            "world": lambda s, _p: (_compute(s),), "world_tla": _COMPUTE_TLA},
+        failed={"doc": "The probe request failed (timeout, 5xx): retry."},
+        mismatch={"dest": P.TAINTED, "fault": False,
+                  "doc": "The probe computed something other than the target's reference: "
+                  "TAINTED.",
+                  "truth": lambda s, _p: s.weights != s.target, "truth_tla": "weights # target",
+                  "world": lambda _s, _p: ({"amb": True},), "world_tla": {"amb": "TRUE"}},
     ),
     Action(
         name="publish", kind=Kind.CONTROL, sources=frozenset({P.RESUMING}), dest=P.READY,
@@ -635,6 +646,63 @@ ACTIONS: tuple[Action, ...] = (
         doc="Retries of an idempotent step after a mutation are exhausted: fail closed.",
         when=lambda c, _p: c.pending == NO_OP and c.target != 0,
         when_tla=r'pending = "none" /\ target # 0',
+    ),
+    # ---- TAINTED: fence the engine (best effort), nothing else ---------------------------
+    *operation(
+        "fence", frozenset({P.TAINTED}),
+        begin={"doc": "Fence the tainted engine: pause it in abort mode and relabel it "
+               "tainted:<target>, so that no direct caller is served by or misled about "
+               "weights that were never published.",
+               "when": lambda c, _p: c.pending == NO_OP and FENCED not in c.evidence,
+               "when_tla": f'pending = "none" /\\ "{FENCED}" \\notin evidence'},
+        ok={"doc": "The engine reads as paused, with no request running, under the taint "
+            "label.",
+            "truth": _NO_REQUESTS[0], "truth_tla": _NO_REQUESTS[1],
+            "control": lambda c, _p: {"evidence": c.evidence | {FENCED}},
+            "control_tla": {"evidence": f'evidence \\cup {{"{FENCED}"}}'},
+            "world": lambda _s, _p: ({"paused": True, "label": TAINT},),
+            "world_tla": {"paused": "TRUE", "label": "TAINT"}},
+        failed={"doc": "The fence could not be confirmed (the engine may be dead, frozen or "
+                "half-fenced); retried a bounded number of times, then left.",
+                "world": lambda s, _p: tuple({"paused": p, "label": lab}
+                                             for p in sorted({s.paused, True})
+                                             for lab in sorted({s.label, TAINT})),
+                "world_tla": {"paused": r"\in {paused, TRUE}", "label": r"\in {label, TAINT}"}},
+    ),
+    # ---- the controller's own crash and restart -------------------------------------------
+    Action(
+        name="restart_uninitialized", kind=Kind.RESTART, sources=frozenset({P.UNINITIALIZED}),
+        dest=P.UNINITIALIZED, fault=True,
+        doc="Restarted before any bootstrap completed: the engine was only read.",
+        control=lambda _c, _p: {"pending": NO_OP}, control_tla={"pending": '"none"'},
+        in_flight=True,
+    ),
+    Action(
+        name="restart_ready", kind=Kind.RESTART, sources=frozenset({P.READY, P.DRAINING}),
+        dest=P.READY, fault=True,
+        doc="Restarted with nothing in flight and the engine known to run the committed "
+        "generation (READY, or DRAINING never paused, or resumed since): READY again; the "
+        "crashed process's rollouts are gone (the engine requests they left are orphans) "
+        "and a pending update request is dropped.",
+        when=_ready_on_restart, when_tla=_READY_ON_RESTART_TLA,
+        control=lambda c, _p: {"target": 0, "bind": _free_bind(c), "evidence": ALL_EVIDENCE},
+        control_tla={"target": "0", "bind": _FREE_BIND_TLA, "evidence": "AllEvidence"},
+    ),
+    Action(
+        name="restart_tainted", kind=Kind.RESTART,
+        sources=frozenset(P) - {P.UNINITIALIZED}, dest=P.TAINTED, fault=True,
+        doc="Restarted anywhere else (a pause or mutation may have happened, or an "
+        "operation was in flight, whose effect may or may not have taken place): fail "
+        "closed. A fence confirmed before the crash still stands.",
+        when=lambda c, p: not _ready_on_restart(c, p),
+        when_tla=f"~({_READY_ON_RESTART_TLA})",
+        control=lambda c, _p: {
+            "pending": NO_OP, "bind": _free_bind(c),
+            "evidence": c.evidence & {FENCED} if c.phase is Phase.TAINTED else frozenset()},
+        control_tla={"pending": '"none"', "bind": _FREE_BIND_TLA,
+                     "evidence": f'IF phase = "TAINTED" THEN evidence \\cap {{"{FENCED}"}} '
+                     'ELSE {}'},
+        in_flight=True,
     ),
 )
 
@@ -759,6 +827,15 @@ INVARIANTS: tuple[Invariant, ...] = (
         lambda s: s.target in (0, s.committed + 1)
         and (s.phase not in (Phase.UNINITIALIZED, Phase.READY) or s.target == 0),
     ),
+    Invariant(
+        "FencedTaintServesNothing",
+        "A fenced TAINTED engine is paused, runs no request and reports the taint label: "
+        "nobody calling it directly is served by, or misled about, unpublished weights.",
+        f'(phase = "TAINTED" /\\ "{FENCED}" \\in evidence) => '
+        r"(paused /\ label = TAINT /\ \A i \in Slots : req[i] = 0)",
+        lambda s: not (s.phase is Phase.TAINTED and FENCED in s.evidence)
+        or (s.paused and s.label == TAINT and not any(s.req)),
+    ),
 )
 
 ACTION_PROPERTIES: tuple[ActionProperty, ...] = (
@@ -783,6 +860,20 @@ ACTION_PROPERTIES: tuple[ActionProperty, ...] = (
         or not any(a == 0 and b != 0 for a, b in zip(s.bind, t.bind, strict=True)),
     ),
     ActionProperty(
+        "BindingsKeepTheirGeneration",
+        "History: a rollout is released under the generation it was admitted under; its "
+        "binding never changes while it is held.",
+        r"\A i \in Slots : (bind[i] # 0 /\ bind'[i] # 0) => bind'[i] = bind[i]",
+        lambda s, t: all(a == 0 or b == 0 or a == b for a, b in zip(s.bind, t.bind, strict=True)),
+    ),
+    ActionProperty(
+        "NoRolloutCrossesMutation",
+        "History: a mutation begins only with no rollout bound, and nothing is admitted "
+        "while it is in flight.",
+        r"""(pending' = "mutate" /\ pending # "mutate") => \A i \in Slots : bind[i] = 0""",
+        lambda s, t: not (t.pending == "mutate" and s.pending != "mutate") or not any(s.bind),
+    ),
+    ActionProperty(
         "WeightsChangeOnlyWhenQuiesced",
         "The engine's weights change only in UPDATING, paused, with nothing running or bound.",
         r"""weights' # weights =>
@@ -794,8 +885,8 @@ ACTION_PROPERTIES: tuple[ActionProperty, ...] = (
     ),
     ActionProperty(
         "PublishOnlyVerified",
-        "A new generation is published only from RESUMING with every piece of evidence, "
-        "every cache tier verified clean since the mutation, and no rollout bound.",
+        "History: a new generation is published only from RESUMING with every piece of "
+        "evidence, every cache tier verified clean since the mutation, and no rollout bound.",
         r"""(committed' # committed /\ phase # "UNINITIALIZED") =>
             /\ phase = "RESUMING"
             /\ evidence = AllEvidence
@@ -854,35 +945,51 @@ class Spec:
             return TIERS
         return (None,)
 
-    def initial(self) -> State:
-        return initial_state(self.bounds)
+    def initial_states(self) -> tuple[State, ...]:
+        return initial_states(self.bounds)
+
+    def in_flight_worlds(self, s: State) -> list[Updates]:
+        """What the operation in flight may have done to the engine: nothing, or the world
+        effect of any of its outcomes the engine can produce (a crash loses the answer)."""
+        out: list[Updates] = [{}]
+        if s.pending == NO_OP:
+            return out
+        for o in self.actions:
+            if o.kind is not Kind.OUTCOME or s.phase not in o.sources:
+                continue
+            for p in self.params(o):
+                if o.when(s, p) and o.truth(s, p):
+                    out.extend(o.world(s, p))
+        return out
+
+    def step(self, a: Action, s: State, p: Param) -> list[State]:
+        """The states action ``a`` with parameter ``p`` leads to from ``s`` (none if it is
+        not enabled there, bounds included)."""
+        if s.phase not in a.sources:
+            return []
+        if a.fault and s.faults >= self.bounds.faults:
+            return []
+        if a.needs_generation and s.committed >= self.bounds.generations:
+            return []
+        if not (a.when(s, p) and a.truth(s, p)):
+            return []
+        ctl = dict(a.control(s, p))
+        if a.dest is not None:
+            ctl["phase"] = a.dest
+        if a.fault:
+            ctl["faults"] = s.faults + 1
+        out: list[State] = []
+        rebuild: Callable[..., State] = s._replace  # updates are checked by TLC parity
+        for world in (self.in_flight_worlds(s) if a.in_flight else a.world(s, p)):
+            nxt = rebuild(**{**world, **ctl})
+            if nxt not in out:
+                out.append(nxt)
+        return out
 
     def successors(self, s: State) -> list[tuple[Action, Param, State]]:
         """Every (action, parameter, next state) enabled in ``s``."""
-        out: list[tuple[Action, Param, State]] = []
-        for a in self.actions:
-            if s.phase not in a.sources:
-                continue
-            if a.fault and s.faults >= self.bounds.faults:
-                continue
-            if a.needs_generation and s.committed >= self.bounds.generations:
-                continue
-            for p in self.params(a):
-                if not (a.when(s, p) and a.truth(s, p)):
-                    continue
-                ctl = dict(a.control(s, p))
-                if a.dest is not None:
-                    ctl["phase"] = a.dest
-                if a.fault:
-                    ctl["faults"] = s.faults + 1
-                seen: set[State] = set()
-                rebuild: Callable[..., State] = s._replace  # updates are checked by TLC parity
-                for world in a.world(s, p):
-                    nxt = rebuild(**ctl, **world)
-                    if nxt not in seen:
-                        seen.add(nxt)
-                        out.append((a, p, nxt))
-        return out
+        return [(a, p, t) for a in self.actions for p in self.params(a)
+                for t in self.step(a, s, p)]
 
 
 SPEC = Spec()

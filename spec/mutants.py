@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from rolloutcore.spec.lifecycle import (
     ALL_EVIDENCE,
     NO_OP,
+    TAINT,
     TIERS,
     Phase,
     Spec,
@@ -112,6 +113,25 @@ def _pause_keep_mode(spec: Spec) -> Spec:
     return spec.replace_action("pause_ok", truth=lambda _s, _p: True, truth_tla="TRUE")
 
 
+def _recover_ready_after_pause(spec: Spec) -> Spec:
+    return spec.replace_action(
+        "restart_ready", when=lambda c, _p: c.pending == NO_OP, when_tla='pending = "none"')
+
+
+def _admit_during_resume(spec: Spec) -> Spec:
+    return spec.replace_action(
+        "admit", sources=frozenset({Phase.READY, Phase.RESUMING}))
+
+
+def _fence_leaves_engine_serving(spec: Spec) -> Spec:
+    return spec.replace_action(
+        "fence_ok", world=lambda _s, _p: ({"label": TAINT},), world_tla={"label": "TAINT"})
+
+
+def _abort_before_requests_gone(spec: Spec) -> Spec:
+    return spec.replace_action("pause_abort_ok", truth=lambda _s, _p: True, truth_tla="TRUE")
+
+
 MUTANTS: tuple[Mutant, ...] = (
     Mutant("drop_drain_guard",
            "Pause (and so mutate) without waiting for bound rollouts to be released.",
@@ -149,6 +169,22 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("pause_keep_mode",
            "Pause in keep mode: in-flight requests freeze and finish on the new weights.",
            _pause_keep_mode),
+    Mutant("recover_ready_after_pause",
+           "Restart READY from DRAINING after a pause attempt that was never followed by a "
+           "confirmed resume: the engine may be paused.",
+           _recover_ready_after_pause),
+    Mutant("admit_during_resume",
+           "Reopen admissions as soon as the engine resumes, before the probe and publish: "
+           "a rollout bound under N runs on N+1, and publish changes its generation.",
+           _admit_during_resume),
+    Mutant("fence_leaves_engine_serving",
+           "Fence a TAINTED engine by relabelling it only: direct callers are still served "
+           "by weights that were never published.",
+           _fence_leaves_engine_serving),
+    Mutant("abort_before_requests_gone",
+           "Drain by aborting, and mutate as soon as the abort-mode pause returns, without "
+           "the running count showing the aborted requests gone.",
+           _abort_before_requests_gone),
 )
 
 

@@ -5,16 +5,20 @@ from __future__ import annotations
 from rolloutcore.spec.lifecycle import (
     ALL_EVIDENCE,
     BROKEN,
+    GHOST_VARS,
     INIT_TLA,
     MIXED,
     POST_MUTATION_PHASES,
     QUIET_PHASES,
+    TAINT,
     TIERS,
     VARIABLES,
     WEIGHT_EVIDENCE,
     Action,
+    Kind,
     Phase,
     Spec,
+    WorldTla,
     param_domain,
     param_var,
 )
@@ -30,12 +34,19 @@ def _strings(values: object) -> str:
     return "{" + ", ".join(f'"{v}"' for v in items) + "}"
 
 
+def world_conjuncts(world: WorldTla) -> list[str]:
+    """``var' = expr`` or ``var' \\in set`` per ghost variable an effect writes."""
+    return [f"{v}' {e}" if e.startswith("\\in ") else f"{v}' = {e}" for v, e in world.items()]
+
+
+def _head(a: Action, suffix: str = "") -> str:
+    head = tla_name(a.name) + suffix
+    return head + (f"({param_var(a.param)})" if a.param is not None else "")
+
+
 def _action(a: Action) -> str:
-    head = tla_name(a.name)
-    if a.param is not None:
-        head += f"({param_var(a.param)})"
     sources = _strings(p.value for p in sorted(a.sources, key=list(Phase).index))
-    lines = [f"\\* {a.name} [{a.kind}]: {a.doc}", f"{head} ==", f"    /\\ phase \\in {sources}"]
+    lines = [f"\\* {a.name} [{a.kind}]: {a.doc}", f"{_head(a)} ==", f"    /\\ phase \\in {sources}"]
     for guard in (a.when_tla, a.truth_tla):
         if guard.strip() != "TRUE":
             lines.append(f"    /\\ {guard}")
@@ -47,20 +58,44 @@ def _action(a: Action) -> str:
         lines.append(f'    /\\ phase\' = "{a.dest.value}"')
     for var, expr in a.control_tla.items():
         lines.append(f"    /\\ {var}' = {expr}")
-    if a.world_tla.strip() != "TRUE":
-        # Re-indent so that every conjunct is a bullet of the action's own list.
-        for n, raw in enumerate(a.world_tla.strip().splitlines()):
-            text = raw.strip()
-            if text.startswith("/\\"):
-                lines.append("    " + text)
-            else:
-                lines.append(("    /\\ " if n == 0 else "       ") + text)
+    lines += [f"    /\\ {c}" for c in world_conjuncts(a.world_tla)]
+    if a.in_flight:
+        lines.append("    /\\ InFlight")
     if a.fault:
         lines.append("    /\\ faults' = faults + 1")
     unchanged = [v for v in VARIABLES if v not in a.writes]
     if unchanged:
         lines.append(f"    /\\ UNCHANGED <<{', '.join(unchanged)}>>")
     return "\n".join(lines)
+
+
+def _in_flight(spec: Spec) -> str:
+    """What the operation in flight may have done when the controller crashed: nothing,
+    or the world effect of any outcome the engine can produce (see Spec.in_flight_worlds)."""
+    ghosts = [v for v in GHOST_VARS if v != "faults"]
+    parts = ["\\* The effect on the engine of an outcome of the operation in flight.", ""]
+    disjuncts = [f"UNCHANGED <<{', '.join(ghosts)}>>"]
+    for o in spec.actions:
+        if o.kind is not Kind.OUTCOME:
+            continue
+        sources = _strings(p.value for p in sorted(o.sources, key=list(Phase).index))
+        body = [f"phase \\in {sources}", o.when_tla]
+        if o.truth_tla.strip() != "TRUE":
+            body.append(o.truth_tla)
+        body += world_conjuncts(o.world_tla)
+        rest = [v for v in ghosts if v not in o.world_tla]
+        if rest:
+            body.append(f"UNCHANGED <<{', '.join(rest)}>>")
+        parts.append(f"{_head(o, 'Effect')} ==\n" + "\n".join(f"    /\\ {b}" for b in body))
+        parts.append("")
+        if o.param is None:
+            disjuncts.append(f"{tla_name(o.name)}Effect")
+        else:
+            v = param_var(o.param)
+            disjuncts.append(
+                f"\\E {v} \\in {param_domain(o.param)} : {tla_name(o.name)}Effect({v})")
+    parts.append("InFlight ==\n" + "\n".join(f"    \\/ {d}" for d in disjuncts))
+    return "\n".join(parts)
 
 
 def _next(spec: Spec) -> str:
@@ -94,6 +129,7 @@ def module(spec: Spec) -> str:
         f"PostMutationPhases == {_strings(p.value for p in POST_MUTATION_PHASES)}",
         f"MIXED == {MIXED}",
         f"BROKEN == {BROKEN}",
+        f"TAINT == {TAINT}",
         "",
         f"VARIABLES {', '.join(VARIABLES)}",
         f"vars == <<{', '.join(VARIABLES)}>>",
@@ -101,6 +137,8 @@ def module(spec: Spec) -> str:
         "Init ==\n    " + INIT_TLA,
         "",
     ]
+    if any(a.in_flight for a in spec.actions):
+        parts += [_in_flight(spec), ""]
     parts += [_action(a) + "\n" for a in spec.actions]
     parts += [_next(spec), "", "Spec == Init /\\ [][Next]_vars", "", "\\* ---- invariants"]
     for inv in spec.invariants:

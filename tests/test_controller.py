@@ -26,6 +26,10 @@ def _do(ctl: Controller, trigger: str, param: object) -> None:
         ctl.admit(slot_id(int(str(param))))
     elif trigger == "release":
         ctl.release(slot_id(int(str(param))))
+    elif trigger == "release_aborted":
+        ctl.abort(slot_id(int(str(param))))
+    elif ctl.triggers[trigger].kind is Kind.RESTART:
+        ctl.restart(trigger)
     else:
         ctl.fire(trigger, param)
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import httpx
 import pytest
+from helpers import decided, dl
 
-from rolloutcore import postconditions as post
 from rolloutcore.adapters.contract import AdapterError, MutationOutcome, PauseMode, WeightTarget
 from rolloutcore.adapters.http import HttpAdapter, Timeouts, check_url
 from rolloutcore.controller import Controller
@@ -23,8 +23,10 @@ from rolloutcore.identity import (
     write_safetensors,
 )
 from rolloutcore.journal import Journal, read_journal
+from rolloutcore.postconditions import Expected
 from rolloutcore.runner import LifecycleRunner, RunnerPolicy
 from rolloutcore.spec.lifecycle import Phase
+from rolloutcore.spec.triggers import Op
 
 URL = "http://127.0.0.1:8000"
 Handler = Callable[[httpx.Request], httpx.Response]
@@ -176,38 +178,45 @@ def test_loopback_and_https_are_accepted(url: str) -> None:
 
 def test_bearer_token_is_sent_on_every_call(fake: FakeVllm, checkpoint: Path) -> None:
     a = adapter_for(fake, token="s3cret")
-    a.read_state()
-    a.pause(PauseMode.WAIT)
-    a.mutate(target_for(checkpoint))
+    a.read_state(dl())
+    a.pause(PauseMode.WAIT, dl())
+    a.mutate(target_for(checkpoint), dl())
     assert fake.calls and all(r.headers.get("authorization") == "Bearer s3cret"
                               for r in fake.calls)
     b = adapter_for(fake)
     fake.calls.clear()
-    b.read_state()
+    b.read_state(dl())
     assert all("authorization" not in r.headers for r in fake.calls)
 
 
-def test_every_call_carries_a_timeout(fake: FakeVllm, checkpoint: Path) -> None:
-    a = adapter_for(fake, timeouts=Timeouts(read=3.0, pause=7.0, generate=9.0))
-    a.read_state()
-    a.pause(PauseMode.WAIT)
-    a.mutate(target_for(checkpoint))
-    for tier in ("prefix", "encoder", "mm"):
-        a.reset_cache(tier)
-    a.resume()
-    a.probe((1, 2, 3), 4)
+def test_every_lifecycle_call_takes_its_timeouts_from_the_step_deadline(
+        fake: FakeVllm, checkpoint: Path) -> None:
+    """One deadline per step: every transport timeout of a lifecycle call is what is left
+    of it (never a longer adapter default); the application's generations, which carry
+    no step deadline, use the configured generation timeout."""
+    a = adapter_for(fake, timeouts=Timeouts(read=3.0, generate=9.0))
+    for call in (lambda d: a.read_state(d), lambda d: a.pause(PauseMode.WAIT, d),
+                 lambda d: a.mutate(target_for(checkpoint), d), lambda d: a.resume(d),
+                 lambda d: a.probe((1, 2, 3), 4, d),
+                 *(lambda d, t=tier: a.reset_cache(t, d) for tier in ("prefix", "encoder", "mm"))):
+        fake.calls.clear()
+        call(dl(60.0))
+        for r in fake.calls:
+            t = r.extensions["timeout"]
+            assert 59.0 < t["read"] <= 60.0 and t["connect"] == Timeouts().connect, r.url
+        fake.calls.clear()
+        call(dl(0.5))  # a deadline shorter than the connect timeout bounds that too
+        assert all(r.extensions["timeout"]["connect"] <= 0.5 for r in fake.calls)
+    fake.calls.clear()
     a.generate((1, 2, 3), 4)
-    seen = {(r.url.path, r.extensions["timeout"]["read"]) for r in fake.calls}
-    assert all(t is not None and t > 0 for _, t in seen)
-    assert ("/pause", 7.0) in seen and ("/v1/completions", 9.0) in seen
-    assert all(r.extensions["timeout"]["connect"] == Timeouts().connect for r in fake.calls)
+    assert [r.extensions["timeout"]["read"] for r in fake.calls] == [9.0]
 
 
 def test_a_timeout_is_an_error_not_a_retry(fake: FakeVllm) -> None:
     fake.override["/weight_info"] = raise_(httpx.ReadTimeout)
     a = adapter_for(fake)
     with pytest.raises(AdapterError, match="timed out") as ei:
-        a.read_state()
+        a.read_state(dl())
     assert not ei.value.proven_no_effect
     assert fake.paths().count("/weight_info") == 1
 
@@ -218,7 +227,7 @@ def test_a_timeout_is_an_error_not_a_retry(fake: FakeVllm) -> None:
 def test_read_state_reads_label_and_identity_separately(fake: FakeVllm) -> None:
     fake.label = "anything-goes"
     fake.running = 2
-    r = adapter_for(fake).read_state()
+    r = adapter_for(fake).read_state(dl())
     assert (r.label, r.identity, r.paused, r.running_requests) == (
         "anything-goes", fake.identity, False, 2)
 
@@ -227,7 +236,7 @@ def test_unreadable_identity_is_an_error_with_the_engines_reason(fake: FakeVllm)
     fake.override["/collective_rpc"] = lambda req: httpx.Response(200, json={"results": [
         {"identity": None, "reason": "3 parameter(s) on the meta device"}]})
     with pytest.raises(AdapterError, match="meta device"):
-        adapter_for(fake).read_state()
+        adapter_for(fake).read_state(dl())
 
 
 def test_workers_that_disagree_give_no_identity(fake: FakeVllm) -> None:
@@ -242,7 +251,7 @@ def test_workers_that_disagree_give_no_identity(fake: FakeVllm) -> None:
 def test_label_read_checks_status_and_body(fake: FakeVllm, status: int, text: str) -> None:
     fake.override["/weight_info"] = respond(status, text)
     with pytest.raises(AdapterError, match="read_label"):
-        adapter_for(fake).read_state()
+        adapter_for(fake).read_state(dl())
 
 
 def test_non_json_body_is_a_clear_error_and_changes_nothing(fake: FakeVllm,
@@ -272,25 +281,25 @@ def test_non_json_body_is_a_clear_error_and_changes_nothing(fake: FakeVllm,
 
 
 def test_pause_reads_back_paused_and_running(fake: FakeVllm) -> None:
-    ev = adapter_for(fake).pause(PauseMode.WAIT)
+    ev = adapter_for(fake).pause(PauseMode.WAIT, dl())
     assert (ev.http_status, ev.body, ev.paused_read_back, ev.running_after) == (
         200, {"status": "paused"}, True, 0)
     req = next(r for r in fake.calls if r.url.path == "/pause")
     assert req.url.params["mode"] == "wait" and req.url.params["clear_cache"] == "false"
-    assert post.pause(ev).trigger == "pause_ok"
+    assert decided(Op.PAUSE, ev) == "pause_ok"
 
 
 def test_a_200_pause_that_did_not_pause_is_not_ok(fake: FakeVllm) -> None:
     fake.override["/pause"] = lambda req: httpx.Response(200, json={"status": "paused"})
-    ev = adapter_for(fake).pause(PauseMode.WAIT)
+    ev = adapter_for(fake).pause(PauseMode.WAIT, dl())
     assert ev.paused_read_back is False
-    assert post.pause(ev).trigger == "pause_failed"
+    assert decided(Op.PAUSE, ev) == "pause_failed"
 
 
 def test_resume_reads_back(fake: FakeVllm) -> None:
     fake.paused = True
-    ev = adapter_for(fake).resume()
-    assert ev.paused_read_back is False and post.resume(ev).trigger == "resume_ok"
+    ev = adapter_for(fake).resume(dl())
+    assert ev.paused_read_back is False and decided(Op.RESUME, ev) == "resume_ok"
 
 
 # ------------------------------------------------------------------------ resets
@@ -308,36 +317,36 @@ def test_prefix_reset_counts_only_with_success_true(fake: FakeVllm, status: int,
     fake.override["/reset_prefix_cache"] = (
         lambda req: httpx.Response(status) if body is None else
         httpx.Response(status, json=body))
-    ev = adapter_for(fake).reset_cache("prefix")
-    assert post.reset(ev).trigger == trigger
+    ev = adapter_for(fake).reset_cache("prefix", dl())
+    assert decided(Op.RESET, ev) == trigger
     req = next(r for r in fake.calls if r.url.path == "/reset_prefix_cache")
     assert req.url.params["reset_running_requests"] == "false"
 
 
 def test_encoder_and_mm_resets_are_verified_by_the_engines_word(fake: FakeVllm) -> None:
     a = adapter_for(fake)
-    enc, mm = a.reset_cache("encoder"), a.reset_cache("mm")
+    enc, mm = a.reset_cache("encoder", dl()), a.reset_cache("mm", dl())
     assert enc.body_success is None and enc.entries_after == 0 and enc.tier_absent
     assert mm.body_success is None and mm.tier_absent
-    assert post.reset(enc).trigger == post.reset(mm).trigger == "reset_ok"
+    assert decided(Op.RESET, enc) == decided(Op.RESET, mm) == "reset_ok"
 
 
 def test_empty_reset_without_the_engines_word_is_not_verified(fake: FakeVllm) -> None:
     fake.override["/collective_rpc"] = respond(500, '{"error": {"message": "no extension"}}')
     a = adapter_for(fake)
     for tier in ("encoder", "mm"):
-        ev = a.reset_cache(tier)
+        ev = a.reset_cache(tier, dl())
         assert not ev.tier_absent and ev.entries_after is None
-        assert post.reset(ev).trigger == "reset_failed"
+        assert decided(Op.RESET, ev) == "reset_failed"
 
 
 def test_multimodal_engine_tier_is_not_claimed_absent(fake: FakeVllm) -> None:
     fake.override["/collective_rpc"] = lambda req: httpx.Response(200, json={"results": [
         {"multimodal": True, "encoder_cache_entries": 3}]})
-    ev = adapter_for(fake).reset_cache("mm")
-    assert not ev.tier_absent and post.reset(ev).trigger == "reset_failed"
-    enc = adapter_for(fake).reset_cache("encoder")
-    assert enc.entries_after == 3 and post.reset(enc).trigger == "reset_failed"
+    ev = adapter_for(fake).reset_cache("mm", dl())
+    assert not ev.tier_absent and decided(Op.RESET, ev) == "reset_failed"
+    enc = adapter_for(fake).reset_cache("encoder", dl())
+    assert enc.entries_after == 3 and decided(Op.RESET, enc) == "reset_failed"
 
 
 # ------------------------------------------------------------- connection resets
@@ -374,7 +383,7 @@ def test_generation_is_not_retried(fake: FakeVllm) -> None:
     a = adapter_for(fake)
     with pytest.raises(AdapterError):
         a.generate((1, 2), 3)
-    ev = a.probe((1, 2), 3)
+    ev = a.probe((1, 2), 3, dl())
     assert ev.tokens is None and ev.error
     assert fake.paths().count("/v1/completions") == 2
 
@@ -385,7 +394,7 @@ def test_generation_is_not_retried(fake: FakeVllm) -> None:
 def test_mutation_loads_then_finalises_the_label(fake: FakeVllm, checkpoint: Path) -> None:
     a = adapter_for(fake)
     t = target_for(checkpoint, "v2")
-    ev = a.mutate(t)
+    ev = a.mutate(t, dl())
     assert ev.outcome is MutationOutcome.COMPLETED and ev.bytes_moved == 123
     paths = fake.paths()
     rpc = next(r for r in fake.calls if r.url.path == "/collective_rpc")
@@ -398,7 +407,7 @@ def test_mutation_loads_then_finalises_the_label(fake: FakeVllm, checkpoint: Pat
 def test_mutation_starts_on_a_fresh_connection(fake: FakeVllm, checkpoint: Path) -> None:
     a = adapter_for(fake)
     created = a.clients_created
-    a.mutate(target_for(checkpoint))
+    a.mutate(target_for(checkpoint), dl())
     assert a.clients_created == created + 1
 
 
@@ -406,7 +415,7 @@ def test_mutation_starts_on_a_fresh_connection(fake: FakeVllm, checkpoint: Path)
 def test_mutation_is_never_retried_and_a_dropped_call_is_ambiguous(
         fake: FakeVllm, checkpoint: Path, exc: type[Exception]) -> None:
     fake.override["/collective_rpc"] = raise_(exc)
-    ev = adapter_for(fake, retries=5).mutate(target_for(checkpoint))
+    ev = adapter_for(fake, retries=5).mutate(target_for(checkpoint), dl())
     assert ev.outcome is MutationOutcome.AMBIGUOUS
     assert fake.paths().count("/collective_rpc") == 1
     assert "/update_weight_version" not in fake.paths()  # no label without a load
@@ -416,7 +425,7 @@ def test_mutation_is_never_retried_and_a_dropped_call_is_ambiguous(
 def test_mutation_500_is_ambiguous(fake: FakeVllm, checkpoint: Path) -> None:
     fake.override["/collective_rpc"] = respond(
         500, '{"error": {"message": "Call to collective_rpc method failed: "}}')
-    ev = adapter_for(fake).mutate(target_for(checkpoint))
+    ev = adapter_for(fake).mutate(target_for(checkpoint), dl())
     assert ev.outcome is MutationOutcome.AMBIGUOUS and "HTTP 500" in ev.observed
     assert "/update_weight_version" not in fake.paths()
 
@@ -424,7 +433,7 @@ def test_mutation_500_is_ambiguous(fake: FakeVllm, checkpoint: Path) -> None:
 def test_mutation_non_json_body_is_ambiguous_and_not_finalised(fake: FakeVllm,
                                                               checkpoint: Path) -> None:
     fake.override["/collective_rpc"] = respond(200, "Internal Server Error")
-    ev = adapter_for(fake).mutate(target_for(checkpoint))
+    ev = adapter_for(fake).mutate(target_for(checkpoint), dl())
     assert ev.outcome is MutationOutcome.AMBIGUOUS and "non-JSON" in ev.observed
     assert fake.label == "default"
 
@@ -432,7 +441,7 @@ def test_mutation_non_json_body_is_ambiguous_and_not_finalised(fake: FakeVllm,
 def test_connection_never_made_proves_no_mutation(fake: FakeVllm, checkpoint: Path) -> None:
     fake.override["/collective_rpc"] = raise_(httpx.ConnectError)
     with pytest.raises(AdapterError) as ei:
-        adapter_for(fake).mutate(target_for(checkpoint))
+        adapter_for(fake).mutate(target_for(checkpoint), dl())
     assert ei.value.proven_no_effect
 
 
@@ -440,14 +449,14 @@ def test_missing_source_is_refused_before_sending_anything(fake: FakeVllm,
                                                           tmp_path: Path) -> None:
     t = WeightTarget(2, "v2", "a" * 64, str(tmp_path / "nope"), (1,), (1,))
     with pytest.raises(AdapterError, match="refused before sending") as ei:
-        adapter_for(fake).mutate(t)
+        adapter_for(fake).mutate(t, dl())
     assert ei.value.proven_no_effect and fake.calls == []
 
 
 def test_worker_refusal_is_not_mutated(fake: FakeVllm, checkpoint: Path) -> None:
     fake.override["/collective_rpc"] = lambda req: httpx.Response(200, json={"results": [
         {"loaded": False, "refused": "manifest differs"}]})
-    ev = adapter_for(fake).mutate(target_for(checkpoint))
+    ev = adapter_for(fake).mutate(target_for(checkpoint), dl())
     assert ev.outcome is MutationOutcome.NOT_MUTATED and "manifest differs" in ev.observed
     assert "/update_weight_version" not in fake.paths()
 
@@ -456,7 +465,7 @@ def test_loaded_identity_other_than_the_targets_is_ambiguous(fake: FakeVllm,
                                                             checkpoint: Path) -> None:
     fake.override["/collective_rpc"] = lambda req: httpx.Response(200, json={"results": [
         {"loaded": True, "identity": "f" * 64}]})
-    ev = adapter_for(fake).mutate(target_for(checkpoint))
+    ev = adapter_for(fake).mutate(target_for(checkpoint), dl())
     assert ev.outcome is MutationOutcome.AMBIGUOUS
     assert "/update_weight_version" not in fake.paths()
 
@@ -469,21 +478,21 @@ def test_loaded_identity_other_than_the_targets_is_ambiguous(fake: FakeVllm,
 def test_unfinalised_label_is_ambiguous(fake: FakeVllm, checkpoint: Path,
                                         handler: Handler) -> None:
     fake.override["/update_weight_version"] = handler
-    ev = adapter_for(fake).mutate(target_for(checkpoint))
+    ev = adapter_for(fake).mutate(target_for(checkpoint), dl())
     assert ev.outcome is MutationOutcome.AMBIGUOUS and "label not finalised" in ev.observed
 
 
 def test_finalisation_is_retried_on_a_fresh_connection(fake: FakeVllm,
                                                        checkpoint: Path) -> None:
     fake.override["/update_weight_version"] = [raise_(httpx.ReadError)]
-    ev = adapter_for(fake).mutate(target_for(checkpoint, "v9"))
+    ev = adapter_for(fake).mutate(target_for(checkpoint, "v9"), dl())
     assert ev.outcome is MutationOutcome.COMPLETED and fake.label == "v9"
     assert fake.paths().count("/collective_rpc") == 1
 
 
 def test_builtin_reload_method(fake: FakeVllm, checkpoint: Path) -> None:
     fake.override["/collective_rpc"] = lambda req: httpx.Response(200, json={"results": [None]})
-    ev = adapter_for(fake, mutation_method="reload_weights").mutate(target_for(checkpoint))
+    ev = adapter_for(fake, mutation_method="reload_weights").mutate(target_for(checkpoint), dl())
     assert ev.outcome is MutationOutcome.COMPLETED
     rpc = next(r for r in fake.calls if r.url.path == "/collective_rpc")
     assert json.loads(rpc.content) == {"method": "reload_weights",
@@ -499,9 +508,10 @@ def test_probe_reports_the_prefix_hits_it_caused(fake: FakeVllm) -> None:
         return fake.route(req)
 
     fake.override["/v1/completions"] = completion
-    ev = adapter_for(fake).probe((5, 6, 7), 4)
+    ev = adapter_for(fake).probe((5, 6, 7), 4, dl())
     assert ev.tokens == (0, 1, 2, 3) and ev.prefix_hits == 96
-    assert post.probe(ev, (0, 1, 2, 3)).trigger == "probe_mismatch"  # stale reuse
+    # stale reuse: hits on the first request after invalidation
+    assert decided(Op.PROBE, ev, Expected(probe_tokens=(0, 1, 2, 3))) == "probe_mismatch"
     body = json.loads(next(r for r in fake.calls if r.url.path == "/v1/completions").content)
     assert body["min_tokens"] == body["max_tokens"] == 4 and body["temperature"] == 0.0
     assert body["return_token_ids"] is True and body["prompt"] == [5, 6, 7]
@@ -510,12 +520,12 @@ def test_probe_reports_the_prefix_hits_it_caused(fake: FakeVllm) -> None:
 def test_aborted_probe_is_no_evidence(fake: FakeVllm) -> None:
     fake.override["/v1/completions"] = lambda req: httpx.Response(200, json={"choices": [{
         "token_ids": [0, 1], "prompt_token_ids": [1], "finish_reason": "abort"}]})
-    ev = adapter_for(fake).probe((1,), 4)
+    ev = adapter_for(fake).probe((1,), 4, dl())
     assert ev.tokens is None and "abort" in (ev.error or "")
-    assert post.probe(ev, (0, 1, 2, 3)).trigger == "probe_failed"
+    assert decided(Op.PROBE, ev, Expected(probe_tokens=(0, 1, 2, 3))) == "probe_failed"
 
 
 def test_probe_on_a_different_prompt_is_an_error(fake: FakeVllm) -> None:
     fake.override["/v1/completions"] = lambda req: httpx.Response(200, json={"choices": [{
         "token_ids": [0], "prompt_token_ids": [9], "finish_reason": "length"}]})
-    assert adapter_for(fake).probe((1,), 1).tokens is None
+    assert adapter_for(fake).probe((1,), 1, dl()).tokens is None

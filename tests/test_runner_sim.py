@@ -28,8 +28,10 @@ from rolloutcore.simulate import simulate
 from rolloutcore.spec.lifecycle import Phase
 from rolloutcore.trace_check import check_file
 
-FAST = RunnerPolicy(step_timeout_s=0.5, retries=2, retry_backoff_s=0.0, drain_timeout_s=5,
-                    mutation_base_s=0.3, mutation_floor_bytes_per_s=1e12)
+#: A hang holds a call to its step's deadline (0.5 s); an instant failure leaves the step
+#: its whole deadline for the retries.
+FAST = RunnerPolicy(step_timeout_s=0.5, pause_timeout_s=0.5, retries=2, retry_backoff_s=0.0,
+                    drain_timeout_s=5, mutation_base_s=0.3, mutation_floor_bytes_per_s=1e12)
 
 #: (operation, fault) -> the phase the cycle must end in, and whether it publishes.
 FAULT_MATRIX: dict[tuple[str, str], tuple[Phase, bool]] = {
@@ -37,7 +39,10 @@ FAULT_MATRIX: dict[tuple[str, str], tuple[Phase, bool]] = {
     ("pause", "connection_error"): (Phase.READY, True),
     ("pause", "http_500"): (Phase.READY, True),
     ("pause", "fail_body"): (Phase.READY, True),
-    ("pause", "hang"): (Phase.READY, True),  # deadline, then retried
+    # A hang holds the call to the step's one deadline: the step has failed, no time is
+    # left to retry it. Before the mutation that cancels the update (the engine is
+    # resumed); after it, the controller fails closed.
+    ("pause", "hang"): (Phase.READY, False),
     ("mutate", "timeout"): (Phase.TAINTED, False),
     ("mutate", "connection_error"): (Phase.TAINTED, False),
     ("mutate", "http_500"): (Phase.TAINTED, False),
@@ -53,7 +58,7 @@ FAULT_MATRIX: dict[tuple[str, str], tuple[Phase, bool]] = {
     ("reset_prefix", "timeout"): (Phase.READY, True),
     ("reset_encoder", "empty_body"): (Phase.READY, True),
     ("reset_encoder", "connection_error"): (Phase.READY, True),
-    ("reset_mm", "hang"): (Phase.READY, True),
+    ("reset_mm", "hang"): (Phase.TAINTED, False),
     ("reset_mm", "http_500"): (Phase.READY, True),
     ("read_state", "timeout"): (Phase.READY, True),
     ("read_state", "empty_body"): (Phase.READY, True),
@@ -61,7 +66,7 @@ FAULT_MATRIX: dict[tuple[str, str], tuple[Phase, bool]] = {
     ("read_state", "http_500"): (Phase.READY, True),
     ("resume", "fail_body"): (Phase.READY, True),
     ("resume", "connection_error"): (Phase.READY, True),
-    ("resume", "hang"): (Phase.READY, True),
+    ("resume", "hang"): (Phase.TAINTED, False),
     ("probe", "http_500"): (Phase.READY, True),
     ("probe", "timeout"): (Phase.READY, True),
 }

@@ -7,13 +7,16 @@ import pytest
 from rolloutcore.explore import Exploration, explore
 from rolloutcore.spec.lifecycle import (
     ACTIONS,
+    FENCED,
     MIXED,
     SPEC,
+    TAINT,
     TIERS,
     Bounds,
     Kind,
     Phase,
-    initial_state,
+    Result,
+    initial_states,
 )
 from rolloutcore.spec.mutants import mutant
 
@@ -86,10 +89,60 @@ def test_bad_bounds_rejected() -> None:
         Bounds(0, 3, 1)
 
 
-def test_initial_state_is_fresh_engine() -> None:
-    s = initial_state(Bounds())
-    assert s.phase is Phase.UNINITIALIZED and s.weights == 1 and not s.paused
-    assert s.caches == tuple(frozenset() for _ in TIERS)
+def test_initial_states_are_fresh_engines_labelled_one() -> None:
+    """A fresh engine reports label 1 whatever it holds: the declared weights, or others."""
+    states = initial_states(Bounds())
+    assert {s.weights for s in states} == {1, MIXED}
+    for s in states:
+        assert s.phase is Phase.UNINITIALIZED and s.label == 1 and not s.paused
+        assert s.caches == tuple(frozenset() for _ in TIERS)
+
+
+def test_bootstrap_adopts_only_the_declared_weights(exploration: Exploration) -> None:
+    adopted = {u.weights for u, v, k in exploration.graph.edges(keys=True)
+               if k[0] == "bootstrap_ok"}
+    refused = {u.weights for u, v, k in exploration.graph.edges(keys=True)
+               if k[0] == "bootstrap_mismatch"}
+    assert adopted == {1} and MIXED in refused
+
+
+def test_exactly_one_restart_step_in_every_state(exploration: Exploration) -> None:
+    """The restart decision is total and deterministic: whatever the journal last
+    recorded, exactly one restart step applies (fault bound aside)."""
+    restarts = [a for a in ACTIONS if a.kind is Kind.RESTART]
+    for s in exploration.graph.nodes:
+        allowed = [a.name for a in restarts if s.phase in a.sources and a.when(s, None)]
+        assert len(allowed) == 1, (s, allowed)
+
+
+def test_restart_ready_only_without_doubt(exploration: Exploration) -> None:
+    for u, v, (name, _p) in exploration.graph.edges(keys=True):
+        if name == "restart_ready":
+            assert u.pending == "none" and not u.paused and u.weights == u.committed
+            assert v.phase is Phase.READY and not any(v.bind)
+
+
+def test_a_crash_mid_mutation_may_have_done_anything(exploration: Exploration) -> None:
+    """The in-flight mutation's effect may or may not have taken place: old, new or mixed
+    weights after a restart with the mutation pending, and always TAINTED."""
+    after = {(v.phase, v.weights) for u, v, (name, _p) in exploration.graph.edges(keys=True)
+             if name == "restart_tainted" and u.pending == "mutate"}
+    assert {w for _ph, w in after} >= {1, 2, MIXED}
+    assert {ph for ph, _w in after} == {Phase.TAINTED}
+
+
+def test_a_fenced_engine_serves_nothing(exploration: Exploration) -> None:
+    fenced = [s for s in exploration.graph.nodes
+              if s.phase is Phase.TAINTED and FENCED in s.evidence]
+    assert fenced
+    assert all(s.paused and s.label == TAINT and not any(s.req) for s in fenced)
+
+
+def test_only_failed_outcomes_are_retried() -> None:
+    """Definite answers (refused, mismatch) and ambiguity end the step; only an
+    unclassifiable failure is worth another attempt (the runner derives this)."""
+    assert {r for r in Result if r.retried} == {Result.FAILED}
+    assert {a.result for a in ACTIONS if a.op == "bootstrap"} >= {Result.MISMATCH}
 
 
 def test_environment_actions_are_invisible() -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import dl
 
 pytest.importorskip("vllm.distributed.weight_transfer")
 
@@ -136,7 +137,7 @@ def test_register_is_idempotent() -> None:
 def test_full_transfer_moves_every_byte_and_finalises_with_the_label(tmp_path: Path) -> None:
     d = _ckpt(tmp_path / "v2", 2.0)
     worker = FakeWorker()
-    ev = _adapter(worker).mutate(_target(d, label="v2-gen2"))
+    ev = _adapter(worker).mutate(_target(d, label="v2-gen2"), dl())
     assert ev.outcome is MutationOutcome.COMPLETED, ev
     assert [c[0] for c in worker.calls] == ["init", "start", "update", "finish"]
     assert worker.version == "v2-gen2"  # vLLM's trainer finalises with no version
@@ -171,7 +172,7 @@ def test_identity_mismatch_refused_before_any_byte(tmp_path: Path) -> None:
     worker = FakeWorker()
     ad = _adapter(worker, source_for=lambda t: CheckpointSource(a))  # the source holds A
     with pytest.raises(AdapterError) as ei:
-        ad.mutate(_target(b))  # the target declares B
+        ad.mutate(_target(b), dl())  # the target declares B
     assert ei.value.proven_no_effect and "refused before any byte" in str(ei.value)
     assert worker.calls == []
 
@@ -185,7 +186,7 @@ def test_metadata_mismatch_refused_before_any_byte(tmp_path: Path) -> None:
     ad = _adapter(worker, source_for=lambda t: CheckpointSource(
         other, provenance=checkpoint_identity(b)))
     with pytest.raises(AdapterError, match=r"a\.weight") as ei:
-        ad.mutate(_target(b))
+        ad.mutate(_target(b), dl())
     assert ei.value.proven_no_effect and worker.calls == []
 
 
@@ -197,10 +198,10 @@ def test_device_check_with_injected_lookup(tmp_path: Path) -> None:
     assert ad.device == 1
     current["dev"] = 0  # the calling thread's current device is not the driver's
     with pytest.raises(AdapterError, match=r"device 1.*current device is 0") as ei:
-        ad.mutate(_target(d))
+        ad.mutate(_target(d), dl())
     assert ei.value.proven_no_effect and worker.calls == []
     current["dev"] = 1
-    assert ad.mutate(_target(d)).outcome is MutationOutcome.COMPLETED
+    assert ad.mutate(_target(d), dl()).outcome is MutationOutcome.COMPLETED
 
 
 def test_device_pinned_in_the_calling_thread(tmp_path: Path) -> None:
@@ -217,7 +218,7 @@ def test_device_pinned_in_the_calling_thread(tmp_path: Path) -> None:
     worker = FakeWorker()
     ad = _adapter(worker, device_lookup=lambda: current["dev"], device_select=select)
     current["dev"] = 0
-    assert ad.mutate(_target(d)).outcome is MutationOutcome.COMPLETED
+    assert ad.mutate(_target(d), dl()).outcome is MutationOutcome.COMPLETED
     assert selected == [1]
 
 
@@ -225,7 +226,7 @@ def test_headroom_refusal(tmp_path: Path) -> None:
     d = _ckpt(tmp_path / "v2", 2.0)
     worker = FakeWorker()
     with pytest.raises(AdapterError, match="bytes free") as ei:
-        _adapter(worker, headroom=lambda: 1000).mutate(_target(d))
+        _adapter(worker, headroom=lambda: 1000).mutate(_target(d), dl())
     assert ei.value.proven_no_effect and worker.calls == []
 
 
@@ -234,7 +235,7 @@ def test_init_refused_is_proven_no_effect(tmp_path: Path) -> None:
     worker = FakeWorker(refuse_init=True)
     t0 = time.monotonic()
     with pytest.raises(AdapterError, match="before the session started") as ei:
-        _adapter(worker).mutate(_target(d))
+        _adapter(worker).mutate(_target(d), dl())
     assert ei.value.proven_no_effect and [c[0] for c in worker.calls] == ["init"]
     assert time.monotonic() - t0 < 5.0  # not the rendezvous timeout
 
@@ -244,7 +245,7 @@ def test_hung_collective_is_ambiguous_within_the_deadline(tmp_path: Path) -> Non
     worker = FakeWorker(hang_update=True)
     ad = _adapter(worker, policy=TransferPolicy(base_s=0.5, floor_bytes_per_s=1e9))
     t0 = time.monotonic()
-    ev = ad.mutate(_target(d))
+    ev = ad.mutate(_target(d), dl())
     took = time.monotonic() - t0
     worker.release.set()
     deadline = ad.policy.deadline(1 << 20)  # above the bytes of this checkpoint
