@@ -312,12 +312,22 @@ class GlooWeightTransferEngine(
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
         finalize_layerwise_reload(self.model, self.model_config)  # type: ignore[no-untyped-call]
+        identity = self._hasher.hexdigest() if self._hasher else None
+        if identity is not None and self._manifest is not None:
+            # The received bytes are what the model holds now: recorded where every load
+            # is, so that a later load of any kind supersedes it.
+            from rolloutcore.adapters import vllm_loader
+
+            vllm_loader.complete_load(self.model, {
+                "identity": identity, "manifest": self._manifest.hexdigest(),
+                "tensors": self._received, "bytes": self._bytes, "path": None,
+                "basis": "bytes received by the gloo weight-transfer engine",
+                "timings": {k: round(v, 4) for k, v in self._timings.items()}})
         with _RECEIVED_LOCK:
             _RECEIVED.update(
-                session="complete",
-                identity=self._hasher.hexdigest() if self._hasher else None,
-                manifest=self._manifest.hexdigest() if self._manifest else None,
-                tensors=self._received, bytes=self._bytes, finished=time.time(),
+                session=None if identity is not None else "complete",
+                identity=identity, tensors=self._received, bytes=self._bytes,
+                finished=time.time(),
                 timings={k: round(v, 4) for k, v in self._timings.items()})
 
     def shutdown(self) -> None:
@@ -342,19 +352,14 @@ class TransferWorkerExtension(RolloutCoreWorkerExtension):
         return out
 
     def rc_identity(self) -> dict[str, Any]:
+        """A finished transfer is recorded like any load (see finish_weight_update); only
+        a session in progress, or one that ended without a digest, vouches for nothing."""
         rec = received_state()
         if rec.get("session") is None:
             return super().rc_identity()
         if rec["session"] != "complete":
             return {"identity": None, "reason": "a weight-transfer session did not finish"}
-        meta = self._rc_meta_params()
-        if meta:
-            return {"identity": None, "reason": f"{len(meta)} parameter(s) on the meta device"}
-        if not rec.get("identity"):
-            return {"identity": None, "reason": "transfer not in sorted name order: no digest"}
-        return {"identity": rec["identity"], "manifest": rec["manifest"],
-                "tensors": rec["tensors"], "bytes": rec["bytes"], "timings": rec.get("timings"),
-                "basis": "bytes received by the gloo weight-transfer engine"}
+        return {"identity": None, "reason": "transfer not in sorted name order: no digest"}
 
     def rc_transfer_headroom(self) -> dict[str, Any]:
         """Bytes the worker can still allocate for receive buffers (None: unknown)."""

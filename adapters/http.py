@@ -59,9 +59,9 @@ from rolloutcore.adapters.contract import (
     WeightTarget,
     remaining,
 )
+from rolloutcore.adapters.vllm_worker import EXTENSION_CLS, SERVER_ARGS
 from rolloutcore.identity import CheckpointError, safetensors_files
 
-EXTENSION_CLS = "rolloutcore.adapters.vllm_worker.RolloutCoreWorkerExtension"
 MUTATION_METHODS = ("rc_reload_weights", "reload_weights")
 _TIERS = ("prefix", "encoder", "mm")
 
@@ -662,5 +662,5 @@ def _error_text(reply: Reply) -> str:
     return reply.text[:300] or "(empty body)"
 
 
-__all__ = ["EXTENSION_CLS", "HttpAdapter", "Reply", "RequestLog", "Timeouts", "check_url",
-           "is_loopback"]
+__all__ = ["EXTENSION_CLS", "SERVER_ARGS", "HttpAdapter", "Reply", "RequestLog", "Timeouts",
+           "check_url", "is_loopback"]

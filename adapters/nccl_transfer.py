@@ -113,13 +113,18 @@ def _digesting_engine() -> Any:
                 self.model = model
 
         def finish_weight_update(self) -> None:
+            from rolloutcore.adapters import vllm_loader
+
             super().finish_weight_update()
+            identity = self._rc_h.hexdigest() if self._rc_h else None
+            if identity is not None and self._rc_m is not None:
+                vllm_loader.complete_load(self.model, {
+                    "identity": identity, "manifest": self._rc_m.hexdigest(),
+                    "tensors": self._rc_n, "bytes": self._rc_b, "path": None,
+                    "basis": "bytes received by the NCCL weight-transfer engine"})
             with gt._RECEIVED_LOCK:
-                gt._RECEIVED.update(
-                    session="complete",
-                    identity=self._rc_h.hexdigest() if self._rc_h else None,
-                    manifest=self._rc_m.hexdigest() if self._rc_m else None,
-                    tensors=self._rc_n, bytes=self._rc_b)
+                gt._RECEIVED.update(session=None if identity else "complete",
+                                    identity=identity, tensors=self._rc_n, bytes=self._rc_b)
 
     _CACHE["engine"] = DigestingNCCLWeightTransferEngine
     return DigestingNCCLWeightTransferEngine

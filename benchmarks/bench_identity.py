@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from rolloutcore.adapters.vllm_worker import SERVER_ARGS
 from rolloutcore.conformance.replay import score_request
 from rolloutcore.conformance.tiny_model import DEFAULT_OUT
 from rolloutcore.identity import (
@@ -35,8 +36,6 @@ from rolloutcore.identity import (
     manifest_digest,
     write_safetensors,
 )
-
-EXTENSION = "rolloutcore.adapters.vllm_worker.RolloutCoreWorkerExtension"
 
 
 def _best(fn: Callable[[], object], repeat: int) -> float:
@@ -117,8 +116,7 @@ def main() -> int:
     elif args.serve:
         from rolloutcore.conformance.server import VllmServer
 
-        with VllmServer(DEFAULT_OUT / "v1", extra_args=("--worker-extension-cls",
-                                                        EXTENSION)) as srv:
+        with VllmServer(DEFAULT_OUT / "v1", extra_args=SERVER_ARGS) as srv:
             result["probe"] = probe_latency(srv.url, args.probes)
     if args.json:
         print(json.dumps(result, indent=2))

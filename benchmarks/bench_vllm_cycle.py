@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 
-from rolloutcore.adapters.http import EXTENSION_CLS, HttpAdapter, RequestLog
+from rolloutcore.adapters.http import SERVER_ARGS, HttpAdapter, RequestLog
 from rolloutcore.conformance.engines import INITIAL_LABEL, checkpoint_target
 from rolloutcore.conformance.server import VllmServer
 from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models, load_references
@@ -72,7 +72,7 @@ def run(cycles: int, replays: int, work: Path, log: Any) -> dict[str, Any]:
     v1, v2 = models["v1"].resolve(), models["v2"].resolve()
     out: dict[str, Any] = {"cycles": cycles, "replays": replays}
 
-    srv = VllmServer(v1, extra_args=["--worker-extension-cls", EXTENSION_CLS],
+    srv = VllmServer(v1, extra_args=list(SERVER_ARGS),
                      log_path=work / "vllm-hot.log")
     t0 = time.perf_counter()
     srv.start()

@@ -94,7 +94,7 @@ def _refs(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def run_demo(out: TextIO = sys.stdout, artifacts: Path | None = None) -> Demo:
-    from rolloutcore.adapters.http import EXTENSION_CLS, HttpAdapter
+    from rolloutcore.adapters.http import SERVER_ARGS, HttpAdapter
     from rolloutcore.conformance.engines import INITIAL_LABEL, checkpoint_target
     from rolloutcore.conformance.server import VllmServer
     from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models
@@ -123,7 +123,7 @@ def run_demo(out: TextIO = sys.stdout, artifacts: Path | None = None) -> Demo:
     demo.say(f"  built or reused in {demo.timings['build_models']:.1f} s")
 
     demo.say("\n== 2. vLLM CPU server (dev mode, RolloutCore worker extension)")
-    srv = VllmServer(models["v1"].resolve(), extra_args=["--worker-extension-cls", EXTENSION_CLS],
+    srv = VllmServer(models["v1"].resolve(), extra_args=list(SERVER_ARGS),
                      log_path=run_dir / "vllm.log")
     t0 = time.perf_counter()
     srv.start()

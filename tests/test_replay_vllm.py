@@ -26,7 +26,7 @@ if importlib.util.find_spec("vllm") is None:  # pragma: no cover - depends on th
     pytest.skip("vllm is not installed (pip install -e '.[vllm]')", allow_module_level=True)
 
 from rolloutcore.adapters.contract import GenerationResult  # noqa: E402
-from rolloutcore.adapters.http import EXTENSION_CLS, HttpAdapter  # noqa: E402
+from rolloutcore.adapters.http import SERVER_ARGS, HttpAdapter  # noqa: E402
 from rolloutcore.cli import main as cli_main  # noqa: E402
 from rolloutcore.conformance.engines import checkpoint_target  # noqa: E402
 from rolloutcore.conformance.replay import DEFAULT_TOLERANCE, ReplayVerdict, replay  # noqa: E402
@@ -67,7 +67,7 @@ def models() -> dict[str, Path]:
 def server(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         VllmServer]:
     # with the worker extension, for the runner test (it changes no plain vLLM route)
-    srv = VllmServer(models["v1"], extra_args=("--worker-extension-cls", EXTENSION_CLS),
+    srv = VllmServer(models["v1"], extra_args=SERVER_ARGS,
                      log_path=tmp_path_factory.mktemp("vllm") / "server.log")
     srv.start()
     try:
