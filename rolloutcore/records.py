@@ -13,10 +13,11 @@ The record has no version field of its own: :attr:`TrajectoryRecord.version` *is
 
 Two on-disk forms, both carrying :data:`SCHEMA_VERSION` and both round-tripping exactly
 (float64 values are written with Python's shortest exact repr in JSON and as float64 in
-Parquet): JSON lines (:func:`write_jsonl` / :func:`read_jsonl`) and Parquet
-(:func:`write_parquet` / :func:`read_parquet`). Readers refuse unknown schema versions,
-unknown or missing fields and ill-typed values with a :class:`RecordError` naming the line
-or row.
+Parquet): JSON lines (:func:`write_jsonl` / :func:`iter_jsonl`) and Parquet
+(:func:`write_parquet` / :func:`iter_parquet`). The ``iter_*`` readers stream (a line or
+a record batch at a time); the ``read_*`` ones are list-building wrappers for small files.
+Readers refuse unknown schema versions, unknown or missing fields and ill-typed values with
+a :class:`RecordError` naming the line or row.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -354,20 +355,36 @@ def _reject_constant(name: str) -> Any:
     raise RecordError(f"non-finite number {name} is not allowed")
 
 
-def read_jsonl(path: str | os.PathLike[str]) -> list[TrajectoryRecord]:
-    out: list[TrajectoryRecord] = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
+#: The longest JSON line read (bytes): a record with a million-token context is well
+#: below it. Longer lines are refused before being parsed, so memory stays bounded.
+MAX_LINE = 16 << 20
+
+
+def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, TrajectoryRecord]]:
+    """Stream ``(line number, record)`` from a JSON-lines file, one line in memory at a
+    time; blank lines are skipped. The first bad line raises :class:`RecordError`."""
+    with open(path, "rb") as fh:
+        lineno = 0
+        while raw := fh.readline(MAX_LINE + 1):
+            lineno += 1
+            if len(raw) > MAX_LINE:
+                raise RecordError(f"{path}:{lineno}: line longer than {MAX_LINE} bytes")
+            if not raw.strip():
                 continue
             try:
-                obj = json.loads(line, parse_constant=_reject_constant)
-                out.append(TrajectoryRecord.from_dict(obj))
+                obj = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+                rec = TrajectoryRecord.from_dict(obj)
             except RecordError as e:
                 raise RecordError(f"{path}:{lineno}: {e}") from None
-            except ValueError as e:
+            except UnicodeDecodeError:
+                raise RecordError(f"{path}:{lineno}: not UTF-8 text") from None
+            except (ValueError, RecursionError) as e:
                 raise RecordError(f"{path}:{lineno}: not JSON: {e}") from None
-    return out
+            yield lineno, rec
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> list[TrajectoryRecord]:
+    return [r for _, r in iter_jsonl(path)]
 
 
 # --------------------------------------------------------------------------------- Parquet
@@ -411,40 +428,69 @@ def _from_row(row: dict[str, Any]) -> TrajectoryRecord:
     return TrajectoryRecord.from_dict(row)
 
 
+#: Rows per Parquet row group written (a reader buffers one row group's column chunks).
+PARQUET_ROW_GROUP = 1024
+#: Rows per record batch read. A reader holds one batch as Python objects at a time:
+#: with a few thousand tokens per record that is ~100 kB per row, so it is kept small.
+PARQUET_BATCH = 64
+
+
 def write_parquet(path: str | os.PathLike[str], records: Iterable[TrajectoryRecord]) -> int:
+    import itertools
+
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rows = [_to_row(r) for r in records]
-    table = pa.Table.from_pylist(rows, schema=_arrow_schema())
-    pq.write_table(table, str(path))
-    return len(rows)
+    schema = _arrow_schema()
+    n = 0
+    with pq.ParquetWriter(str(path), schema) as writer:
+        it = iter(records)
+        while chunk := [_to_row(r) for r in itertools.islice(it, PARQUET_ROW_GROUP)]:
+            writer.write_table(pa.Table.from_pylist(chunk, schema=schema))
+            n += len(chunk)
+    return n
 
 
-def read_parquet(path: str | os.PathLike[str]) -> list[TrajectoryRecord]:
+def iter_parquet(path: str | os.PathLike[str]) -> Iterator[tuple[int, TrajectoryRecord]]:
+    """Stream ``(row index, record)`` from a Parquet file, one record batch in memory at a
+    time (row indices from 0). A bad file or row raises :class:`RecordError`."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(str(path))
+        pf = pq.ParquetFile(str(path))
     except (OSError, pa.ArrowException) as e:
         raise RecordError(f"{path}: not a readable Parquet file: {e}") from None
-    meta = table.schema.metadata or {}
-    sv = meta.get(_PARQUET_META_KEY)
-    if sv != str(SCHEMA_VERSION).encode():
-        raise RecordError(f"{path}: schema_version {sv.decode() if sv else None!r} is not "
-                          f"supported (this build reads {SCHEMA_VERSION})")
-    expected = _arrow_schema()
-    if not table.schema.remove_metadata().equals(expected.remove_metadata()):
-        raise RecordError(f"{path}: columns differ from the trajectory schema "
-                          f"v{SCHEMA_VERSION}: {table.schema.names}")
-    out: list[TrajectoryRecord] = []
-    for i, row in enumerate(table.to_pylist()):
-        try:
-            out.append(_from_row(row))
-        except RecordError as e:
-            raise RecordError(f"{path}: row {i}: {e}") from None
-    return out
+    with pf:
+        meta = pf.schema_arrow.metadata or {}
+        sv = meta.get(_PARQUET_META_KEY)
+        if sv != str(SCHEMA_VERSION).encode():
+            raise RecordError(f"{path}: schema_version {sv.decode() if sv else None!r} is not "
+                              f"supported (this build reads {SCHEMA_VERSION})")
+        expected = _arrow_schema()
+        if not pf.schema_arrow.remove_metadata().equals(expected.remove_metadata()):
+            raise RecordError(f"{path}: columns differ from the trajectory schema "
+                              f"v{SCHEMA_VERSION}: {pf.schema_arrow.names}")
+        batches = pf.iter_batches(batch_size=PARQUET_BATCH)
+        i = 0
+        while True:
+            try:
+                batch = next(batches, None)
+            except (OSError, pa.ArrowException) as e:
+                raise RecordError(f"{path}: row {i}: not readable: {e}") from None
+            if batch is None:
+                return
+            for row in batch.to_pylist():
+                try:
+                    rec = _from_row(row)
+                except RecordError as e:
+                    raise RecordError(f"{path}: row {i}: {e}") from None
+                yield i, rec
+                i += 1
+
+
+def read_parquet(path: str | os.PathLike[str]) -> list[TrajectoryRecord]:
+    return [r for _, r in iter_parquet(path)]
 
 
 # ---------------------------------------------------------------------------- any format
@@ -458,12 +504,24 @@ def is_parquet(path: str | os.PathLike[str]) -> bool:
         return False
 
 
-def read_records(path: str | os.PathLike[str]) -> list[TrajectoryRecord]:
-    """Records from a JSON-lines or Parquet file (told apart by the Parquet magic)."""
+def iter_records_at(path: str | os.PathLike[str]) -> Iterator[tuple[int, TrajectoryRecord]]:
+    """Stream ``(position, record)`` from a JSON-lines or Parquet file (told apart by the
+    Parquet magic): the position is the line number (JSON lines) or the row index
+    (Parquet). Memory does not grow with the file."""
     p = Path(path)
     if not p.is_file():
-        raise RecordError(f"{p}: no such file")
-    return read_parquet(p) if is_parquet(p) else read_jsonl(p)
+        raise RecordError(f"{p}: {'not a regular file' if p.exists() else 'no such file'}")
+    yield from (iter_parquet(p) if is_parquet(p) else iter_jsonl(p))
+
+
+def iter_records(path: str | os.PathLike[str]) -> Iterator[TrajectoryRecord]:
+    """The records of a JSON-lines or Parquet file, streamed."""
+    return (r for _, r in iter_records_at(path))
+
+
+def read_records(path: str | os.PathLike[str]) -> list[TrajectoryRecord]:
+    """Records from a JSON-lines or Parquet file, as a list (small files)."""
+    return list(iter_records(path))
 
 
 def write_records(path: str | os.PathLike[str], records: Iterable[TrajectoryRecord]) -> int:
@@ -474,5 +532,6 @@ def write_records(path: str | os.PathLike[str], records: Iterable[TrajectoryReco
 
 
 __all__ = ["SCHEMA_VERSION", "Decoding", "RecordError", "Timing", "TrajectoryRecord", "dumps",
-           "greedy", "read_jsonl", "read_parquet", "read_records", "record_from",
-           "rollout_record", "write_jsonl", "write_parquet", "write_records"]
+           "greedy", "iter_jsonl", "iter_parquet", "iter_records", "iter_records_at",
+           "read_jsonl", "read_parquet", "read_records", "record_from", "rollout_record",
+           "write_jsonl", "write_parquet", "write_records"]
