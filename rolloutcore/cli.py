@@ -1,21 +1,122 @@
-"""``rolloutcore``: command-line entry point."""
+"""``rolloutcore``: command-line entry point.
+
+Every command exits with one of:
+
+* 0: the checked property holds (or the command did what it was asked);
+* 1: a negative verdict on valid input (rejected, broken, mismatch, stale);
+* 2: bad input: a usage error, an option out of range, a file that is missing, a
+  directory, unreadable or not of the kind the command reads, a bad engine URL or an
+  engine that cannot be reached;
+* 3: the command could not run for another reason: a tool it needs is missing, or an
+  unexpected internal error (a bug: please report it);
+* 130: interrupted (Ctrl-C); 141: the reader of standard output went away.
+
+Errors are reported as exactly one line on stderr (``error: FILE:LINE: what``), never a
+traceback; verdicts go to stdout. With ``--json``, bad input a command meets (not a
+usage error) is also reported on stdout, as the JSON object's ``error`` field. Commands
+that read records or journals stream them, in memory that does not grow with the file.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
 
 from rolloutcore.spec.lifecycle import SPEC, Bounds
 
 Handler = Callable[[argparse.Namespace], int]
-_COMMANDS: dict[tuple[str, ...], Handler] = {}
+
+OK, NEGATIVE, BAD_INPUT, CANNOT_RUN = 0, 1, 2, 3
+INTERRUPTED, BROKEN_PIPE = 130, 141
+_MAX_MESSAGE = 2000  # an error line is one line, and a readable one
+
+
+def _one_line(text: str) -> str:
+    line = " ".join(str(text).split())
+    return line if len(line) <= _MAX_MESSAGE else line[:_MAX_MESSAGE] + "..."
+
+
+def _error(message: str) -> None:
+    print(f"error: {_one_line(message)}", file=sys.stderr)
 
 
 def _print_json(obj: Any) -> None:
     print(json.dumps(obj, indent=2, sort_keys=True, default=str))
+
+
+def _bad_input(args: argparse.Namespace, message: str, **fields: Any) -> int:
+    """Report bad input (one stderr line; with --json also a JSON object) and return 2."""
+    if getattr(args, "json", False):
+        _print_json({**fields, "error": _one_line(message)})
+    _error(message)
+    return BAD_INPUT
+
+
+class _JsonStream:
+    """A JSON object printed while it is built, so that its one list can be of any
+    length: the head fields, the list's items one per line, then the tail fields. An
+    error after the list began closes it and adds an ``error`` field: the output stays
+    one valid JSON object."""
+
+    def __init__(self, head: dict[str, Any], key: str) -> None:
+        self.head, self.key, self.items = head, key, 0
+        self._open = False
+
+    def _start(self) -> None:
+        if not self._open:
+            body = json.dumps(self.head, sort_keys=True, default=str)[:-1]
+            print(body + (", " if self.head else "") + json.dumps(self.key) + ": [")
+            self._open = True
+
+    def item(self, obj: Any) -> None:
+        self._start()
+        print(("," if self.items else "") + json.dumps(obj, sort_keys=True, default=str))
+        self.items += 1
+
+    def end(self, **tail: Any) -> None:
+        self._start()
+        rest = json.dumps(tail, sort_keys=True, default=str)[1:]
+        print("]" + (", " + rest if tail else "}"))
+
+
+# ------------------------------------------------------------------- argument types
+
+
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if v < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {v}")
+        return v
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+def _nonneg_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return v
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with the project's error convention: one line, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(BAD_INPUT, f"error: {self.prog}: {_one_line(message)}\n")
 
 
 # ------------------------------------------------------------------------------- spec
@@ -76,12 +177,13 @@ def _write_or_check(check: bool, which: Sequence[str], as_json: bool) -> int:
 
     files = {p: t for p, t in modelcheck.generated_files().items() if p.suffix[1:] in which}
     stale = modelcheck.stale_files(files)
-    if check:
+    if check:  # the stale files are the verdict: stdout
         if as_json:
             _print_json({"stale": [str(p) for p in stale]})
-        for p in stale:
-            print(f"stale: {p} (run `rolloutcore spec {'doc' if p.suffix == '.md' else 'tla'}`)",
-                  file=sys.stderr)
+        else:
+            for p in stale:
+                print(f"stale: {p} (run `rolloutcore spec "
+                      f"{'doc' if p.suffix == '.md' else 'tla'}`)")
         return 1 if stale else 0
     for p, text in files.items():
         p.write_text(text)
@@ -90,7 +192,7 @@ def _write_or_check(check: bool, which: Sequence[str], as_json: bool) -> int:
 
 
 def _spec_tla(args: argparse.Namespace) -> int:
-    return _write_or_check(args.check, ("tla", "cfg"), args.json)
+    return _write_or_check(args.check, ("tla", "cfg", "py"), args.json)
 
 
 def _spec_doc(args: argparse.Namespace) -> int:
@@ -101,9 +203,11 @@ def _spec_tlc(args: argparse.Namespace) -> int:
     from rolloutcore import modelcheck
 
     why_not = modelcheck.tlc_available()
-    if why_not:
-        print(f"cannot run TLC: {why_not}", file=sys.stderr)
-        return 2
+    if why_not:  # not bad input: the environment lacks a tool
+        if args.json:
+            _print_json({"error": _one_line(f"cannot run TLC: {why_not}")})
+        _error(f"cannot run TLC: {why_not}")
+        return CANNOT_RUN
     run = modelcheck.run_tlc()
     if args.json:
         _print_json(run.as_json())
@@ -130,29 +234,26 @@ def _trace_check(args: argparse.Namespace) -> int:
     try:
         v = check_file(args.file)
     except TraceInputError as e:
-        if args.json:
-            _print_json({"file": args.file, "error": str(e)})
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return _bad_input(args, str(e), file=args.file)
     if args.json:
         _print_json({"file": args.file, **v.as_json()})
     elif v.accepted:
         print(f"{v.message} (at most {v.states_max} consistent spec states)")
     else:
         print(f"rejected at line {v.first_bad_line}: {v.violated}\n  {v.message}")
-    return 0 if v.accepted else 1
+    return OK if v.accepted else NEGATIVE
 
 
 def _journal_verify(args: argparse.Namespace) -> int:
     from rolloutcore.journal import verify_chain
 
     try:
-        r = verify_chain(args.file)
+        r = verify_chain(args.file)  # streams: memory does not grow with the journal
     except OSError as e:
-        if args.json:
-            _print_json({"file": args.file, "error": f"cannot read: {e.strerror or e}"})
-        print(f"error: {args.file}: cannot read: {e.strerror or e}", file=sys.stderr)
-        return 2
+        return _bad_input(args, f"{args.file}: cannot read: {e.strerror or e}", file=args.file)
+    if r.records == 0:  # not even a header verified: not a journal (as trace check says)
+        return _bad_input(args, f"{args.file}:1: not a RolloutCore journal (line 1: "
+                          f"{r.reason})", file=args.file)
     if args.json:
         _print_json({"file": args.file, "ok": r.ok, "records": r.records,
                      "first_bad_line": r.first_bad_line, "reason": r.reason,
@@ -162,7 +263,7 @@ def _journal_verify(args: argparse.Namespace) -> int:
     else:
         print(f"broken at line {r.first_bad_line}: {r.reason}"
               + (" (a crash mid-write; recovery ignores that step)" if r.truncated else ""))
-    return 0 if r.ok else 1
+    return OK if r.ok else NEGATIVE
 
 
 def _add_trace_journal_parsers(sub: Any) -> None:
@@ -175,8 +276,8 @@ def _add_trace_journal_parsers(sub: Any) -> None:
     tc.set_defaults(func=_trace_check)
     journal = sub.add_parser("journal", help="the append-only step journal")
     jsub = journal.add_subparsers(dest="cmd", required=True)
-    jv = jsub.add_parser("verify", help="check the hash chain (exit 0 intact, 1 broken, "
-                         "2 unreadable)")
+    jv = jsub.add_parser("verify", help="check the hash chain, streaming (exit 0 intact, "
+                         "1 broken, 2 unreadable or not a journal)")
     jv.add_argument("file")
     jv.add_argument("--json", action="store_true")
     jv.set_defaults(func=_journal_verify)
@@ -185,17 +286,30 @@ def _add_trace_journal_parsers(sub: Any) -> None:
 # --------------------------------------------------------------------------- simulate
 
 
-def _simulate(args: argparse.Namespace) -> int:
-    from pathlib import Path
+def _journal_path_problem(path: Path) -> str | None:
+    """Why ``simulate`` cannot start a new journal at ``path`` (None if it can)."""
+    if path.is_dir():
+        return f"{path}: is a directory"
+    if path.exists() and (not path.is_file() or path.stat().st_size > 0):
+        return f"{path}: exists and is not empty (simulate starts a new journal)"
+    if not path.parent.is_dir():
+        return f"{path.parent}: no such directory"
+    return None
 
+
+def _simulate(args: argparse.Namespace) -> int:
+    from rolloutcore.adapters.sim import FaultPlan
     from rolloutcore.simulate import simulate
 
-    try:
-        result = simulate(args.cycles, faults=args.faults,
-                          journal=Path(args.journal) if args.journal else None)
-    except ValueError as e:  # a malformed fault spec: say so, change nothing
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    try:  # validate everything before anything is written
+        FaultPlan.parse(args.faults)
+    except ValueError as e:
+        return _bad_input(args, f"--faults: {e}")
+    journal = Path(args.journal) if args.journal else None
+    problem = _journal_path_problem(journal) if journal is not None else None
+    if problem:
+        return _bad_input(args, f"--journal {problem}")
+    result = simulate(args.cycles, faults=args.faults, journal=journal)
     if args.json:
         _print_json(result.as_json())
     else:
@@ -211,7 +325,7 @@ def _simulate(args: argparse.Namespace) -> int:
             print("faults injected: " + ", ".join(f"{o}={k}" for o, k in result.injected))
         print(f"journal: {result.journal} (chain {'intact' if result.chain_ok else 'BROKEN'}; "
               f"trace check: {result.trace.message})")
-    return 0 if result.ok else 1
+    return OK if result.ok else NEGATIVE
 
 
 # ------------------------------------------------------------------ demo, conformance
@@ -250,89 +364,264 @@ def _add_demo_conformance_parsers(sub: Any) -> None:
 # ---------------------------------------------------------------------------- records
 
 
-def _read_records(args: argparse.Namespace) -> list[Any] | None:
-    """The records of ``args.file``, or None after reporting why they cannot be read."""
-    from rolloutcore.records import RecordError, read_records
+def _records_unit(path: str) -> str:
+    from rolloutcore.records import is_parquet
 
-    try:
-        return list(read_records(args.file))
-    except (RecordError, OSError) as e:
-        if args.json:
-            _print_json({"file": args.file, "error": str(e)})
-        print(f"error: {e}", file=sys.stderr)
-        return None
+    return "row" if is_parquet(path) else "line"
+
+
+def _where(path: str, unit: str, position: int) -> str:
+    return f"{path}:{position}" if unit == "line" else f"{path}: row {position}"
+
+
+def _records_problem(path: str) -> str | None:
+    """Why ``path`` cannot be a records file (checked before any other work)."""
+    p = Path(path)
+    if p.is_dir():
+        return f"{path}: is a directory"
+    if not p.is_file():
+        return f"{path}: {'not a regular file' if p.exists() else 'no such file'}"
+    return None
+
+
+def _show_line(r: Any) -> str:
+    d = r.decoding
+    return (f"  {r.rollout_id}: version {r.version} ({r.label}, identity "
+            f"{(r.identity or '-')[:12]}), prompt {len(r.prompt_token_ids)} + response "
+            f"{len(r.response_token_ids)} tokens, {r.finish_reason}; T={d.temperature} "
+            f"top_p={d.top_p} max={d.max_tokens} seed={d.seed}; {r.timing.seconds:.3f} s")
 
 
 def _records_show(args: argparse.Namespace) -> int:
-    recs = _read_records(args)
-    if recs is None:
-        return 2
-    if args.json:
-        _print_json({"file": args.file, "records": [r.to_dict() for r in recs]})
-        return 0
-    print(f"{args.file}: {len(recs)} records")
-    for r in recs:
-        d = r.decoding
-        print(f"  {r.rollout_id}: version {r.version} ({r.label}, identity "
-              f"{(r.identity or '-')[:12]}), prompt {len(r.prompt_token_ids)} + response "
-              f"{len(r.response_token_ids)} tokens, {r.finish_reason}; T={d.temperature} "
-              f"top_p={d.top_p} max={d.max_tokens} seed={d.seed}; {r.timing.seconds:.3f} s")
-    return 0
+    from rolloutcore.records import RecordError, iter_records
+
+    problem = _records_problem(args.file)
+    if problem:
+        return _bad_input(args, problem, file=args.file)
+    out = _JsonStream({"file": args.file}, "records") if args.json else None
+    n = 0
+    try:
+        for r in iter_records(args.file):  # streamed: each record printed as it is read
+            if out is not None:
+                out.item(r.to_dict())
+            else:
+                print(_show_line(r))
+            n += 1
+    except BrokenPipeError:  # our reader went away, not the file: main() handles it
+        raise
+    except (RecordError, OSError) as e:
+        msg = str(e) if isinstance(e, RecordError) else f"{args.file}: cannot read: {e}"
+        return _stream_failed(out, args, msg)
+    if n == 0:
+        return _stream_failed(out, args, f"{args.file}: no records (empty file)")
+    if out is not None:
+        out.end(count=n)
+    else:
+        print(f"{args.file}: {n} records")
+    return OK
+
+
+def _stream_failed(out: _JsonStream | None, args: argparse.Namespace, message: str) -> int:
+    """Bad input met while streaming: close the JSON (if any) with the error, say it."""
+    if out is not None and out.items:
+        out.end(error=_one_line(message), count=out.items)
+        _error(message)
+        return BAD_INPUT
+    return _bad_input(args, message, file=args.file)
+
+
+def _engine_url_problem(url: str) -> str | None:
+    """Why ``url`` is not an engine URL replay may send to (the HTTP adapter's rule: http
+    only to loopback)."""
+    import httpx
+
+    from rolloutcore.adapters.http import check_url
+
+    try:
+        u = check_url(url)
+    except (ValueError, httpx.InvalidURL) as e:
+        return f"--engine {url!r}: {e}"
+    if u.port is not None and not 0 < u.port < 65536:
+        return f"--engine {url!r}: port {u.port} out of range"
+    return None
+
+
+def _connect_watch() -> Any:
+    """An httpx transport that remembers a failure to connect (``.error``), so that replay
+    stops at the first one instead of trying every record against an absent engine."""
+    import httpx
+
+    class ConnectWatch(httpx.HTTPTransport):
+        error: Exception | None = None
+
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            try:
+                return super().handle_request(request)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+                self.error = e
+                raise
+
+    return ConnectWatch()
 
 
 def _records_replay(args: argparse.Namespace) -> int:
-    from rolloutcore.conformance.replay import replay
+    import httpx
 
-    recs = _read_records(args)
-    if recs is None:
-        return 2
-    verdicts = replay(recs, args.engine, model=args.model, tolerance=args.tolerance)
-    if args.json:
-        _print_json({"file": args.file, "engine": args.engine, "tolerance": args.tolerance,
-                     "verdicts": [v.as_json(per_token=args.per_token) for v in verdicts]})
+    from rolloutcore.conformance.replay import replay_record
+    from rolloutcore.records import RecordError, iter_records
+
+    problem = _engine_url_problem(args.engine) or _records_problem(args.file)
+    if problem:
+        return _bad_input(args, problem, file=args.file, engine=args.engine)
+    out = _JsonStream({"file": args.file, "engine": args.engine,
+                       "tolerance": args.tolerance}, "verdicts") if args.json else None
+    counts: dict[str, int] = {}
+    watch = _connect_watch()
+    with httpx.Client(base_url=args.engine, trust_env=False, timeout=120.0,
+                      transport=watch) as client:
+        try:
+            for rec in iter_records(args.file):
+                v = replay_record(client, rec, model=args.model, tolerance=args.tolerance)
+                if watch.error is not None:  # fail fast: the engine is not there
+                    return _stream_failed(out, args, f"--engine {args.engine}: cannot "
+                                          f"connect: {watch.error}")
+                counts[v.verdict] = counts.get(v.verdict, 0) + 1
+                if out is not None:
+                    out.item(v.as_json(per_token=args.per_token))
+                else:
+                    diff = "" if v.max_abs_diff is None else (
+                        f" max |d| {v.max_abs_diff:.3g}, seq d {v.seq_diff:+.4g}")
+                    print(f"  {v.rollout_id} (version {v.version}): {v.verdict}{diff}; "
+                          f"{v.detail}")
+        except BrokenPipeError:
+            raise
+        except (RecordError, OSError) as e:
+            msg = str(e) if isinstance(e, RecordError) else f"{args.file}: cannot read: {e}"
+            return _stream_failed(out, args, msg)
+    n = sum(counts.values())
+    if n == 0:
+        return _stream_failed(out, args, f"{args.file}: no records (empty file)")
+    if out is not None:
+        out.end(counts=counts)
     else:
-        for v in verdicts:
-            diff = "" if v.max_abs_diff is None else (
-                f" max |d| {v.max_abs_diff:.3g}, seq d {v.seq_diff:+.4g}")
-            print(f"  {v.rollout_id} (version {v.version}): {v.verdict}{diff}; {v.detail}")
-    if any(v.verdict == "error" for v in verdicts):
-        return 2
-    return 0 if all(v.verdict in ("match", "unscorable") for v in verdicts) else 1
+        print(f"{n} records: " + ", ".join(f"{c} {k}" for k, c in sorted(counts.items())))
+    if counts.get("error"):
+        _error(f"--engine {args.engine}: {counts['error']} of {n} records could not be "
+               "scored (see the verdicts)")
+        return BAD_INPUT
+    return OK if set(counts) <= {"match", "unscorable"} else NEGATIVE
+
+
+def _records_verify(args: argparse.Namespace) -> int:
+    from rolloutcore.provenance import (
+        CONSISTENT,
+        REJECTED,
+        UNVERIFIABLE,
+        JournalIndex,
+        ProvenanceInputError,
+    )
+    from rolloutcore.records import RecordError, iter_records_at
+
+    problem = _records_problem(args.file)
+    if problem is None and Path(args.journal).is_dir():
+        problem = f"{args.journal}: is a directory"
+    if problem:
+        return _bad_input(args, problem, file=args.file, journal=args.journal)
+    try:
+        index = JournalIndex(args.journal)  # one streamed pass, compact index
+    except OSError as e:
+        return _bad_input(args, f"{args.journal}: cannot read: {e.strerror or e}",
+                          file=args.file, journal=args.journal)
+    except ProvenanceInputError as e:
+        return _bad_input(args, str(e), file=args.file, journal=args.journal)
+    chain = index.chain
+    chain_broken = not chain.ok and not chain.truncated
+    chain_note = ("chain intact" if chain.ok else
+                  f"line {chain.first_bad_line} is a torn final record (ignored)"
+                  if chain.truncated else
+                  f"chain BROKEN at line {chain.first_bad_line}: {chain.reason}")
+    journal_json = {"file": args.journal, "records": chain.records, "ok": chain.ok,
+                    "truncated": chain.truncated, "first_bad_line": chain.first_bad_line,
+                    "reason": chain.reason, "admissions": index.admissions}
+    out = _JsonStream({"file": args.file, "journal": journal_json}, "verdicts") \
+        if args.json else None
+    if out is None:
+        print(f"journal {args.journal}: {chain.records} records, {chain_note}; "
+              f"{index.admissions} admissions")
+    unit = _records_unit(args.file)
+    counts = {CONSISTENT: 0, REJECTED: 0, UNVERIFIABLE: 0}
+    try:
+        for pos, rec in iter_records_at(args.file):
+            v = index.check(pos, rec, unit=unit)
+            counts[v.verdict] += 1
+            if out is not None:
+                out.item(v.as_json())
+            elif v.verdict != CONSISTENT:
+                print(f"{_where(args.file, unit, pos)}: rollout {v.rollout_id!r} (seq "
+                      f"{v.seq}, generation {v.generation}): {v.verdict}: "
+                      + "; ".join(v.reasons))
+    except BrokenPipeError:  # our reader went away, not the file: main() handles it
+        raise
+    except (RecordError, OSError) as e:
+        msg = str(e) if isinstance(e, RecordError) else f"{args.file}: cannot read: {e}"
+        return _stream_failed(out, args, msg)
+    n = sum(counts.values())
+    if n == 0:
+        return _stream_failed(out, args, f"{args.file}: no records (empty file)")
+    ok = counts[CONSISTENT] == n and not chain_broken
+    if out is not None:
+        out.end(counts=counts, ok=ok)
+    else:
+        print(f"{n} records: {counts[CONSISTENT]} consistent, {counts[REJECTED]} rejected, "
+              f"{counts[UNVERIFIABLE]} unverifiable"
+              + ("; the journal's chain is broken: its evidence ends there"
+                 if chain_broken else ""))
+    return OK if ok else NEGATIVE
 
 
 def _add_records_parsers(sub: Any) -> None:
     rec = sub.add_parser("records", help="trajectory records (JSON lines or Parquet)")
     rsub = rec.add_subparsers(dest="cmd", required=True)
-    show = rsub.add_parser("show", help="print the records of a file (exit 2 if unreadable)")
+    show = rsub.add_parser("show", help="print the records of a file, streaming (exit 2 if "
+                           "unreadable)")
     show.add_argument("file")
     show.add_argument("--json", action="store_true")
     show.set_defaults(func=_records_show)
     rp = rsub.add_parser("replay", help="re-score each record on an engine (exit 0 all match, "
-                         "1 some mismatch, 2 unreadable or engine error)")
+                         "1 some mismatch, 2 unreadable, engine unreachable or engine error)")
     rp.add_argument("file")
-    rp.add_argument("--engine", required=True, help="engine base URL, e.g. http://127.0.0.1:8000")
+    rp.add_argument("--engine", required=True, help="engine base URL, e.g. "
+                    "http://127.0.0.1:8000 (plain http only to loopback)")
     rp.add_argument("--model", default="tiny", help="served model name (default: tiny)")
-    rp.add_argument("--tolerance", type=float, default=1e-3,
+    rp.add_argument("--tolerance", type=_nonneg_float, default=1e-3,
                     help="max |logprob difference| per token, nats (default 1e-3)")
     rp.add_argument("--per-token", action="store_true", help="with --json: every token's diff")
     rp.add_argument("--json", action="store_true")
     rp.set_defaults(func=_records_replay)
+    ver = rsub.add_parser("verify", help="check each record's binding (rollout, generation, "
+                          "identity, admission seq) against the journal (exit 0 all "
+                          "consistent, 1 any rejected or unverifiable, 2 unreadable)")
+    ver.add_argument("file")
+    ver.add_argument("--journal", required=True, help="the journal the rollouts ran under")
+    ver.add_argument("--json", action="store_true")
+    ver.set_defaults(func=_records_verify)
 
 
 # ------------------------------------------------------------------------------ parser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rolloutcore", description=__doc__)
+    p = _Parser(prog="rolloutcore", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="group", required=True)
 
     spec = sub.add_parser("spec", help="the lifecycle spec: model checking and generated files")
     ssub = spec.add_subparsers(dest="cmd", required=True)
     c = ssub.add_parser("check", help="explore every reachable state, check every property")
     d = SPEC.bounds
-    c.add_argument("--rollouts", type=int, default=d.rollouts)
-    c.add_argument("--generations", type=int, default=d.generations)
-    c.add_argument("--faults", type=int, default=d.faults)
+    c.add_argument("--rollouts", type=_int_at_least(1), default=d.rollouts)
+    c.add_argument("--generations", type=_int_at_least(1), default=d.generations)
+    c.add_argument("--faults", type=_int_at_least(0), default=d.faults)
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=_spec_check)
     m = ssub.add_parser("mutants", help="check that every broken spec variant is caught")
@@ -345,15 +634,16 @@ def build_parser() -> argparse.ArgumentParser:
         g.add_argument("--check", action="store_true", help="exit 1 if the file is stale")
         g.add_argument("--json", action="store_true")
         g.set_defaults(func=func)
-    t = ssub.add_parser("tlc", help="run TLC and compare its graph with the explorer's")
+    t = ssub.add_parser("tlc", help="run TLC and compare its graph with the explorer's "
+                        "(exit 3 if TLC cannot run here)")
     t.add_argument("--json", action="store_true")
     t.set_defaults(func=_spec_tlc)
     _add_trace_journal_parsers(sub)
     sim = sub.add_parser("simulate", help="update cycles against the simulated engine")
-    sim.add_argument("--cycles", type=int, default=3)
+    sim.add_argument("--cycles", type=_int_at_least(1), default=3)
     sim.add_argument("--faults", default="",
                      help="faults to inject, e.g. 'mutate=hang' or 'reset_prefix=fail_body'")
-    sim.add_argument("--journal", help="journal file (default: a new file)")
+    sim.add_argument("--journal", help="a new journal file (default: one in a new temp dir)")
     sim.add_argument("--json", action="store_true")
     sim.set_defaults(func=_simulate)
     _add_demo_conformance_parsers(sub)
@@ -361,10 +651,49 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def commands(parser: argparse.ArgumentParser | None = None) -> list[tuple[str, ...]]:
+    """Every command of the parser (the leaves of its subcommand tree), e.g.
+    ``("records", "show")``: derived from the parser, so none is forgotten."""
+    out: list[tuple[str, ...]] = []
+
+    def walk(p: argparse.ArgumentParser, path: tuple[str, ...]) -> None:
+        subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            out.append(path)
+        for action in subs:
+            for name, child in action.choices.items():
+                walk(child, (*path, name))
+
+    walk(parser or build_parser(), ())
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # usage errors (one line, 2) and --help (0)
+        return e.code if isinstance(e.code, int) else BAD_INPUT
     func: Handler = args.func
-    return func(args)
+    try:
+        rc = func(args)
+        sys.stdout.flush()  # inside the guard: a closed pipe surfaces here
+        return rc
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (`| head`): say nothing more, and let the interpreter's
+        # final flush go to /dev/null instead of raising again.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        return BROKEN_PIPE
+    except Exception as e:  # last resort: a bug, reported in one line, never a traceback
+        _error(f"internal error in `rolloutcore {args.group} {getattr(args, 'cmd', '')}`"
+               f": {type(e).__name__}: {e} (a bug: please report it)")
+        return CANNOT_RUN
 
 
 if __name__ == "__main__":

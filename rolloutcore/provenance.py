@@ -1,0 +1,205 @@
+"""Trajectory records checked against the journal that bound them (``records verify``).
+
+A record's binding says: rollout ``rollout_id`` was admitted at journal seq ``seq`` under
+committed generation ``generation``, whose weights are ``identity``. The journal is the
+evidence: its ``admit`` record at that seq (``param`` = the rollout id, ``committed`` =
+the generation), a later ``release`` of that rollout, and the identity it names for the
+generation: the ``publish`` record's for generations >= 2, the ``bootstrap_ok`` record's
+for generation 1 (in its detail, or the identity its typed evidence was verified against,
+``evidence.expected.identity``). A record is
+
+* ``rejected`` when the journal contradicts it or lacks its admission: no admission at
+  that seq, another rollout, another generation or identity than the admission's, a
+  second record for one admission, an admission never released;
+* ``unverifiable`` when nothing contradicts it but the journal does not name the
+  identity of its generation: said, never passed silently;
+* ``consistent`` otherwise.
+
+Memory: one pass over the journal (streamed, chain verified) builds a compact index,
+about 33 bytes per admission in flat arrays (the rollout id is kept as a 64-bit digest)
+plus one entry per generation; the records are then streamed against it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from array import array
+from bisect import bisect_left
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rolloutcore.journal import ChainReport, JournalReader
+from rolloutcore.records import TrajectoryRecord
+
+CONSISTENT, REJECTED, UNVERIFIABLE = "consistent", "rejected", "unverifiable"
+_CONFLICT = "\0conflict"  # a generation the journal names two identities for
+
+
+class ProvenanceInputError(ValueError):
+    """The journal file is not a RolloutCore journal."""
+
+
+# ---------------------------------------------------------- the journal fields read
+
+
+@dataclass(frozen=True)
+class Fact:
+    """What one journal record says about provenance (see :func:`journal_fact`)."""
+
+    kind: str  # "admit" | "release" | "identity"
+    seq: int
+    rollout_id: str | None = None
+    generation: int = 0
+    identity: str | None = None
+
+
+def journal_fact(rec: Mapping[str, Any]) -> Fact | None:
+    """The provenance fact of a chain-verified journal record, or None. The only place
+    that knows the journal's record schema: adapt it here when the schema changes."""
+    step = rec.get("step")
+    if step == "admit":
+        return Fact("admit", rec["seq"], str(rec["param"]), rec["committed"])
+    if step == "release":
+        return Fact("release", rec["seq"], str(rec["param"]))
+    if step in ("publish", "bootstrap_ok"):  # committed is the generation it establishes
+        return Fact("identity", rec["seq"], None, rec["committed"], _named_identity(rec))
+    return None
+
+
+def _named_identity(rec: Mapping[str, Any]) -> str | None:
+    """The identity a record names: in its detail, or the one its evidence was verified
+    against (an ``*_ok`` outcome means the engine served exactly that)."""
+    evidence = rec.get("evidence")
+    expected = evidence.get("expected") if isinstance(evidence, dict) else None
+    for source in (rec.get("detail"), expected):
+        ident = source.get("identity") if isinstance(source, dict) else None
+        if isinstance(ident, str):
+            return ident
+    return None
+
+
+# -------------------------------------------------------------------------- the index
+
+
+def _digest(rollout_id: str) -> int:
+    d = hashlib.blake2b(rollout_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(d, "little", signed=True)
+
+
+@dataclass(frozen=True)
+class RecordVerdict:
+    """The verdict on one record; ``position`` is its line (JSON lines) or row (Parquet)."""
+
+    position: int
+    rollout_id: str
+    generation: int
+    identity: str | None
+    seq: int
+    verdict: str
+    reasons: tuple[str, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"position": self.position, "rollout_id": self.rollout_id,
+                "generation": self.generation, "identity": self.identity, "seq": self.seq,
+                "verdict": self.verdict, "reasons": list(self.reasons)}
+
+
+class JournalIndex:
+    """Admissions (seq -> rollout digest, generation, released, first claim) and the
+    identity of each generation, from one streamed pass over a journal."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        """Raises OSError if the journal cannot be read, :class:`ProvenanceInputError`
+        if it is not a journal (not even its header verifies)."""
+        self.seqs = array("q")  # admission seqs, increasing (the chain guarantees it)
+        self.rollouts = array("q")
+        self.generations = array("q")
+        self.released = bytearray()
+        self.claimed = array("q")  # 1 + position of the first record claiming it; 0: none
+        self.identities: dict[int, str | None] = {}
+        open_: dict[str, int] = {}  # bound rollout id -> its admission's index
+        reader = JournalReader(path)
+        for _line, rec in reader:
+            fact = journal_fact(rec)
+            if fact is None:
+                continue
+            if fact.kind == "admit" and fact.rollout_id is not None:
+                open_[fact.rollout_id] = len(self.seqs)
+                self.seqs.append(fact.seq)
+                self.rollouts.append(_digest(fact.rollout_id))
+                self.generations.append(fact.generation)
+                self.released.append(0)
+                self.claimed.append(0)
+            elif fact.kind == "release" and fact.rollout_id is not None:
+                i = open_.pop(fact.rollout_id, None)
+                if i is not None:
+                    self.released[i] = 1
+            elif fact.kind == "identity":
+                known = self.identities.get(fact.generation)
+                if known is None:
+                    self.identities[fact.generation] = fact.identity
+                elif fact.identity not in (None, known):
+                    self.identities[fact.generation] = _CONFLICT
+        self.chain: ChainReport = reader.report
+        if self.chain.records == 0:
+            raise ProvenanceInputError(f"{path}: not a RolloutCore journal (line 1: "
+                                       f"{self.chain.reason})")
+
+    @property
+    def admissions(self) -> int:
+        return len(self.seqs)
+
+    def check(self, position: int, record: TrajectoryRecord, *,
+              unit: str = "line") -> RecordVerdict:
+        """Judge the record at ``position`` (a ``unit``: line or row) of its file."""
+        b = record.binding
+        reasons: list[str] = []
+        i = bisect_left(self.seqs, b.seq)
+        if i == len(self.seqs) or self.seqs[i] != b.seq:
+            beyond = b.seq > self.chain.last_seq
+            reasons.append(f"no admission at journal seq {b.seq}"
+                           + (f" (the journal ends at seq {self.chain.last_seq})"
+                              if beyond else ""))
+            return self._verdict(position, record, REJECTED, reasons)
+        if self.rollouts[i] != _digest(b.rollout_id):
+            reasons.append(f"journal seq {b.seq} admits another rollout than "
+                           f"{b.rollout_id!r}")
+        gen = self.generations[i]
+        if b.generation != gen:
+            reasons.append(f"claims generation {b.generation}, admitted under generation "
+                           f"{gen}")
+        ident = self.identities.get(gen)
+        unverifiable = False
+        if ident == _CONFLICT:
+            reasons.append(f"the journal names two identities for generation {gen}")
+        elif ident is None:
+            unverifiable = True
+        elif b.identity != ident:
+            reasons.append(f"claims identity {b.identity}, generation {gen} is {ident} in "
+                           "the journal")
+        if self.claimed[i]:
+            reasons.append(f"a second record for the admission at seq {b.seq} (the first "
+                           f"is at {unit} {self.claimed[i] - 1})")
+        else:
+            self.claimed[i] = position + 1
+        if not self.released[i]:
+            reasons.append(f"its admission (seq {b.seq}) was never released in the journal")
+        if reasons:
+            return self._verdict(position, record, REJECTED, reasons)
+        if unverifiable:
+            return self._verdict(position, record, UNVERIFIABLE, [
+                f"identity unverifiable: the journal names no identity for generation {gen}"])
+        return self._verdict(position, record, CONSISTENT, [])
+
+    @staticmethod
+    def _verdict(position: int, record: TrajectoryRecord, verdict: str,
+                 reasons: list[str]) -> RecordVerdict:
+        b = record.binding
+        return RecordVerdict(position, b.rollout_id, b.generation, b.identity, b.seq,
+                             verdict, tuple(reasons))
+
+
+__all__ = ["CONSISTENT", "REJECTED", "UNVERIFIABLE", "Fact", "JournalIndex",
+           "ProvenanceInputError", "RecordVerdict", "journal_fact"]
