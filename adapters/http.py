@@ -64,6 +64,7 @@ from rolloutcore.identity import CheckpointError, safetensors_files
 
 MUTATION_METHODS = ("rc_reload_weights", "reload_weights")
 _TIERS = ("prefix", "encoder", "mm")
+ABORT_POLL_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -391,7 +392,20 @@ class HttpAdapter:
         r = self.request("POST", "/pause", op="pause", idempotent=True, deadline=deadline,
                          params={"mode": PauseMode(mode).value, "clear_cache": "false"})
         paused, running = self._read_back(deadline)
+        if mode is PauseMode.ABORT and r.status == 200:
+            running = self._await_idle(running, deadline)
         return PauseEvidence(PauseMode(mode), r.status, _as_map(r.body), paused, running)
+
+    def _await_idle(self, running: int | None, deadline: float) -> int | None:
+        """Aborted requests end a moment after the abort-mode pause returns: read the
+        running count again (within the step's deadline) until it shows them gone."""
+        while running and time.monotonic() + ABORT_POLL_S < deadline:
+            time.sleep(ABORT_POLL_S)
+            try:
+                running = self.running_requests(deadline)
+            except AdapterError:
+                return None
+        return running
 
     def resume(self, deadline: float) -> ResumeEvidence:
         r = self.request("POST", "/resume", op="resume", idempotent=True, deadline=deadline)

@@ -354,6 +354,8 @@ class SimAdapter:
             return PauseEvidence(mode, 500, None, self.engine.paused, len(self.engine.running))
         if kind != "fail_body":
             self.engine.pause(mode)
+            if mode is PauseMode.ABORT:  # aborted requests end at their next token
+                self.engine.wait_idle(remaining(deadline))
         self._after("pause", kind, deadline)
         return PauseEvidence(mode, 200, {"status": "paused"}, self.engine.paused,
                              len(self.engine.running))

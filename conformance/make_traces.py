@@ -87,6 +87,14 @@ def sample_decision(c: Controller, trigger: str, param: str | None = None) -> De
     journal had the engine answered so."""
     g = c.control.target or c.control.committed or 1
     paused_ok = PauseEvidence(PauseMode.WAIT, 200, {"status": "paused"}, True, 0)
+    k = c.control.committed
+    readmitted = (
+        PauseEvidence(PauseMode.ABORT, 200, {"status": "paused"}, True, 0),
+        MutationEvidence(MutationOutcome.COMPLETED, f"reloaded {_label(k)}", 0.25, 4096),
+        *(ResetEvidence(t, 200, True) for t in TIERS),
+        EngineReport(_label(k), _identity(k), True, 0),
+        ResumeEvidence(200, {"status": "resumed"}, False),
+        ProbeEvidence(PROBE_PROMPT, _reference(k), 200, "length", 0))
     table: dict[str, Decision] = {
         "bootstrap_ok": Decision(Op.BOOTSTRAP, (
             EngineReport(_label(1), _identity(1), False, 0),
@@ -127,6 +135,11 @@ def sample_decision(c: Controller, trigger: str, param: str | None = None) -> De
             f"tainted:{_label(g)}", 200, 200, True, f"tainted:{_label(g)}", 0),)),
         "fence_failed": Decision(Op.FENCE, (FenceEvidence(
             f"tainted:{_label(g)}", None, None, None, None, None, "ConnectError: refused"),)),
+        "readmit_ok": Decision(Op.READMIT, readmitted, _expected(k)),
+        "readmit_mismatch": Decision(Op.READMIT, (
+            *readmitted[:5], EngineReport(_label(k), _identity(0), True, 0), *readmitted[6:]),
+            _expected(k)),
+        "readmit_failed": Decision(Op.READMIT, readmitted[:1], _expected(k)),
     }
     return table[trigger]
 

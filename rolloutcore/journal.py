@@ -126,8 +126,15 @@ SECRET_KEYS: frozenset[str] = frozenset(_norm_key(k) for k in (
 _CREDENTIAL = re.compile(r"\s*(?:bearer\s+|sk-|hf_)[A-Za-z0-9._~+/=-]{20,}", re.IGNORECASE)
 
 
+#: Name endings that mark a secret whatever the prefix (``db_password``, ``ClientSecret``,
+#: ``openai_api_key``); token-like names are matched exactly, since ``max_tokens`` and
+#: ``prompt_token_ids`` are data.
+SECRET_SUFFIXES: tuple[str, ...] = ("password", "secret", "apikey", "credential", "cookie")
+
+
 def _is_secret(key: str) -> bool:
-    return _norm_key(key) in SECRET_KEYS
+    k = _norm_key(key)
+    return k in SECRET_KEYS or k.endswith(SECRET_SUFFIXES)
 
 
 def _looks_like_credential(value: str) -> bool:

@@ -33,7 +33,7 @@ from rolloutcore.adapters.contract import (
     evidence_from_json,
     evidence_to_json,
 )
-from rolloutcore.spec.lifecycle import Result
+from rolloutcore.spec.lifecycle import TIERS, Result
 from rolloutcore.spec.triggers import OUTCOMES, Op, Trigger
 
 #: Default tolerance of the scored probe: max |log-probability difference| per position,
@@ -194,6 +194,36 @@ def _fence(ev: FenceEvidence) -> Outcome:
                    f"{ev.label_read_back!r} running={ev.running_after}")
 
 
+def _readmit(d: Decision) -> Outcome:
+    """A re-admission: every step of the procedure must have succeeded, the engine must
+    read as the committed generation (label, identity) and compute as it (probe)."""
+    op, expected = Op.READMIT, _expected(d)
+    evs = {type(e).__name__: [x for x in d.evidence if type(x) is type(e)] for e in d.evidence}
+    needed = ("PauseEvidence", "MutationEvidence", "ResetEvidence", "EngineReport",
+              "ResumeEvidence", "ProbeEvidence")
+    missing = [n for n in needed if n not in evs]
+    if missing:
+        return _failed(op, f"the procedure stopped before: {', '.join(missing)}")
+    if _pause(Op.PAUSE_ABORT, evs["PauseEvidence"][0]).trigger != Trigger.PAUSE_ABORT_OK:
+        return _failed(op, "the engine could not be shown paused and idle")
+    m = _mutation(evs["MutationEvidence"][0])
+    if m.trigger != Trigger.MUTATE_OK:
+        return _failed(op, f"reload: {m.reason}")
+    resets = evs["ResetEvidence"]
+    bad = [r.reason for r in map(_reset, resets) if r.trigger != Trigger.RESET_OK]
+    if bad or len(resets) != len(TIERS):
+        return _failed(op, f"caches not verified clean: {bad or len(resets)}")
+    v = _validation(op, evs["EngineReport"][0], expected)
+    if v.trigger != Trigger.READMIT_OK:
+        return v
+    if _resume(evs["ResumeEvidence"][0]).trigger != Trigger.RESUME_OK:
+        return _failed(op, "the engine could not be shown running")
+    p = _probe(op, evs["ProbeEvidence"][0], expected)
+    if p.trigger != Trigger.READMIT_OK:
+        return p
+    return _outcome(op, Result.OK, f"{v.reason}; {p.reason}")
+
+
 def _one(d: Decision, kind: type[Any]) -> Any:
     ev = d.evidence[0] if len(d.evidence) == 1 else None
     if not isinstance(ev, kind):
@@ -218,6 +248,7 @@ _DECIDERS: dict[Op, Callable[[Decision], Outcome]] = {
     Op.PROBE: lambda d: _probe(Op.PROBE, _one(d, ProbeEvidence), _expected(d)),
     Op.FENCE: lambda d: _fence(_one(d, FenceEvidence)),
     Op.BOOTSTRAP: lambda d: _bootstrap(*_pair(d), _expected(d)),
+    Op.READMIT: _readmit,
 }
 
 

@@ -45,6 +45,7 @@ from rolloutcore.adapters.contract import (
     MutationOutcome,
     PauseMode,
     WeightTarget,
+    remaining,
 )
 from rolloutcore.controller import Binding, Controller, IllegalTransition
 from rolloutcore.postconditions import Decision, Expected, Outcome
@@ -406,6 +407,43 @@ class LifecycleRunner:
         outcome = self._idempotent(report, Op.FENCE, None, lambda d: Decision(
             Op.FENCE, (self.adapter.fence(label, d),)))
         return outcome.trigger == Trigger.FENCE_OK
+
+    def readmit(self, target: WeightTarget, *, who: str) -> Outcome:
+        """Verified re-admission of a TAINTED engine onto the committed generation
+        (``target`` describes it: label, identity, checkpoint, probe): pause in abort mode,
+        reload, reset every tier, read label and identity, resume, probe. Only if every
+        piece of evidence holds does the engine serve again. One attempt, never automatic:
+        ``who`` asked for it, and the journal says so."""
+        c = self.controller
+        if target.generation != c.control.committed:
+            raise ValueError(f"re-admission is onto the committed generation "
+                             f"{c.control.committed}, not {target.generation}")
+        deadline_s = self.policy.mutation_deadline(target) + 4 * self.policy.step_timeout_s
+        self._fire(Trigger.READMIT_BEGIN, who=who, target=target.label,
+                   identity=target.identity, checkpoint=target.source)
+        deadline = time.monotonic() + deadline_s
+        evidence: list[Any] = []
+        error: str | None = None
+        try:
+            evidence.append(self.adapter.pause(PauseMode.ABORT, deadline))
+            evidence.append(self._collective.call(
+                lambda: self.adapter.mutate(target, deadline), remaining(deadline),
+                "readmit_reload", self.stuck_calls))
+            evidence += [self.adapter.reset_cache(t, deadline) for t in TIERS]
+            evidence.append(self.adapter.read_state(deadline))
+            evidence.append(self.adapter.resume(deadline))
+            evidence.append(self._probe_call(target, deadline))
+        except (AdapterError, DeadlineExceeded, OSError) as e:
+            error = f"{type(e).__name__}: {e}"
+        decision = Decision(Op.READMIT, tuple(evidence), self._expected(target))
+        outcome = post.decide(decision)
+        if error is not None and outcome.trigger == Trigger.READMIT_FAILED:
+            outcome = Outcome(outcome.trigger, f"{outcome.reason} ({error})")
+        self._fire(outcome.trigger, evidence=decision, reason=outcome.reason)
+        if outcome.trigger == Trigger.READMIT_OK:
+            self.targets[target.generation] = target
+            self.controller.identity = target.identity
+        return outcome
 
     @contextmanager
     def _identity_swap(self, target: WeightTarget) -> Iterator[None]:

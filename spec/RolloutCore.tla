@@ -197,6 +197,28 @@ FenceFailedEffect ==
     /\ label' \in {label, TAINT}
     /\ UNCHANGED <<weights, req, caches, amb, stale>>
 
+ReadmitOkEffect ==
+    /\ phase \in {"TAINTED"}
+    /\ pending = "readmit"
+    /\ weights = committed /\ label = committed
+    /\ paused' = FALSE
+    /\ stale' = (stale \/ \E t \in Tiers : caches[t] \ {weights} # {})
+    /\ caches' = [t \in Tiers |-> caches[t] \cup {weights}]
+    /\ UNCHANGED <<weights, label, req, amb>>
+
+ReadmitMismatchEffect ==
+    /\ phase \in {"TAINTED"}
+    /\ pending = "readmit"
+    /\ weights # committed \/ label # committed
+    /\ paused' = FALSE
+    /\ UNCHANGED <<weights, label, req, caches, amb, stale>>
+
+ReadmitFailedEffect ==
+    /\ phase \in {"TAINTED"}
+    /\ pending = "readmit"
+    /\ paused' \in {paused, FALSE}
+    /\ UNCHANGED <<weights, label, req, caches, amb, stale>>
+
 InFlight ==
     \/ UNCHANGED <<weights, label, paused, req, caches, amb, stale>>
     \/ BootstrapOkEffect
@@ -224,6 +246,9 @@ InFlight ==
     \/ ProbeMismatchEffect
     \/ FenceOkEffect
     \/ FenceFailedEffect
+    \/ ReadmitOkEffect
+    \/ ReadmitMismatchEffect
+    \/ ReadmitFailedEffect
 
 \* bootstrap_begin [control]: Read the fresh engine: label, weight identity, a probe generation.
 BootstrapBegin ==
@@ -638,6 +663,56 @@ FenceFailed ==
     /\ faults' = faults + 1
     /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, req, caches, amb, stale>>
 
+\* readmit_begin [control]: An operator (or a fleet rolling a member back) re-admits the engine: pause it in abort mode, reload the committed generation's checkpoint, reset every cache tier; the reload may or may not produce the committed weights.
+ReadmitBegin ==
+    /\ phase \in {"TAINTED"}
+    /\ pending = "none"
+    /\ evidence' = {}
+    /\ pending' = "readmit"
+    /\ weights' \in {committed, MIXED, BROKEN}
+    /\ label' \in {committed, label}
+    /\ paused' = TRUE
+    /\ req' = [i \in Slots |-> 0]
+    /\ caches' = [t \in Tiers |-> {}]
+    /\ amb' = FALSE
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, stale, faults>>
+
+\* readmit_ok [outcome]: Label, identity and a probe all read as the committed generation's; the engine resumed: it serves again.
+ReadmitOk ==
+    /\ phase \in {"TAINTED"}
+    /\ pending = "readmit"
+    /\ weights = committed /\ label = committed
+    /\ phase' = "READY"
+    /\ target' = 0
+    /\ evidence' = AllEvidence
+    /\ cleared' = Tiers
+    /\ pending' = "none"
+    /\ paused' = FALSE
+    /\ stale' = (stale \/ \E t \in Tiers : caches[t] \ {weights} # {})
+    /\ caches' = [t \in Tiers |-> caches[t] \cup {weights}]
+    /\ UNCHANGED <<committed, bind, weights, label, req, amb, faults>>
+
+\* readmit_mismatch [outcome]: The engine does not hold the committed generation (label, identity or probe): it stays quarantined, unfenced (the probe resumed it).
+ReadmitMismatch ==
+    /\ phase \in {"TAINTED"}
+    /\ pending = "readmit"
+    /\ weights # committed \/ label # committed
+    /\ evidence' = {}
+    /\ pending' = "none"
+    /\ paused' = FALSE
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, weights, label, req, caches, amb, stale, faults>>
+
+\* readmit_failed [outcome]: The procedure could not be completed or verified: quarantined, state unknown (not fenced).
+ReadmitFailed ==
+    /\ phase \in {"TAINTED"}
+    /\ pending = "readmit"
+    /\ faults < MaxFaults
+    /\ evidence' = {}
+    /\ pending' = "none"
+    /\ paused' \in {paused, FALSE}
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, weights, label, req, caches, amb, stale>>
+
 \* restart_uninitialized [restart]: Restarted before any bootstrap completed: the engine was only read.
 RestartUninitialized ==
     /\ phase \in {"UNINITIALIZED"}
@@ -719,6 +794,10 @@ Next ==
     \/ FenceBegin
     \/ FenceOk
     \/ FenceFailed
+    \/ ReadmitBegin
+    \/ ReadmitOk
+    \/ ReadmitMismatch
+    \/ ReadmitFailed
     \/ RestartUninitialized
     \/ RestartReady
     \/ RestartTainted
@@ -788,9 +867,11 @@ FencedTaintServesNothing ==
 GenerationsMoveForward ==
     [][committed' \in {committed, committed + 1}]_vars
 
-\* Once TAINTED, the controller stays TAINTED: no admission, no publish.
+\* Once TAINTED, the controller stays TAINTED (no admission, no publish) unless an explicit, verified re-admission onto the committed generation succeeds.
 TaintedIsAbsorbing ==
-    [][phase = "TAINTED" => (phase' = "TAINTED" /\ committed' = committed /\ bind' = bind)]_vars
+    [][phase = "TAINTED" =>
+            /\ committed' = committed /\ bind' = bind
+            /\ (phase' = "TAINTED" \/ pending = "readmit")]_vars
 
 \* A rollout is admitted only in READY.
 AdmissionOnlyInReady ==
@@ -804,12 +885,15 @@ BindingsKeepTheirGeneration ==
 NoRolloutCrossesMutation ==
     [][(pending' = "mutate" /\ pending # "mutate") => \A i \in Slots : bind[i] = 0]_vars
 
-\* The engine's weights change only in UPDATING, paused, with nothing running or bound.
+\* The engine's weights change only in UPDATING, paused, with nothing running or bound (or by a re-admission, whose abort-mode pause ends every request first).
 WeightsChangeOnlyWhenQuiesced ==
     [][weights' # weights =>
-            /\ phase = "UPDATING"
-            /\ paused
-            /\ \A i \in Slots : bind[i] = 0 /\ req[i] = 0]_vars
+            \/ /\ phase = "UPDATING"
+               /\ paused
+               /\ \A i \in Slots : bind[i] = 0 /\ req[i] = 0
+            \/ /\ pending' = "readmit"
+               /\ paused'
+               /\ \A i \in Slots : bind[i] = 0 /\ req'[i] = 0]_vars
 
 \* History: a new generation is published only from RESUMING with every piece of evidence, every cache tier verified clean since the mutation, and no rollout bound.
 PublishOnlyVerified ==

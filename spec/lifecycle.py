@@ -669,6 +669,49 @@ ACTIONS: tuple[Action, ...] = (
                                              for lab in sorted({s.label, TAINT})),
                 "world_tla": {"paused": r"\in {paused, TRUE}", "label": r"\in {label, TAINT}"}},
     ),
+    # ---- verified re-admission: the only way out of TAINTED, an explicit operation -------
+    *operation(
+        "readmit", frozenset({P.TAINTED}),
+        begin={"doc": "An operator (or a fleet rolling a member back) re-admits the engine: "
+               "pause it in abort mode, reload the committed generation's checkpoint, reset "
+               "every cache tier; the reload may or may not produce the committed weights.",
+               "when": _idle, "when_tla": 'pending = "none"',
+               "control": lambda _c, _p: {"evidence": frozenset()},
+               "control_tla": {"evidence": "{}"},
+               "world": lambda s, _p: tuple(
+                   {"weights": w, "label": lab, "paused": True, "req": (0,) * len(s.req),
+                    "caches": tuple(frozenset() for _ in TIERS), "amb": False}
+                   for w in sorted({s.committed, MIXED, BROKEN})
+                   for lab in sorted({s.committed, s.label})),
+               "world_tla": {"weights": r"\in {committed, MIXED, BROKEN}",
+                             "label": r"\in {committed, label}", "paused": "TRUE",
+                             "req": "[i \\in Slots |-> 0]", "caches": "[t \\in Tiers |-> {}]",
+                             "amb": "FALSE"}},
+        ok={"dest": P.READY,
+            "doc": "Label, identity and a probe all read as the committed generation's; the "
+            "engine resumed: it serves again.",
+            "truth": lambda s, _p: s.weights == s.committed and s.label == s.committed,
+            "truth_tla": r"weights = committed /\ label = committed",
+            "control": lambda _c, _p: {"target": 0, "evidence": ALL_EVIDENCE,
+                                       "cleared": frozenset(TIERS)},
+            "control_tla": {"target": "0", "evidence": "AllEvidence", "cleared": "Tiers"},
+            "world": lambda s, _p: ({"paused": False, **_compute(s)},),
+            "world_tla": {"paused": "FALSE", **_COMPUTE_TLA}},
+        mismatch={"fault": False,
+                  "doc": "The engine does not hold the committed generation (label, identity or "
+                  "probe): it stays quarantined, unfenced (the probe resumed it).",
+                  "truth": lambda s, _p: s.weights != s.committed or s.label != s.committed,
+                  "truth_tla": r"weights # committed \/ label # committed",
+                  "control": lambda _c, _p: {"evidence": frozenset()},
+                  "control_tla": {"evidence": "{}"},
+                  "world": lambda _s, _p: ({"paused": False},), "world_tla": {"paused": "FALSE"}},
+        failed={"doc": "The procedure could not be completed or verified: quarantined, state "
+                "unknown (not fenced).",
+                "control": lambda _c, _p: {"evidence": frozenset()},
+                "control_tla": {"evidence": "{}"},
+                "world": lambda s, _p: ({"paused": s.paused}, {"paused": False}),
+                "world_tla": {"paused": r"\in {paused, FALSE}"}},
+    ),
     # ---- the controller's own crash and restart -------------------------------------------
     Action(
         name="restart_uninitialized", kind=Kind.RESTART, sources=frozenset({P.UNINITIALIZED}),
@@ -847,10 +890,14 @@ ACTION_PROPERTIES: tuple[ActionProperty, ...] = (
     ),
     ActionProperty(
         "TaintedIsAbsorbing",
-        "Once TAINTED, the controller stays TAINTED: no admission, no publish.",
-        r"""phase = "TAINTED" => (phase' = "TAINTED" /\ committed' = committed /\ bind' = bind)""",
+        "Once TAINTED, the controller stays TAINTED (no admission, no publish) unless an "
+        "explicit, verified re-admission onto the committed generation succeeds.",
+        r"""phase = "TAINTED" =>
+            /\ committed' = committed /\ bind' = bind
+            /\ (phase' = "TAINTED" \/ pending = "readmit")""",
         lambda s, t: s.phase is not Phase.TAINTED
-        or (t.phase is Phase.TAINTED and t.committed == s.committed and t.bind == s.bind),
+        or (t.committed == s.committed and t.bind == s.bind
+            and (t.phase is Phase.TAINTED or s.pending == "readmit")),
     ),
     ActionProperty(
         "AdmissionOnlyInReady",
@@ -875,13 +922,18 @@ ACTION_PROPERTIES: tuple[ActionProperty, ...] = (
     ),
     ActionProperty(
         "WeightsChangeOnlyWhenQuiesced",
-        "The engine's weights change only in UPDATING, paused, with nothing running or bound.",
+        "The engine's weights change only in UPDATING, paused, with nothing running or bound "
+        "(or by a re-admission, whose abort-mode pause ends every request first).",
         r"""weights' # weights =>
-            /\ phase = "UPDATING"
-            /\ paused
-            /\ \A i \in Slots : bind[i] = 0 /\ req[i] = 0""",
+            \/ /\ phase = "UPDATING"
+               /\ paused
+               /\ \A i \in Slots : bind[i] = 0 /\ req[i] = 0
+            \/ /\ pending' = "readmit"
+               /\ paused'
+               /\ \A i \in Slots : bind[i] = 0 /\ req'[i] = 0""",
         lambda s, t: t.weights == s.weights
-        or (s.phase is Phase.UPDATING and s.paused and not any(s.bind) and not any(s.req)),
+        or (s.phase is Phase.UPDATING and s.paused and not any(s.bind) and not any(s.req))
+        or (t.pending == "readmit" and t.paused and not any(s.bind) and not any(t.req)),
     ),
     ActionProperty(
         "PublishOnlyVerified",

@@ -128,6 +128,11 @@ def _fence_leaves_engine_serving(spec: Spec) -> Spec:
         "fence_ok", world=lambda _s, _p: ({"label": TAINT},), world_tla={"label": "TAINT"})
 
 
+def _readmit_on_label_only(spec: Spec) -> Spec:
+    return spec.replace_action(
+        "readmit_ok", truth=lambda s, _p: s.label == s.committed, truth_tla="label = committed")
+
+
 def _abort_before_requests_gone(spec: Spec) -> Spec:
     return spec.replace_action("pause_abort_ok", truth=lambda _s, _p: True, truth_tla="TRUE")
 
@@ -181,6 +186,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "Fence a TAINTED engine by relabelling it only: direct callers are still served "
            "by weights that were never published.",
            _fence_leaves_engine_serving),
+    Mutant("readmit_on_label_only",
+           "Re-admit a quarantined engine because it reports the committed label, without "
+           "checking the identity of its weights and a probe.",
+           _readmit_on_label_only),
     Mutant("abort_before_requests_gone",
            "Drain by aborting, and mutate as soon as the abort-mode pause returns, without "
            "the running count showing the aborted requests gone.",

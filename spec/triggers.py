@@ -52,6 +52,10 @@ class Trigger(StrEnum):
     FENCE_BEGIN = "fence_begin"  # control
     FENCE_OK = "fence_ok"  # outcome
     FENCE_FAILED = "fence_failed"  # outcome
+    READMIT_BEGIN = "readmit_begin"  # control
+    READMIT_OK = "readmit_ok"  # outcome
+    READMIT_MISMATCH = "readmit_mismatch"  # outcome
+    READMIT_FAILED = "readmit_failed"  # outcome
     RESTART_UNINITIALIZED = "restart_uninitialized"  # restart
     RESTART_READY = "restart_ready"  # restart
     RESTART_TAINTED = "restart_tainted"  # restart
@@ -69,6 +73,7 @@ class Op(StrEnum):
     RESUME = "resume"
     PROBE = "probe"
     FENCE = "fence"
+    READMIT = "readmit"
 
 
 #: The trigger of each result of each operation (its begin included).
@@ -121,6 +126,12 @@ OUTCOMES: Final[dict[Op, dict[Result, Trigger]]] = {
         Result.BEGIN: Trigger.FENCE_BEGIN,
         Result.OK: Trigger.FENCE_OK,
         Result.FAILED: Trigger.FENCE_FAILED,
+    },
+    Op.READMIT: {
+        Result.BEGIN: Trigger.READMIT_BEGIN,
+        Result.OK: Trigger.READMIT_OK,
+        Result.MISMATCH: Trigger.READMIT_MISMATCH,
+        Result.FAILED: Trigger.READMIT_FAILED,
     },
 }
 #: Restart triggers: what a restarted controller may assume.
