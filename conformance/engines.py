@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from rolloutcore.adapters.contract import (
     EngineReport,
@@ -344,8 +344,9 @@ class SimHarnessEngine(HarnessEngine):
     def alive(self) -> bool:
         return not self.engine.dead
 
-    _SIM_KINDS = {"late": "late", "hang": "hang", "drop": "drop", "refuse": "connection_error",
-                  "http_500": "http_500", "empty_body": "empty_body", "fail_body": "fail_body"}
+    _SIM_KINDS: ClassVar[dict[str, str]] = {
+        "late": "late", "hang": "hang", "drop": "drop", "refuse": "connection_error",
+        "http_500": "http_500", "empty_body": "empty_body", "fail_body": "fail_body"}
 
     def inject(self, op: str, fault: str, *, times: int | None = 1) -> None:
         kind = self._SIM_KINDS[fault]
