@@ -157,7 +157,8 @@ def _spec_mutants(args: argparse.Namespace) -> int:
     from rolloutcore import modelcheck
 
     why_not = modelcheck.tlc_available() if not args.no_tlc else "--no-tlc"
-    verdicts = modelcheck.check_mutants(with_tlc=why_not is None)
+    verdicts: list[Any] = [*modelcheck.check_mutants(with_tlc=why_not is None),
+                           *modelcheck.check_fleet_mutants(with_tlc=why_not is None)]
     rows = [v.as_json() for v in verdicts]
     if args.json:
         _print_json({"tlc": why_not or "ran", "mutants": rows})
@@ -208,21 +209,22 @@ def _spec_tlc(args: argparse.Namespace) -> int:
             _print_json({"error": _one_line(f"cannot run TLC: {why_not}")})
         _error(f"cannot run TLC: {why_not}")
         return CANNOT_RUN
-    run = modelcheck.run_tlc()
+    runs = {"lifecycle": modelcheck.run_tlc(), "fleet": modelcheck.run_fleet_tlc()}
     if args.json:
-        _print_json(run.as_json())
+        _print_json({name: run.as_json() for name, run in runs.items()})
     else:
-        r = run.result
-        print(f"TLC exit {r.exit_code} in {r.seconds:.1f} s"
-              + (f": {r.violation} {r.violated_name}" if r.violation else ": no error"))
-        print(f"python: {run.python_states} states, {run.python_edges} edges")
-        print(f"TLC:    {run.tlc_states} states, {run.tlc_edges} edges")
-        print(f"graphs equal edge for edge: {run.graphs_equal}")
-        for line in run.only_python:
-            print(f"  only in python: {line}")
-        for line in run.only_tlc:
-            print(f"  only in TLC: {line}")
-    return 0 if run.result.exit_code == 0 and run.graphs_equal else 1
+        for name, run in runs.items():
+            r = run.result
+            print(f"{name}: TLC exit {r.exit_code} in {r.seconds:.1f} s"
+                  + (f": {r.violation} {r.violated_name}" if r.violation else ": no error"))
+            print(f"  python: {run.python_states} states, {run.python_edges} edges")
+            print(f"  TLC:    {run.tlc_states} states, {run.tlc_edges} edges")
+            print(f"  graphs equal edge for edge: {run.graphs_equal}")
+            for line in run.only_python:
+                print(f"    only in python: {line}")
+            for line in run.only_tlc:
+                print(f"    only in TLC: {line}")
+    return 0 if all(r.result.exit_code == 0 and r.graphs_equal for r in runs.values()) else 1
 
 
 # ------------------------------------------------------------------- trace, journal

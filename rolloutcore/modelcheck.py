@@ -14,29 +14,47 @@ from rolloutcore.explore import Exploration, Violation, explore
 from rolloutcore.spec import doc as spec_doc
 from rolloutcore.spec import tla as spec_tla
 from rolloutcore.spec import triggers_gen
+from rolloutcore.spec.fleet import (
+    FLEET,
+    FleetExploration,
+    FleetSpec,
+    FleetState,
+    explore_fleet,
+    fleet_config,
+    fleet_module,
+)
 from rolloutcore.spec.lifecycle import SPEC, TIERS, Phase, Spec, State
-from rolloutcore.spec.mutants import MUTANTS, Mutant
+from rolloutcore.spec.mutants import FLEET_MUTANTS, MUTANTS, FleetMutant, Mutant
 
 SPEC_DIR = Path(spec_pkg.__file__).resolve().parent
 TLA_FILE = SPEC_DIR / "RolloutCore.tla"
 CFG_FILE = SPEC_DIR / "RolloutCore.cfg"
 DOC_FILE = SPEC_DIR / "SPEC.md"
 TRIGGERS_FILE = SPEC_DIR / "triggers.py"
+FLEET_TLA_FILE = SPEC_DIR / "RolloutCoreFleet.tla"
+FLEET_CFG_FILE = SPEC_DIR / "RolloutCoreFleet.cfg"
 
 
 # ---------------------------------------------------------------------- generated files
 
 
-def generated_files(spec: Spec = SPEC, exploration: Exploration | None = None) -> dict[
-    Path, str
-]:
-    ex = exploration or explore(spec)
-    return {
+def generated_files(spec: Spec = SPEC, exploration: Exploration | None = None, *,
+                    fleet: FleetSpec = FLEET, with_doc: bool = True) -> dict[Path, str]:
+    """Every file generated from the specs (the review document needs both explored)."""
+    out = {
         TLA_FILE: spec_tla.module(spec),
         CFG_FILE: spec_tla.config(spec),
         TRIGGERS_FILE: triggers_gen.module(spec),
-        DOC_FILE: spec_doc.document(spec, states=ex.states, edges=ex.edges),
+        FLEET_TLA_FILE: fleet_module(fleet),
+        FLEET_CFG_FILE: fleet_config(fleet),
     }
+    if with_doc:
+        ex = exploration or explore(spec)
+        fx = explore_fleet(fleet)
+        out[DOC_FILE] = spec_doc.document(spec, states=ex.states, edges=ex.edges,
+                                          fleet=fleet, fleet_states=fx.states,
+                                          fleet_edges=fx.edges)
+    return out
 
 
 def stale_files(files: dict[Path, str]) -> list[Path]:
@@ -129,6 +147,47 @@ def run_tlc(spec: Spec = SPEC, *, exploration: Exploration | None = None,
     return run
 
 
+# ------------------------------------------------------------------------------- fleet
+
+
+def fleet_state_from_tlc(values: dict[str, object]) -> FleetState:
+    eng = values["eng"]
+    assert isinstance(eng, tuple)
+    members = []
+    for rec in eng:
+        assert isinstance(rec, tlc.TlaRecord)
+        members.append(state_from_tlc({str(k): v for k, v in rec.items()}))
+    return FleetState(str(values["fphase"]), int(str(values["fcommitted"])),
+                      int(str(values["ftarget"])), tuple(members), int(str(values["faults"])))
+
+
+def run_fleet_tlc(spec: FleetSpec = FLEET, *, exploration: FleetExploration | None = None,
+                  timeout_s: float = 900) -> TlcRun:
+    """TLC on the generated fleet module; its whole graph against the fleet explorer's."""
+    ex = exploration or explore_fleet(spec)
+    with tempfile.TemporaryDirectory(prefix="rolloutcore-tlc-") as tmp:
+        module = Path(tmp) / f"{spec.name}.tla"
+        cfg = Path(tmp) / f"{spec.name}.cfg"
+        module.write_text(fleet_module(spec))
+        cfg.write_text(fleet_config(spec))
+        result = tlc.run_tlc(module, cfg, workers=1, dump_graph=True, timeout_s=timeout_s)
+    run = TlcRun(result, ex.states, ex.edges, result.distinct_states, None, None)
+    if result.graph is None or result.exit_code != 0:
+        return run
+    g = result.graph
+    names = {f"M{spec_tla.tla_name(n)}": n for n in spec.lifted}
+    names.update({spec_tla.tla_name(fa.name): fa.name for fa in spec.actions})
+    states = {k: fleet_state_from_tlc(v) for k, v in g.states.items()}
+    tlc_edges = {(states[s], names[a], states[d]) for s, a, d in g.edges}
+    run.tlc_edges = len(tlc_edges)
+    run.python_edges = len(ex.graph)
+    run.graphs_equal = (tlc_edges == ex.graph and set(states.values()) == ex.nodes
+                        and {states[n] for n in g.initial} == set(ex.initial))
+    run.only_python = [f"{a}: {u} -> {v}" for u, a, v in list(ex.graph - tlc_edges)[:3]]
+    run.only_tlc = [f"{a}: {u} -> {v}" for u, a, v in list(tlc_edges - ex.graph)[:3]]
+    return run
+
+
 # ------------------------------------------------------------------------------ mutants
 
 
@@ -171,6 +230,50 @@ def check_mutant(m: Mutant, base: Spec = SPEC, *, with_tlc: bool) -> MutantVerdi
 
 def check_mutants(base: Spec = SPEC, *, with_tlc: bool) -> list[MutantVerdict]:
     return [check_mutant(m, base, with_tlc=with_tlc) for m in MUTANTS]
+
+
+@dataclass
+class FleetMutantVerdict:
+    mutant: FleetMutant
+    explorer: dict[str, int]  # property -> counterexample length
+    tlc_violated: str | None = None
+    tlc_trace_length: int | None = None
+    tlc_ran: bool = False
+
+    @property
+    def caught(self) -> bool:
+        return bool(self.explorer) and (not self.tlc_ran or self.tlc_violated is not None)
+
+    def as_json(self) -> dict[str, Any]:
+        first = min(self.explorer.items(), key=lambda kv: kv[1]) if self.explorer else None
+        return {"mutant": self.mutant.name, "doc": self.mutant.doc, "caught": self.caught,
+                "explorer_violated": first[0] if first else None,
+                "explorer_counterexample_length": first[1] if first else None,
+                "tlc_ran": self.tlc_ran, "tlc_violated": self.tlc_violated,
+                "tlc_counterexample_length": self.tlc_trace_length}
+
+
+def check_fleet_mutant(m: FleetMutant, base: FleetSpec = FLEET, *,
+                       with_tlc: bool) -> FleetMutantVerdict:
+    mutated = m.apply(base.with_bounds(m.bounds))
+    ex = explore_fleet(mutated, stop_at_violation=True)
+    verdict = FleetMutantVerdict(m, {k: len(v) for k, v in ex.violations.items()})
+    if with_tlc:
+        with tempfile.TemporaryDirectory(prefix="rolloutcore-tlc-") as tmp:
+            module = Path(tmp) / f"{mutated.name}.tla"
+            cfg = Path(tmp) / f"{mutated.name}.cfg"
+            module.write_text(fleet_module(mutated))
+            cfg.write_text(fleet_config(mutated))
+            r = tlc.run_tlc(module, cfg, workers=1, dump_graph=False, timeout_s=900)
+        verdict.tlc_ran = True
+        if r.violation in ("invariant", "property"):
+            verdict.tlc_violated = r.violated_name
+            verdict.tlc_trace_length = max(len(r.trace) - 1, 0)
+    return verdict
+
+
+def check_fleet_mutants(base: FleetSpec = FLEET, *, with_tlc: bool) -> list[FleetMutantVerdict]:
+    return [check_fleet_mutant(m, base, with_tlc=with_tlc) for m in FLEET_MUTANTS]
 
 
 def tlc_available() -> str | None:

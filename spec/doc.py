@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from rolloutcore.spec.fleet import FleetSpec
+from rolloutcore.spec.fleet import __doc__ as fleet_doc
 from rolloutcore.spec.lifecycle import Action, Kind, Phase, Spec
-from rolloutcore.spec.mutants import MUTANTS
+from rolloutcore.spec.mutants import FLEET_MUTANTS, MUTANTS
 from rolloutcore.spec.tla import tla_name, world_conjuncts
 
 
@@ -51,8 +53,44 @@ def mermaid(spec: Spec) -> str:
     return "\n".join(lines)
 
 
-def document(spec: Spec, *, states: int, edges: int) -> str:
-    """The review document; ``states``/``edges`` come from exploring ``spec``."""
+def fleet_section(fleet: FleetSpec, *, states: int, edges: int) -> list[str]:
+    b = fleet.bounds
+    doc = (fleet_doc or "").split("Theory of operation\n-------------------\n", 1)[-1]
+    out = ["", "## The fleet", "", "Generated from `spec/fleet.py` (its module and config: "
+           "`spec/RolloutCoreFleet.tla`, `.cfg`).", ""]
+    out += [line for line in doc.strip().splitlines()]
+    out += ["", "Member actions are the single-engine actions above, applied to one member; "
+            "the fleet adds these guards to them:", "",
+            "| member action | fleet guard |", "|---|---|"]
+    for name, (_g, tla) in fleet.member_guards.items():
+        if tla != "TRUE":
+            out.append(f"| {name} | `{_cell(tla)}` |")
+    out += ["", "Members' reset steps follow the tier order; during the fleet's update a "
+            "member takes the steps of its own cycle once every member before it has settled "
+            "(see `FleetSpec.scheduled` for why that loses no observable behaviour); giving "
+            "up spends the fleet's fault budget.", "", "Fleet actions:", "",
+            "| action | from | to | guard |", "|---|---|---|---|"]
+    for fa in fleet.actions:
+        out.append(f"| {fa.name} ({tla_name(fa.name)}) | {', '.join(sorted(fa.sources))} | "
+                   f"{fa.dest} | {_cell(fa.doc)} |")
+    out += ["", "Fleet invariants (every reachable state; every member's single-engine "
+            "invariants too):", ""]
+    out += [f"- **{i.name}**: {i.doc}" for i in fleet.invariants]
+    out += ["", "Fleet action properties (every step; every member's too):", ""]
+    out += [f"- **{p.name}**: {p.doc}" for p in fleet.action_properties]
+    out += ["", f"Default bounds: {b.engines} members, min_serving {b.min_serving}, "
+            f"{b.generations} generations, {b.rollouts} rollout slot(s) per member, "
+            f"{b.faults} fault(s) across the fleet. Reachable: **{states} states, {edges} "
+            "edges** (explorer and TLC agree edge for edge; CI also compares them at three "
+            "members).", "", "Fleet mutants (each caught by the explorer and by TLC):", ""]
+    out += [f"- **{m.name}**: {m.doc}" for m in FLEET_MUTANTS]
+    return out
+
+
+def document(spec: Spec, *, states: int, edges: int, fleet: FleetSpec | None = None,
+             fleet_states: int = 0, fleet_edges: int = 0) -> str:
+    """The review document; ``states``/``edges`` come from exploring ``spec`` (and the
+    fleet's from exploring ``fleet``)."""
     b = spec.bounds
     out = [
         "# RolloutCore lifecycle specification",
@@ -120,4 +158,6 @@ def document(spec: Spec, *, states: int, edges: int) -> str:
         "",
     ]
     out += [f"- **{m.name}**: {m.doc}" for m in MUTANTS]
+    if fleet is not None:
+        out += fleet_section(fleet, states=fleet_states, edges=fleet_edges)
     return "\n".join(out) + "\n"

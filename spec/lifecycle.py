@@ -124,7 +124,7 @@ class Bounds:
     faults: int = 2
 
     def __post_init__(self) -> None:
-        if self.rollouts < 1 or self.generations < 1 or self.faults < 0:
+        if self.rollouts < 0 or self.generations < 1 or self.faults < 0:
             raise ValueError(f"bounds out of range: {self}")
 
 

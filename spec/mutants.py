@@ -10,8 +10,19 @@ them with a counterexample.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from rolloutcore.spec.fleet import (
+    FLEET,
+    FLEET_PUBLISH_WHEN_TLA,
+    FLEET_REOPEN_WHEN_TLA,
+    N_VALIDATED_TLA,
+    FleetBounds,
+    FleetSpec,
+    MemberGuard,
+    settled,
+    validated,
+)
 from rolloutcore.spec.lifecycle import (
     ALL_EVIDENCE,
     NO_OP,
@@ -202,3 +213,68 @@ def mutant(name: str) -> Mutant:
         if m.name == name:
             return m
     raise KeyError(f"no mutant named {name!r}; known: {', '.join(m.name for m in MUTANTS)}")
+
+
+# ----------------------------------------------------------------------------- fleet
+
+
+#: Fleet bounds at which a quorum smaller than the fleet shows (a member left behind).
+PARTIAL_QUORUM = FleetBounds(engines=2, min_serving=1, generations=2, faults=1, rollouts=1)
+
+
+@dataclass(frozen=True)
+class FleetMutant:
+    name: str
+    doc: str
+    apply: Callable[[FleetSpec], FleetSpec]
+    bounds: FleetBounds = FLEET.bounds
+
+
+def _fleet_action(spec: FleetSpec, name: str, **changes: object) -> FleetSpec:
+    acts = tuple(replace(a, **changes) if a.name == name else a for a in spec.actions)  # type: ignore[arg-type]
+    if acts == spec.actions:
+        raise KeyError(name)
+    return replace(spec, actions=acts)
+
+
+def _member_guard(spec: FleetSpec, action: str, guard: MemberGuard) -> FleetSpec:
+    return replace(spec, member_guards={**spec.member_guards, action: guard})
+
+
+FLEET_MUTANTS: tuple[FleetMutant, ...] = (
+    FleetMutant(
+        "publish_without_quorum",
+        "Publish the target as soon as one member validated it, whatever min_serving says.",
+        lambda s: _fleet_action(
+            s, "fleet_publish",
+            when=lambda f, _b: all(settled(f, m) for m in f.eng)
+            and any(validated(f, m) for m in f.eng),
+            when_tla=FLEET_PUBLISH_WHEN_TLA.replace(">= MinServing", ">= 1"))),
+    FleetMutant(
+        "member_publishes_alone",
+        "Let each member publish as soon as its own cycle is verified (what frameworks do: "
+        "resume each engine when it is updated): the fleet serves two generations.",
+        lambda s: _member_guard(s, "publish", (lambda _f, _m: True, "TRUE"))),
+    FleetMutant(
+        "admit_on_stale_member",
+        "Route rollouts to any READY member, including one left on the old generation.",
+        lambda s: _member_guard(s, "admit", (lambda f, _m: f.fphase == "READY",
+                                              'fphase = "READY"')), PARTIAL_QUORUM),
+    FleetMutant(
+        "publish_before_settled",
+        "Publish once enough members validated, without waiting for the others to settle: "
+        "a member still draining keeps rollouts of the old generation.",
+        lambda s: _fleet_action(
+            s, "fleet_publish",
+            when=lambda f, b: sum(validated(f, m) for m in f.eng) >= b.min_serving,
+            when_tla=f"{N_VALIDATED_TLA} >= MinServing"), PARTIAL_QUORUM),
+    FleetMutant(
+        "reopen_without_quorum",
+        "Reopen admissions after an aborted update even if fewer than min_serving members "
+        "serve.",
+        lambda s: _fleet_action(
+            s, "fleet_reopen",
+            when=lambda f, _b: all(m.phase in (Phase.READY, Phase.TAINTED)
+                                   and m.pending == "none" for m in f.eng),
+            when_tla=FLEET_REOPEN_WHEN_TLA.split(" /\\ Cardinality", 1)[0])),
+)

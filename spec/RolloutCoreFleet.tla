@@ -1,0 +1,687 @@
+---------------------------- MODULE RolloutCoreFleet ----------------------------
+\* Generated from spec/fleet.py and spec/lifecycle.py by `rolloutcore spec tla`.
+\* Do not edit: change the Python spec and regenerate.
+EXTENDS Integers, FiniteSets, Sequences
+
+CONSTANTS NumEngines, NumSlots, MaxGen, MaxFaults, MinServing
+
+Engines == 1..NumEngines
+Slots == 1..NumSlots
+Tiers == {"encoder", "mm", "prefix"}
+Phases == {"DRAINING", "INVALIDATING", "QUIESCED", "READY", "RESUMING", "TAINTED", "UNINITIALIZED", "UPDATING", "VALIDATING"}
+AllEvidence == {"identity", "probe", "resumed", "version"}
+WeightEvidence == {"identity", "probe", "version"}
+QuietPhases == {"INVALIDATING", "QUIESCED", "UPDATING", "VALIDATING"}
+PostMutationPhases == {"INVALIDATING", "RESUMING", "VALIDATING"}
+MIXED == -1
+BROKEN == -2
+TAINT == -3
+TierOrder == <<"prefix", "encoder", "mm">>
+
+VARIABLES fphase, fcommitted, ftarget, eng, faults
+vars == <<fphase, fcommitted, ftarget, eng, faults>>
+
+Init ==
+    /\ fphase = "READY"
+    /\ fcommitted = 1
+    /\ ftarget = 0
+    /\ eng = [n \in Engines |-> [phase |-> "READY", committed |-> 1, target |-> 0, pending |-> "none", bind |-> [i \in Slots |-> 0], cleared |-> {}, evidence |-> AllEvidence, weights |-> 1, label |-> 1, paused |-> FALSE, req |-> [i \in Slots |-> 0], caches |-> [t \in Tiers |-> {}], amb |-> FALSE, stale |-> FALSE, faults |-> 0]]
+    /\ faults = 0
+
+TierFirst(e, t) == \A k \in 1..Len(TierOrder) : TierOrder[k] = t =>
+    \A j \in 1..(k - 1) : TierOrder[j] \in e.cleared
+Settled(e) == (e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none") \/ (e.pending = "none" /\ (e.phase = "TAINTED" \/ (e.phase = "READY" /\ \A i \in Slots : e.bind[i] = 0)))
+Scheduled(n) == fphase # "UPDATING" \/ \A m \in 1..(n - 1) : Settled(eng[m])
+
+\* admit [member, control]
+MAdmit(n, i) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"READY"}
+    /\ e.bind[i] = 0
+    /\ e.req[i] = 0
+    /\ fphase = "READY" /\ e.committed = fcommitted
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.bind = [e.bind EXCEPT ![i] = e.committed], !.req = [e.req EXCEPT ![i] = e.weights], !.stale = (e.stale \/ \E t \in Tiers : e.caches[t] \ {e.weights} # {}), !.caches = [t \in Tiers |-> e.caches[t] \cup {e.weights}]]]
+    /\ faults' = faults
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* engine_finish [member, environment]
+MEngineFinish(n, i) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"UNINITIALIZED", "READY", "DRAINING", "QUIESCED", "UPDATING", "INVALIDATING", "VALIDATING", "RESUMING", "TAINTED"}
+    /\ e.req[i] # 0
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.req = [e.req EXCEPT ![i] = 0]]]
+    /\ faults' = faults
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* release [member, control]
+MRelease(n, i) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"READY", "DRAINING"}
+    /\ e.bind[i] # 0
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.bind = [e.bind EXCEPT ![i] = 0]]]
+    /\ faults' = faults
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* request_update [member, control]
+MRequestUpdate(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"READY"}
+    /\ e.pending = "none"
+    /\ \/ (fphase = "UPDATING" /\ e.committed = fcommitted)
+       \/ (fphase = "READY" /\ e.committed + 1 = fcommitted)
+    /\ Scheduled(n)
+    /\ e.committed < MaxGen
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "DRAINING", !.target = e.committed + 1]]
+    /\ faults' = faults
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* cancel_update [member, control]
+MCancelUpdate(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"DRAINING"}
+    /\ e.pending = "none" /\ "resumed" \in e.evidence
+    /\ Scheduled(n)
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "READY", !.target = 0]]
+    /\ faults' = faults
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* pause_begin [member, control]
+MPauseBegin(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"DRAINING"}
+    /\ e.pending = "none" /\ \A j \in Slots : e.bind[j] = 0
+    /\ Scheduled(n)
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "pause"]]
+    /\ faults' = faults
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* pause_ok [member, outcome]
+MPauseOk(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"DRAINING"}
+    /\ e.pending = "pause"
+    /\ \A j \in Slots : e.req[j] = 0
+    /\ Scheduled(n)
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "QUIESCED", !.evidence = e.evidence \ {"resumed"}, !.pending = "none", !.paused = TRUE]]
+    /\ faults' = faults
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* pause_failed [member, outcome]
+MPauseFailed(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"DRAINING"}
+    /\ e.pending = "pause"
+    /\ Scheduled(n)
+    /\ faults < MaxFaults
+    /\ \E w0 \in {e.paused, TRUE} : eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = e.evidence \ {"resumed"}, !.pending = "none", !.paused = w0]]
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* abandon_update [member, control]
+MAbandonUpdate(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"QUIESCED"}
+    /\ e.pending = "none"
+    /\ Scheduled(n)
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "RESUMING", !.target = 0]]
+    /\ faults' = faults
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* mutate_begin [member, control]
+MMutateBegin(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"QUIESCED"}
+    /\ e.pending = "none" /\ e.target # 0
+    /\ Scheduled(n)
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "UPDATING", !.evidence = {}, !.cleared = {}, !.pending = "mutate"]]
+    /\ faults' = faults
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* mutate_ok [member, outcome]
+MMutateOk(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"UPDATING"}
+    /\ e.pending = "mutate"
+    /\ Scheduled(n)
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "INVALIDATING", !.pending = "none", !.weights = e.target, !.label = e.target]]
+    /\ faults' = faults
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* mutate_ok_unlabelled [member, outcome]
+MMutateOkUnlabelled(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"UPDATING"}
+    /\ e.pending = "mutate"
+    /\ Scheduled(n)
+    /\ faults < MaxFaults
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "INVALIDATING", !.pending = "none", !.weights = e.target]]
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* mutate_ok_wrong_weights [member, outcome]
+MMutateOkWrongWeights(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"UPDATING"}
+    /\ e.pending = "mutate"
+    /\ Scheduled(n)
+    /\ faults < MaxFaults
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "INVALIDATING", !.pending = "none", !.weights = MIXED, !.label = e.target]]
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* mutate_ok_broken [member, outcome]
+MMutateOkBroken(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"UPDATING"}
+    /\ e.pending = "mutate"
+    /\ Scheduled(n)
+    /\ faults < MaxFaults
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "INVALIDATING", !.pending = "none", !.weights = BROKEN, !.label = e.target]]
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* mutate_refused [member, outcome]
+MMutateRefused(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"UPDATING"}
+    /\ e.pending = "mutate"
+    /\ Scheduled(n)
+    /\ faults < MaxFaults
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "QUIESCED", !.target = 0, !.evidence = WeightEvidence, !.pending = "none"]]
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* mutate_ambiguous [member, outcome]
+MMutateAmbiguous(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"UPDATING"}
+    /\ e.pending = "mutate"
+    /\ Scheduled(n)
+    /\ faults < MaxFaults
+    /\ \E w0 \in {e.committed, e.target, MIXED} : \E w1 \in {e.committed, e.target} : eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "TAINTED", !.pending = "none", !.weights = w0, !.label = w1, !.amb = TRUE]]
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* reset_begin [member, control]
+MResetBegin(n, t) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"INVALIDATING"}
+    /\ e.pending = "none" /\ t \notin e.cleared
+    /\ TierFirst(e, t)
+    /\ Scheduled(n)
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "reset_" \o t]]
+    /\ faults' = faults
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* reset_ok [member, outcome]
+MResetOk(n, t) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"INVALIDATING"}
+    /\ e.pending = "reset_" \o t
+    /\ Scheduled(n)
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.cleared = e.cleared \cup {t}, !.pending = "none", !.caches = [e.caches EXCEPT ![t] = {}]]]
+    /\ faults' = faults
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* reset_failed [member, outcome]
+MResetFailed(n, t) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"INVALIDATING"}
+    /\ e.pending = "reset_" \o t
+    /\ Scheduled(n)
+    /\ faults < MaxFaults
+    /\ \E w0 \in {e.caches, [e.caches EXCEPT ![t] = {}]} : eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "none", !.caches = w0]]
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* invalidated [member, control]
+MInvalidated(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"INVALIDATING"}
+    /\ e.pending = "none" /\ e.cleared = Tiers
+    /\ Scheduled(n)
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "VALIDATING"]]
+    /\ faults' = faults
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* validate_begin [member, control]
+MValidateBegin(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"VALIDATING"}
+    /\ e.pending = "none"
+    /\ Scheduled(n)
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "validate"]]
+    /\ faults' = faults
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* validate_ok [member, outcome]
+MValidateOk(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"VALIDATING"}
+    /\ e.pending = "validate"
+    /\ e.label = e.target /\ e.weights \in {e.target, BROKEN}
+    /\ Scheduled(n)
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "RESUMING", !.evidence = e.evidence \cup {"version", "identity"}, !.pending = "none"]]
+    /\ faults' = faults
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* validate_failed [member, outcome]
+MValidateFailed(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"VALIDATING"}
+    /\ e.pending = "validate"
+    /\ Scheduled(n)
+    /\ faults < MaxFaults
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "none"]]
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* validate_mismatch [member, outcome]
+MValidateMismatch(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"VALIDATING"}
+    /\ e.pending = "validate"
+    /\ e.label # e.target \/ e.weights \notin {e.target, BROKEN}
+    /\ Scheduled(n)
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "TAINTED", !.pending = "none", !.amb = TRUE]]
+    /\ faults' = faults
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* resume_begin [member, control]
+MResumeBegin(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"DRAINING", "RESUMING"}
+    /\ e.pending = "none" /\ "resumed" \notin e.evidence
+    /\ Scheduled(n)
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "resume"]]
+    /\ faults' = faults
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* resume_ok [member, outcome]
+MResumeOk(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"DRAINING", "RESUMING"}
+    /\ e.pending = "resume"
+    /\ Scheduled(n)
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = e.evidence \cup {"resumed"}, !.pending = "none", !.paused = FALSE]]
+    /\ faults' = faults
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* resume_failed [member, outcome]
+MResumeFailed(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"DRAINING", "RESUMING"}
+    /\ e.pending = "resume"
+    /\ Scheduled(n)
+    /\ faults < MaxFaults
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "none"]]
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* probe_begin [member, control]
+MProbeBegin(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"RESUMING"}
+    /\ e.pending = "none" /\ e.target # 0 /\ "resumed" \in e.evidence /\ "probe" \notin e.evidence
+    /\ Scheduled(n)
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "probe"]]
+    /\ faults' = faults
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* probe_ok [member, outcome]
+MProbeOk(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"RESUMING"}
+    /\ e.pending = "probe"
+    /\ e.weights = e.target
+    /\ Scheduled(n)
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = e.evidence \cup {"probe"}, !.pending = "none", !.stale = (e.stale \/ \E t \in Tiers : e.caches[t] \ {e.weights} # {}), !.caches = [t \in Tiers |-> e.caches[t] \cup {e.weights}]]]
+    /\ faults' = faults
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* probe_failed [member, outcome]
+MProbeFailed(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"RESUMING"}
+    /\ e.pending = "probe"
+    /\ Scheduled(n)
+    /\ faults < MaxFaults
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "none"]]
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* probe_mismatch [member, outcome]
+MProbeMismatch(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"RESUMING"}
+    /\ e.pending = "probe"
+    /\ e.weights # e.target
+    /\ Scheduled(n)
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "TAINTED", !.pending = "none", !.amb = TRUE]]
+    /\ faults' = faults
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* publish [member, control]
+MPublish(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"RESUMING"}
+    /\ e.pending = "none" /\ e.target # 0 /\ e.evidence = AllEvidence
+    /\ e.target = fcommitted
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "READY", !.committed = e.target, !.target = 0]]
+    /\ faults' = faults
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* reopen [member, control]
+MReopen(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"RESUMING"}
+    /\ e.pending = "none" /\ e.target = 0 /\ e.evidence = AllEvidence
+    /\ Scheduled(n)
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "READY"]]
+    /\ faults' = faults
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* give_up [member, control]
+MGiveUp(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"INVALIDATING", "VALIDATING", "RESUMING"}
+    /\ e.pending = "none" /\ e.target # 0
+    /\ Scheduled(n)
+    /\ faults < MaxFaults
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "TAINTED"]]
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* fence_begin [member, control]
+MFenceBegin(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"TAINTED"}
+    /\ e.pending = "none" /\ "fenced" \notin e.evidence
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "fence"]]
+    /\ faults' = faults
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* fence_ok [member, outcome]
+MFenceOk(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"TAINTED"}
+    /\ e.pending = "fence"
+    /\ \A j \in Slots : e.req[j] = 0
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = e.evidence \cup {"fenced"}, !.pending = "none", !.paused = TRUE, !.label = TAINT]]
+    /\ faults' = faults
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* fence_failed [member, outcome]
+MFenceFailed(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"TAINTED"}
+    /\ e.pending = "fence"
+    /\ faults < MaxFaults
+    /\ \E w0 \in {e.paused, TRUE} : \E w1 \in {e.label, TAINT} : eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "none", !.paused = w0, !.label = w1]]
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* readmit_begin [member, control]
+MReadmitBegin(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"TAINTED"}
+    /\ e.pending = "none"
+    /\ \E w0 \in {e.committed, MIXED, BROKEN} : \E w1 \in {e.committed, e.label} : eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = {}, !.pending = "readmit", !.weights = w0, !.label = w1, !.paused = TRUE, !.req = [i \in Slots |-> 0], !.caches = [t \in Tiers |-> {}], !.amb = FALSE]]
+    /\ faults' = faults
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* readmit_ok [member, outcome]
+MReadmitOk(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"TAINTED"}
+    /\ e.pending = "readmit"
+    /\ e.weights = e.committed /\ e.label = e.committed
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "READY", !.target = 0, !.evidence = AllEvidence, !.cleared = Tiers, !.pending = "none", !.paused = FALSE, !.stale = (e.stale \/ \E t \in Tiers : e.caches[t] \ {e.weights} # {}), !.caches = [t \in Tiers |-> e.caches[t] \cup {e.weights}]]]
+    /\ faults' = faults
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* readmit_mismatch [member, outcome]
+MReadmitMismatch(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"TAINTED"}
+    /\ e.pending = "readmit"
+    /\ e.weights # e.committed \/ e.label # e.committed
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = {}, !.pending = "none", !.paused = FALSE]]
+    /\ faults' = faults
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* readmit_failed [member, outcome]
+MReadmitFailed(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"TAINTED"}
+    /\ e.pending = "readmit"
+    /\ faults < MaxFaults
+    /\ \E w0 \in {e.paused, FALSE} : eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = {}, !.pending = "none", !.paused = w0]]
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* fleet_request_update [fleet]: The trainer asks for the next generation: admissions close on every member.
+FleetRequestUpdate ==
+    /\ fphase \in {"READY"}
+    /\ fcommitted < MaxGen
+    /\ fphase' = "UPDATING"
+    /\ ftarget' = fcommitted + 1
+    /\ UNCHANGED <<fcommitted, eng, faults>>
+
+\* fleet_publish [fleet]: Every member has settled and at least min_serving validated the target: commit it on every validated member at once.
+FleetPublish ==
+    /\ fphase \in {"UPDATING"}
+    /\ (\A n \in Engines : LET e == eng[n] IN (e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none") \/ (e.pending = "none" /\ (e.phase = "TAINTED" \/ (e.phase = "READY" /\ \A i \in Slots : e.bind[i] = 0)))) /\ Cardinality({n \in Engines : LET e == eng[n] IN e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none"}) >= MinServing
+    /\ fphase' = "READY"
+    /\ fcommitted' = ftarget
+    /\ ftarget' = 0
+    /\ eng' = [n \in Engines |-> LET e == eng[n] IN IF e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none" THEN [e EXCEPT !.phase = "READY", !.committed = e.target, !.target = 0] ELSE e]
+    /\ UNCHANGED <<faults>>
+
+\* fleet_abort [fleet]: Every member has settled and fewer than min_serving validated: the fleet stays on its generation; validated members give up and are re-admitted onto it.
+FleetAbort ==
+    /\ fphase \in {"UPDATING"}
+    /\ (\A n \in Engines : LET e == eng[n] IN (e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none") \/ (e.pending = "none" /\ (e.phase = "TAINTED" \/ (e.phase = "READY" /\ \A i \in Slots : e.bind[i] = 0)))) /\ Cardinality({n \in Engines : LET e == eng[n] IN e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none"}) < MinServing
+    /\ fphase' = "ABORTING"
+    /\ UNCHANGED <<fcommitted, ftarget, eng, faults>>
+
+\* fleet_reopen [fleet]: The aborted update is undone: no member is left on the target, and at least min_serving members serve the committed generation again: admissions reopen.
+FleetReopen ==
+    /\ fphase \in {"ABORTING"}
+    /\ (\A n \in Engines : eng[n].phase \in {"READY", "TAINTED"} /\ eng[n].pending = "none") /\ Cardinality({n \in Engines : eng[n].phase = "READY" /\ eng[n].committed = fcommitted}) >= MinServing
+    /\ fphase' = "READY"
+    /\ ftarget' = 0
+    /\ UNCHANGED <<fcommitted, eng, faults>>
+
+Next ==
+    \/ \E n \in Engines : \E i \in Slots : MAdmit(n, i)
+    \/ \E n \in Engines : \E i \in Slots : MEngineFinish(n, i)
+    \/ \E n \in Engines : \E i \in Slots : MRelease(n, i)
+    \/ \E n \in Engines : MRequestUpdate(n)
+    \/ \E n \in Engines : MCancelUpdate(n)
+    \/ \E n \in Engines : MPauseBegin(n)
+    \/ \E n \in Engines : MPauseOk(n)
+    \/ \E n \in Engines : MPauseFailed(n)
+    \/ \E n \in Engines : MAbandonUpdate(n)
+    \/ \E n \in Engines : MMutateBegin(n)
+    \/ \E n \in Engines : MMutateOk(n)
+    \/ \E n \in Engines : MMutateOkUnlabelled(n)
+    \/ \E n \in Engines : MMutateOkWrongWeights(n)
+    \/ \E n \in Engines : MMutateOkBroken(n)
+    \/ \E n \in Engines : MMutateRefused(n)
+    \/ \E n \in Engines : MMutateAmbiguous(n)
+    \/ \E n \in Engines : \E t \in Tiers : MResetBegin(n, t)
+    \/ \E n \in Engines : \E t \in Tiers : MResetOk(n, t)
+    \/ \E n \in Engines : \E t \in Tiers : MResetFailed(n, t)
+    \/ \E n \in Engines : MInvalidated(n)
+    \/ \E n \in Engines : MValidateBegin(n)
+    \/ \E n \in Engines : MValidateOk(n)
+    \/ \E n \in Engines : MValidateFailed(n)
+    \/ \E n \in Engines : MValidateMismatch(n)
+    \/ \E n \in Engines : MResumeBegin(n)
+    \/ \E n \in Engines : MResumeOk(n)
+    \/ \E n \in Engines : MResumeFailed(n)
+    \/ \E n \in Engines : MProbeBegin(n)
+    \/ \E n \in Engines : MProbeOk(n)
+    \/ \E n \in Engines : MProbeFailed(n)
+    \/ \E n \in Engines : MProbeMismatch(n)
+    \/ \E n \in Engines : MPublish(n)
+    \/ \E n \in Engines : MReopen(n)
+    \/ \E n \in Engines : MGiveUp(n)
+    \/ \E n \in Engines : MFenceBegin(n)
+    \/ \E n \in Engines : MFenceOk(n)
+    \/ \E n \in Engines : MFenceFailed(n)
+    \/ \E n \in Engines : MReadmitBegin(n)
+    \/ \E n \in Engines : MReadmitOk(n)
+    \/ \E n \in Engines : MReadmitMismatch(n)
+    \/ \E n \in Engines : MReadmitFailed(n)
+    \/ FleetRequestUpdate
+    \/ FleetPublish
+    \/ FleetAbort
+    \/ FleetReopen
+
+Spec == Init /\ [][Next]_vars
+
+\* ---- fleet invariants
+\* Every serving member holds the weights of the fleet's committed generation: after a publish no two serving engines hold different generations.
+ServingMembersAgree ==
+    \A n \in Engines : (eng[n].phase = "READY" /\ eng[n].committed = fcommitted) => eng[n].weights = fcommitted
+
+\* No member has committed a generation the fleet has not published.
+NoMemberAhead ==
+    \A n \in Engines : eng[n].committed <= fcommitted
+
+\* A rollout is bound only on a member serving the fleet's committed generation (or draining it for the fleet's update).
+RolloutsOnlyOnServingMembers ==
+    \A n \in Engines : \A i \in Slots : eng[n].bind[i] # 0 => (eng[n].bind[i] = fcommitted /\ eng[n].phase \in {"READY", "DRAINING"})
+
+\* While the fleet admits, at least min_serving members serve.
+OpenOnlyWithQuorum ==
+    fphase = "READY" => Cardinality({n \in Engines : eng[n].phase = "READY" /\ eng[n].committed = fcommitted}) >= MinServing
+
+\* ---- every member's invariants
+MemberOneRolloutOnePolicy ==
+    \A n \in Engines : LET e == eng[n] IN
+        \A i \in Slots : (e.bind[i] # 0 => e.weights = e.bind[i]) /\ (e.req[i] # 0 => e.weights = e.req[i])
+
+MemberBindingsUnderCommitted ==
+    \A n \in Engines : LET e == eng[n] IN
+        \A i \in Slots : e.bind[i] \in {0, e.committed}
+
+MemberBindingsOnlyWhileOpen ==
+    \A n \in Engines : LET e == eng[n] IN
+        (\E i \in Slots : e.bind[i] # 0) => e.phase \in {"READY", "DRAINING"}
+
+MemberAmbiguityLatchesTainted ==
+    \A n \in Engines : LET e == eng[n] IN
+        e.amb => e.phase = "TAINTED"
+
+MemberReadyEngineServesCommitted ==
+    \A n \in Engines : LET e == eng[n] IN
+        e.phase = "READY" => (e.weights = e.committed /\ e.label = e.committed /\ ~e.paused)
+
+MemberReadyCachesCoherent ==
+    \A n \in Engines : LET e == eng[n] IN
+        e.phase = "READY" => \A t \in Tiers : e.caches[t] \subseteq {e.committed}
+
+MemberNoStaleCacheUse ==
+    \A n \in Engines : LET e == eng[n] IN
+        ~e.stale
+
+MemberEngineQuietWhileClosed ==
+    \A n \in Engines : LET e == eng[n] IN
+        e.phase \in QuietPhases => (e.paused /\ \A i \in Slots : e.bind[i] = 0 /\ e.req[i] = 0)
+
+MemberResetCountsOnlyWhenVerified ==
+    \A n \in Engines : LET e == eng[n] IN
+        \A t \in e.cleared : e.caches[t] \subseteq {e.weights}
+
+MemberEvidenceIsTrue ==
+    \A n \in Engines : LET e == eng[n] IN
+        e.phase # "TAINTED" =>
+            LET b == IF e.phase \in PostMutationPhases /\ e.target # 0 THEN e.target ELSE e.committed
+            IN /\ ("version" \in e.evidence => e.label = b)
+               /\ ("identity" \in e.evidence => e.weights \in {b, BROKEN})
+               /\ ("probe" \in e.evidence => e.weights = b)
+               /\ ("resumed" \in e.evidence => ~e.paused)
+
+MemberPublishedWasVerified ==
+    \A n \in Engines : LET e == eng[n] IN
+        e.phase = "READY" => e.evidence = AllEvidence
+
+MemberTargetIsNext ==
+    \A n \in Engines : LET e == eng[n] IN
+        e.target \in {0, e.committed + 1} /\ (e.phase \in {"UNINITIALIZED", "READY"} => e.target = 0)
+
+MemberFencedTaintServesNothing ==
+    \A n \in Engines : LET e == eng[n] IN
+        (e.phase = "TAINTED" /\ "fenced" \in e.evidence) => (e.paused /\ e.label = TAINT /\ \A i \in Slots : e.req[i] = 0)
+
+\* ---- action properties
+\* The fleet's committed generation never goes back and moves one step at a time.
+FleetGenerationsMoveForward ==
+    [][fcommitted' \in {fcommitted, fcommitted + 1}]_vars
+
+\* A generation is published only onto at least min_serving members at once.
+PublishOnQuorum ==
+    [][fcommitted' # fcommitted => Cardinality({n \in Engines : eng'[n].phase = "READY" /\ eng'[n].committed = fcommitted'}) >= MinServing]_vars
+
+\* A member that had an ambiguous outcome is never published onto.
+NoPublishAfterAmbiguity ==
+    [][\A n \in Engines : eng[n].amb => eng'[n].committed = eng[n].committed]_vars
+
+MemberGenerationsMoveForward ==
+    [][\A n \in Engines : LET e == eng[n]
+                                  e2 == eng'[n] IN
+        e2.committed \in {e.committed, e.committed + 1}]_vars
+
+MemberTaintedIsAbsorbing ==
+    [][\A n \in Engines : LET e == eng[n]
+                                  e2 == eng'[n] IN
+        e.phase = "TAINTED" =>
+                    /\ e2.committed = e.committed /\ e2.bind = e.bind
+                    /\ (e2.phase = "TAINTED" \/ e.pending = "readmit")]_vars
+
+MemberAdmissionOnlyInReady ==
+    [][\A n \in Engines : LET e == eng[n]
+                                  e2 == eng'[n] IN
+        (\E i \in Slots : e.bind[i] = 0 /\ e2.bind[i] # 0) => e.phase = "READY" ]_vars
+
+MemberBindingsKeepTheirGeneration ==
+    [][\A n \in Engines : LET e == eng[n]
+                                  e2 == eng'[n] IN
+        \A i \in Slots : (e.bind[i] # 0 /\ e2.bind[i] # 0) => e2.bind[i] = e.bind[i]]_vars
+
+MemberNoRolloutCrossesMutation ==
+    [][\A n \in Engines : LET e == eng[n]
+                                  e2 == eng'[n] IN
+        (e2.pending = "mutate" /\ e.pending # "mutate") => \A i \in Slots : e.bind[i] = 0]_vars
+
+MemberWeightsChangeOnlyWhenQuiesced ==
+    [][\A n \in Engines : LET e == eng[n]
+                                  e2 == eng'[n] IN
+        e2.weights # e.weights =>
+                    \/ /\ e.phase = "UPDATING"
+                       /\ e.paused
+                       /\ \A i \in Slots : e.bind[i] = 0 /\ e.req[i] = 0
+                    \/ /\ e2.pending = "readmit"
+                       /\ e2.paused
+                       /\ \A i \in Slots : e.bind[i] = 0 /\ e2.req[i] = 0]_vars
+
+MemberPublishOnlyVerified ==
+    [][\A n \in Engines : LET e == eng[n]
+                                  e2 == eng'[n] IN
+        (e2.committed # e.committed /\ e.phase # "UNINITIALIZED") =>
+                    /\ e.phase = "RESUMING"
+                    /\ e.evidence = AllEvidence
+                    /\ e.cleared = Tiers
+                    /\ \A i \in Slots : e.bind[i] = 0]_vars
+
+MemberEvidenceOnlyWhileClosed ==
+    [][\A n \in Engines : LET e == eng[n]
+                                  e2 == eng'[n] IN
+        (e2.evidence \ e.evidence) \ {"resumed"} # {} =>
+                    /\ e.phase \notin {"READY", "DRAINING"}
+                    /\ \A i \in Slots : e.bind[i] = 0]_vars
+
+==============================================================================

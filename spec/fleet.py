@@ -1,0 +1,656 @@
+"""The fleet: one transactional policy update across N engines, quarantine and verified
+re-admission. Each member runs the single-engine lifecycle of :mod:`.lifecycle`
+unchanged: its actions are *lifted* (the same rows, applied to one member's state) and the
+fleet only adds guards and a handful of fleet steps.
+
+Theory of operation
+-------------------
+The state is the fleet's phase, committed generation and target, one single-engine
+:class:`~rolloutcore.spec.lifecycle.State` per member, and one fault budget for the whole
+fleet. A member *serves* when it is READY at the fleet's committed generation; rollouts
+are admitted only on serving members, only while the fleet is READY.
+
+Two-phase commit of a generation. ``fleet_request_update`` closes admissions fleet-wide
+and names the target; every serving member then runs its own cycle (drain, quiesce,
+mutate, invalidate, validate, resume, probe), in parallel, up to RESUMING with every
+piece of evidence, where it waits: a member may not publish on its own. Once every
+member has *settled* (validated and waiting, READY, or TAINTED), ``fleet_publish``
+commits the target on every validated member at once, if there are at least
+``min_serving`` of them; with fewer, ``fleet_abort`` keeps the fleet on its generation:
+validated members give up (TAINTED, quarantined) and are brought back to the committed
+generation by verified re-admission, members whose mutation was refused reopen on it.
+
+Quarantine is the member's TAINTED: it gets no rollout and takes no part in an update
+until it is re-admitted (``readmit``, an explicit operation that verifies label,
+identity and a probe against the member's committed generation). A member that is READY
+on an older generation than the fleet's (it was quarantined, or refused, during an
+update) is not serving; it catches up by an update of its own onto the fleet's
+generation, which it may publish alone because nobody is bound to it.
+
+Not modelled here: the members' bootstrap (the fleet starts with every member serving
+generation 1, as the single-engine bootstrap leaves it), the drain policy's abort path,
+and the controller's own crash: on restart, each member's records in the fleet journal
+decide its restart by the single-engine spec's restart actions (a member left in doubt
+restarts TAINTED, so it serves again only after re-admission).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, NamedTuple
+
+from rolloutcore.spec.lifecycle import (
+    ACTIONS,
+    ALL_EVIDENCE,
+    SPEC,
+    TIERS,
+    VARIABLES,
+    Action,
+    Bounds,
+    Kind,
+    Param,
+    Phase,
+    Spec,
+    State,
+    param_domain,
+    param_var,
+)
+from rolloutcore.spec.tla import module as tla_module
+from rolloutcore.spec.tla import tla_name
+
+#: Single-engine actions a member takes in the fleet (bootstrap, restarts and the abort
+#: drain are outside the fleet model; see the module doc).
+LIFTED: tuple[str, ...] = tuple(
+    a.name for a in ACTIONS
+    if a.op not in ("bootstrap", "pause_abort") and a.kind is not Kind.RESTART
+    and a.name != "release_aborted")
+UNBOUNDED = 10**9
+
+
+class FleetPhase:
+    READY = "READY"
+    UPDATING = "UPDATING"
+    ABORTING = "ABORTING"
+
+
+@dataclass(frozen=True)
+class FleetBounds:
+    engines: int = 2
+    min_serving: int = 2
+    generations: int = 2  # the initial one included
+    faults: int = 1  # fault outcomes across the whole fleet
+    rollouts: int = 1  # slots per member
+
+    def __post_init__(self) -> None:
+        if not (1 <= self.min_serving <= self.engines) or self.rollouts < 0 \
+                or self.generations < 1 or self.faults < 0:
+            raise ValueError(f"fleet bounds out of range: {self}")
+
+
+class FleetState(NamedTuple):
+    fphase: str
+    fcommitted: int
+    ftarget: int
+    eng: tuple[State, ...]
+    faults: int
+
+
+def next_tier(s: State) -> str | None:
+    """The first tier, in reset order, not yet verified clean in this cycle."""
+    return next((t for t in TIERS if t not in s.cleared), None)
+
+
+def serving(f: FleetState, s: State) -> bool:
+    return s.phase is Phase.READY and s.committed == f.fcommitted
+
+
+def validated(f: FleetState, s: State) -> bool:
+    """A member that completed the fleet's update and waits for the fleet's decision."""
+    return (s.phase is Phase.RESUMING and f.ftarget != 0 and s.target == f.ftarget
+            and s.evidence == ALL_EVIDENCE and s.pending == "none")
+
+
+def settled(f: FleetState, s: State) -> bool:
+    """A member the fleet's decision can go ahead without: validated; quarantined; or READY
+    with nothing bound (its update refused, or behind the fleet). A READY member still
+    holding rollouts of the committed generation has not settled: publishing would leave
+    them on a member that no longer serves."""
+    return validated(f, s) or (s.pending == "none" and (
+        s.phase is Phase.TAINTED or (s.phase is Phase.READY and not any(s.bind))))
+
+
+# ---------------------------------------------------------------------- fleet guards
+
+#: Extra guard per lifted action (Python, TLA+): ``f`` the fleet, ``s`` the member.
+MemberGuard = tuple[Callable[[FleetState, State], bool], str]
+_TRUE: MemberGuard = (lambda _f, _s: True, "TRUE")
+MEMBER_GUARDS: Mapping[str, MemberGuard] = {
+    # Rollouts only on serving members of a READY fleet.
+    "admit": (lambda f, s: f.fphase == FleetPhase.READY and s.committed == f.fcommitted,
+              'fphase = "READY" /\\ e.committed = fcommitted'),
+    # A serving member joins the fleet's update; a member behind catches up alone.
+    "request_update": (
+        lambda f, s: (f.fphase == FleetPhase.UPDATING and s.committed == f.fcommitted)
+        or (f.fphase == FleetPhase.READY and s.committed + 1 == f.fcommitted),
+        '\\/ (fphase = "UPDATING" /\\ e.committed = fcommitted)\n'
+        '       \\/ (fphase = "READY" /\\ e.committed + 1 = fcommitted)'),
+    # A member publishes alone only when it catches up (nobody is bound to it): the
+    # fleet's target is committed by fleet_publish, on every validated member at once.
+    "publish": (lambda f, s: s.target == f.fcommitted, "e.target = fcommitted"),
+    # The fleet runner resets the tiers in their order; the model follows it.
+    "reset_begin": (lambda _f, _s: True, "TRUE"),
+}
+#: Member steps that spend the fleet's fault budget although the single-engine spec does
+#: not count them: giving up follows exhausted retries, that is, failures.
+FAULT_IN_FLEET = frozenset({"give_up"})
+#: Member actions the update schedule orders (see FleetSpec.successors): the steps of a
+#: member's own update cycle.
+CYCLE_OPS = frozenset({"pause", "mutate", "reset", "validate", "resume", "probe"})
+
+
+@dataclass(frozen=True)
+class FleetAction:
+    name: str
+    doc: str
+    sources: frozenset[str]
+    dest: str
+    when: Callable[[FleetState, FleetBounds], bool]
+    when_tla: str
+    apply: Callable[[FleetState], FleetState]
+    apply_tla: Mapping[str, str]  # fleet variable -> new value (TLA+)
+    needs_generation: bool = False
+
+
+def _publish_validated(f: FleetState) -> FleetState:
+    pub = SPEC.action("publish")
+    eng: list[State] = []
+    for s in f.eng:
+        upd: dict[str, Any] = {**pub.control(s, None), "phase": Phase.READY}
+        eng.append(s._replace(**upd) if validated(f, s) else s)
+    return f._replace(fphase=FleetPhase.READY, fcommitted=f.ftarget, ftarget=0, eng=tuple(eng))
+
+
+def _count(f: FleetState, pred: Callable[[FleetState, State], bool]) -> int:
+    return sum(1 for s in f.eng if pred(f, s))
+
+
+_VALIDATED_TLA = ('e.phase = "RESUMING" /\\ ftarget # 0 /\\ e.target = ftarget '
+                  '/\\ e.evidence = AllEvidence /\\ e.pending = "none"')
+_SETTLED_TLA = (f'\\A n \\in Engines : LET e == eng[n] IN ({_VALIDATED_TLA}) '
+                '\\/ (e.pending = "none" /\\ (e.phase = "TAINTED" \\/ (e.phase = "READY" '
+                '/\\ \\A i \\in Slots : e.bind[i] = 0)))')
+N_VALIDATED_TLA = f"Cardinality({{n \\in Engines : LET e == eng[n] IN {_VALIDATED_TLA}}})"
+_N_SERVING_TLA = ('Cardinality({n \\in Engines : eng[n].phase = "READY" '
+                  '/\\ eng[n].committed = fcommitted})')
+FLEET_PUBLISH_WHEN_TLA = f"({_SETTLED_TLA}) /\\ {N_VALIDATED_TLA} >= MinServing"
+FLEET_REOPEN_WHEN_TLA = ('(\\A n \\in Engines : eng[n].phase \\in {"READY", "TAINTED"} '
+                         '/\\ eng[n].pending = "none") /\\ ' + _N_SERVING_TLA + ' >= MinServing')
+
+FLEET_ACTIONS: tuple[FleetAction, ...] = (
+    FleetAction(
+        "fleet_request_update",
+        "The trainer asks for the next generation: admissions close on every member.",
+        frozenset({FleetPhase.READY}), FleetPhase.UPDATING,
+        lambda _f, _b: True, "TRUE",
+        lambda f: f._replace(fphase=FleetPhase.UPDATING, ftarget=f.fcommitted + 1),
+        {"fphase": '"UPDATING"', "ftarget": "fcommitted + 1"}, needs_generation=True),
+    FleetAction(
+        "fleet_publish",
+        "Every member has settled and at least min_serving validated the target: commit it "
+        "on every validated member at once.",
+        frozenset({FleetPhase.UPDATING}), FleetPhase.READY,
+        lambda f, b: all(settled(f, s) for s in f.eng) and _count(f, validated) >= b.min_serving,
+        FLEET_PUBLISH_WHEN_TLA,
+        _publish_validated,
+        {"fphase": '"READY"', "fcommitted": "ftarget", "ftarget": "0",
+         "eng": '[n \\in Engines |-> LET e == eng[n] IN IF ' + _VALIDATED_TLA +
+                ' THEN [e EXCEPT !.phase = "READY", !.committed = e.target, !.target = 0] '
+                'ELSE e]'}),
+    FleetAction(
+        "fleet_abort",
+        "Every member has settled and fewer than min_serving validated: the fleet stays on "
+        "its generation; validated members give up and are re-admitted onto it.",
+        frozenset({FleetPhase.UPDATING}), FleetPhase.ABORTING,
+        lambda f, b: all(settled(f, s) for s in f.eng) and _count(f, validated) < b.min_serving,
+        f"({_SETTLED_TLA}) /\\ {N_VALIDATED_TLA} < MinServing",
+        lambda f: f._replace(fphase=FleetPhase.ABORTING), {"fphase": '"ABORTING"'}),
+    FleetAction(
+        "fleet_reopen",
+        "The aborted update is undone: no member is left on the target, and at least "
+        "min_serving members serve the committed generation again: admissions reopen.",
+        frozenset({FleetPhase.ABORTING}), FleetPhase.READY,
+        lambda f, b: all(s.phase in (Phase.READY, Phase.TAINTED) and s.pending == "none"
+                         for s in f.eng) and _count(f, serving) >= b.min_serving,
+        FLEET_REOPEN_WHEN_TLA,
+        lambda f: f._replace(fphase=FleetPhase.READY, ftarget=0),
+        {"fphase": '"READY"', "ftarget": "0"}),
+)
+
+
+# ------------------------------------------------------------------------ properties
+
+
+@dataclass(frozen=True)
+class FleetInvariant:
+    name: str
+    doc: str
+    tla: str
+    holds: Callable[[FleetState, FleetBounds], bool]
+
+
+@dataclass(frozen=True)
+class FleetActionProperty:
+    name: str
+    doc: str
+    tla: str
+    holds: Callable[[FleetState, FleetState, FleetBounds], bool]
+
+
+FLEET_INVARIANTS: tuple[FleetInvariant, ...] = (
+    FleetInvariant(
+        "ServingMembersAgree",
+        "Every serving member holds the weights of the fleet's committed generation: after "
+        "a publish no two serving engines hold different generations.",
+        "\\A n \\in Engines : (eng[n].phase = \"READY\" /\\ eng[n].committed = fcommitted) "
+        "=> eng[n].weights = fcommitted",
+        lambda f, _b: all(s.weights == f.fcommitted for s in f.eng if serving(f, s))),
+    FleetInvariant(
+        "NoMemberAhead",
+        "No member has committed a generation the fleet has not published.",
+        "\\A n \\in Engines : eng[n].committed <= fcommitted",
+        lambda f, _b: all(s.committed <= f.fcommitted for s in f.eng)),
+    FleetInvariant(
+        "RolloutsOnlyOnServingMembers",
+        "A rollout is bound only on a member serving the fleet's committed generation (or "
+        "draining it for the fleet's update).",
+        "\\A n \\in Engines : \\A i \\in Slots : eng[n].bind[i] # 0 => "
+        "(eng[n].bind[i] = fcommitted /\\ eng[n].phase \\in {\"READY\", \"DRAINING\"})",
+        lambda f, _b: all(b == 0 or (b == f.fcommitted and s.phase in (Phase.READY,
+                                                                       Phase.DRAINING))
+                          for s in f.eng for b in s.bind)),
+    FleetInvariant(
+        "OpenOnlyWithQuorum",
+        "While the fleet admits, at least min_serving members serve.",
+        'fphase = "READY" => Cardinality({n \\in Engines : eng[n].phase = "READY" '
+        '/\\ eng[n].committed = fcommitted}) >= MinServing',
+        lambda f, b: f.fphase != FleetPhase.READY or _count(f, serving) >= b.min_serving),
+)
+
+FLEET_ACTION_PROPERTIES: tuple[FleetActionProperty, ...] = (
+    FleetActionProperty(
+        "FleetGenerationsMoveForward",
+        "The fleet's committed generation never goes back and moves one step at a time.",
+        "fcommitted' \\in {fcommitted, fcommitted + 1}",
+        lambda f, g, _b: g.fcommitted in (f.fcommitted, f.fcommitted + 1)),
+    FleetActionProperty(
+        "PublishOnQuorum",
+        "A generation is published only onto at least min_serving members at once.",
+        "fcommitted' # fcommitted => Cardinality({n \\in Engines : eng'[n].phase = "
+        "\"READY\" /\\ eng'[n].committed = fcommitted'}) >= MinServing",
+        lambda f, g, b: g.fcommitted == f.fcommitted or _count(g, serving) >= b.min_serving),
+    FleetActionProperty(
+        "NoPublishAfterAmbiguity",
+        "A member that had an ambiguous outcome is never published onto.",
+        "\\A n \\in Engines : eng[n].amb => eng'[n].committed = eng[n].committed",
+        lambda f, g, _b: all(not a.amb or b.committed == a.committed
+                             for a, b in zip(f.eng, g.eng, strict=True))),
+)
+
+
+# ---------------------------------------------------------------------------- the spec
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    name: str = "RolloutCoreFleet"
+    engine: Spec = SPEC
+    lifted: tuple[str, ...] = LIFTED
+    member_guards: Mapping[str, MemberGuard] = field(default_factory=lambda: MEMBER_GUARDS)
+    actions: tuple[FleetAction, ...] = FLEET_ACTIONS
+    invariants: tuple[FleetInvariant, ...] = FLEET_INVARIANTS
+    action_properties: tuple[FleetActionProperty, ...] = FLEET_ACTION_PROPERTIES
+    bounds: FleetBounds = FleetBounds()
+
+    def with_bounds(self, bounds: FleetBounds) -> FleetSpec:
+        return replace(self, bounds=bounds)
+
+    @property
+    def member_spec(self) -> Spec:
+        """The single-engine spec as a member runs it: its slots, generations, and no fault
+        bound of its own (the fleet's budget applies)."""
+        b = self.bounds
+        return self.engine.with_bounds(Bounds(rollouts=b.rollouts, generations=b.generations,
+                                              faults=UNBOUNDED))
+
+    def scheduled(self, f: FleetState, n: int, a: Action) -> bool:
+        """The update schedule: during the fleet's update, member ``n`` takes the steps of
+        its own cycle only once every member before it has settled.
+
+        The fleet runner moves members in parallel; the model serialises them, and loses
+        nothing the fleet can observe by it: a member's steps read and write that
+        member's state only (and the fault budget, which every order spends alike), so
+        they commute with every other member's steps, and the fleet's own steps wait
+        until every member has settled, when the order no longer shows. The invariants
+        are conjunctions over members, or speak of settled members only."""
+        if f.fphase != FleetPhase.UPDATING or a.name not in SCHEDULED:
+            return True
+        return all(settled(f, s) for s in f.eng[:n])
+
+    def member_actions(self) -> tuple[Action, ...]:
+        return tuple(self.engine.action(n) for n in self.lifted)
+
+    def initial_states(self) -> tuple[FleetState, ...]:
+        b = self.bounds
+        s0 = self.engine.with_bounds(Bounds(b.rollouts, b.generations, 0)).initial_states()[0]
+        member = s0._replace(phase=Phase.READY, committed=1, evidence=ALL_EVIDENCE)
+        return (FleetState(FleetPhase.READY, 1, 0, (member,) * b.engines, 0),)
+
+    def successors(self, f: FleetState, memo: dict[tuple[str, State, Param], list[State]]
+                   | None = None) -> list[tuple[str, Param, FleetState]]:
+        """Every (action name, parameter, next state); a member action's parameter is
+        ``(member index, its own parameter)``. ``memo`` caches single-engine steps (member
+        states repeat across fleet states)."""
+        out: list[tuple[str, Param, FleetState]] = []
+        ms, b = self.member_spec, self.bounds
+        memo = {} if memo is None else memo
+        for a in self.member_actions():
+            guard = self.member_guards.get(a.name, _TRUE)[0]
+            fault = a.fault or a.name in FAULT_IN_FLEET
+            for n, s in enumerate(f.eng):
+                if s.phase not in a.sources or not guard(f, s):
+                    continue
+                if fault and f.faults >= b.faults:
+                    continue
+                if not self.scheduled(f, n, a):
+                    continue
+                for p in ms.params(a):
+                    if a.name == "reset_begin" and p != next_tier(s):
+                        continue
+                    key = (a.name, s, p)
+                    nxt = memo.get(key)
+                    if nxt is None:
+                        nxt = memo[key] = ms.step(a, s, p)
+                    for t in nxt:
+                        eng = (*f.eng[:n], t._replace(faults=0), *f.eng[n + 1:])
+                        out.append((a.name, (n + 1, p),
+                                    f._replace(eng=eng, faults=f.faults + int(fault))))
+        for fa in self.actions:
+            if f.fphase not in fa.sources or not fa.when(f, b):
+                continue
+            if fa.needs_generation and f.fcommitted >= b.generations:
+                continue
+            out.append((fa.name, None, fa.apply(f)))
+        return out
+
+
+FLEET = FleetSpec()
+
+
+# ------------------------------------------------------------------------- explorer
+
+
+@dataclass
+class FleetExploration:
+    states: int
+    edges: int
+    violations: dict[str, list[tuple[str, Param]]]
+    unreachable: tuple[str, ...]
+    graph: set[tuple[FleetState, str, FleetState]]
+    nodes: set[FleetState]
+    initial: tuple[FleetState, ...]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def explore_fleet(spec: FleetSpec = FLEET, *, max_states: int = 3_000_000,
+                  stop_at_violation: bool = False) -> FleetExploration:
+    """Breadth first over every reachable fleet state: fleet and member invariants in
+    every state, fleet and member action properties on every edge; the first violation of
+    each property is a shortest counterexample (its action path). ``stop_at_violation``
+    ends at the first one (a mutant check needs no more)."""
+    import time
+    from collections import deque
+
+    t0 = time.perf_counter()
+    init = spec.initial_states()
+    parent: dict[FleetState, tuple[FleetState, str, Param] | None] = dict.fromkeys(init)
+    queue: deque[FleetState] = deque(init)
+    edges: set[tuple[FleetState, str, FleetState]] = set()
+    violations: dict[str, list[tuple[str, Param]]] = {}
+    fired: set[str] = set()
+    b = spec.bounds
+    member = spec.engine
+
+    def path(f: FleetState) -> list[tuple[str, Param]]:
+        out: list[tuple[str, Param]] = []
+        cur: FleetState | None = f
+        while cur is not None and parent[cur] is not None:
+            prev, name, p = parent[cur]  # type: ignore[misc]
+            out.append((name, p))
+            cur = prev
+        return out[::-1]
+
+    def check(f: FleetState) -> None:
+        for inv in spec.invariants:
+            if inv.name not in violations and not inv.holds(f, b):
+                violations[inv.name] = path(f)
+        for s in f.eng:
+            for mi in member.invariants:
+                if mi.name not in violations and not mi.holds(s):
+                    violations[mi.name] = path(f)
+
+    for f0 in init:
+        check(f0)
+    memo: dict[tuple[str, State, Param], list[State]] = {}
+    while queue and not (stop_at_violation and violations):
+        f = queue.popleft()
+        for name, p, g in spec.successors(f, memo):
+            fired.add(name)
+            edges.add((f, name, g))
+            for prop in spec.action_properties:
+                if prop.name not in violations and not prop.holds(f, g, b):
+                    violations[prop.name] = [*path(f), (name, p)]
+            if isinstance(p, tuple):
+                s, t = f.eng[p[0] - 1], g.eng[p[0] - 1]
+                for mp in member.action_properties:
+                    if mp.name not in violations and not mp.holds(s, t):
+                        violations[mp.name] = [*path(f), (name, p)]
+            if g not in parent:
+                parent[g] = (f, name, p)
+                check(g)
+                queue.append(g)
+                if len(parent) > max_states:
+                    raise RuntimeError(f"more than {max_states} fleet states")
+    names = [*spec.lifted, *(a.name for a in spec.actions)]
+    return FleetExploration(len(parent), len(edges), violations,
+                            tuple(n for n in names if n not in fired), edges, set(parent),
+                            init, time.perf_counter() - t0)
+
+
+__all__ = ["FLEET", "FleetAction", "FleetBounds", "FleetExploration", "FleetSpec",
+           "FleetState", "explore_fleet", "serving", "settled", "validated"]
+
+
+
+
+# ------------------------------------------------------------------------------- TLA+
+
+_TLA_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+def lift_tla(expr: str, var: str = "e", primed: str = "e2") -> str:
+    """A single-engine TLA+ expression about one member: every spec variable ``x``
+    becomes ``e.x`` and every ``x'`` becomes ``e2.x`` (string literals untouched)."""
+    names = "|".join(VARIABLES)
+    pat = re.compile(rf"(?<![\w.])({names})(')?(?![\w])")
+
+    def sub(text: str) -> str:
+        return pat.sub(lambda m: f"{primed if m.group(2) else var}.{m.group(1)}", text)
+
+    out, last = [], 0
+    for m in _TLA_STRING.finditer(expr):
+        out.append(sub(expr[last:m.start()]))
+        out.append(m.group())
+        last = m.end()
+    out.append(sub(expr[last:]))
+    return "".join(out)
+
+
+def _member_operator(spec: FleetSpec, a: Action) -> str:
+    """One member action as a TLA+ operator over member ``n`` (and its own parameter)."""
+    head = f"M{tla_name(a.name)}(n" + (f", {param_var(a.param)})" if a.param else ")")
+    sources = "{" + ", ".join(f'"{p.value}"' for p in Phase if p in a.sources) + "}"
+    guard = spec.member_guards.get(a.name, _TRUE)[1]
+    fault = a.fault or a.name in FAULT_IN_FLEET
+    lines = [f"\\* {a.name} [member, {a.kind}]", f"{head} ==", "    LET e == eng[n] IN",
+             f"    /\\ e.phase \\in {sources}"]
+    for g in (a.when_tla, a.truth_tla, guard):
+        if g.strip() != "TRUE":
+            lines.append(f"    /\\ {lift_tla(g)}")
+    if a.name == "reset_begin":
+        lines.append("    /\\ TierFirst(e, t)")
+    if a.name in SCHEDULED:
+        lines.append("    /\\ Scheduled(n)")
+    if fault:
+        lines.append("    /\\ faults < MaxFaults")
+    if a.needs_generation:
+        lines.append("    /\\ e.committed < MaxGen")
+    updates: list[str] = []
+    if a.dest is not None:
+        updates.append(f'!.phase = "{a.dest.value}"')
+    updates += [f"!.{v} = {lift_tla(x)}" for v, x in a.control_tla.items()]
+    chosen: list[str] = []
+    for k, (v, x) in enumerate(a.world_tla.items()):
+        if x.startswith("\\in "):
+            chosen.append(f"\\E w{k} {lift_tla(x)} :")
+            updates.append(f"!.{v} = w{k}")
+        else:
+            updates.append(f"!.{v} = {lift_tla(x)}")
+    rec = f"[e EXCEPT {', '.join(updates)}]" if updates else "e"
+    lines.append(f"    /\\ {' '.join(chosen)} eng' = [eng EXCEPT ![n] = {rec}]".replace(
+        "/\\  eng'", "/\\ eng'"))
+    lines.append("    /\\ faults' = faults + 1" if fault else "    /\\ faults' = faults")
+    lines.append("    /\\ UNCHANGED <<fphase, fcommitted, ftarget>>")
+    return "\n".join(lines)
+
+
+def _fleet_operator(fa: FleetAction) -> str:
+    sources = "{" + ", ".join(f'"{p}"' for p in sorted(fa.sources)) + "}"
+    lines = [f"\\* {fa.name} [fleet]: {fa.doc}", f"{tla_name(fa.name)} ==",
+             f"    /\\ fphase \\in {sources}"]
+    if fa.when_tla != "TRUE":
+        lines.append(f"    /\\ {fa.when_tla}")
+    if fa.needs_generation:
+        lines.append("    /\\ fcommitted < MaxGen")
+    for v, x in fa.apply_tla.items():
+        lines.append(f"    /\\ {v}' = {x}")
+    if "fphase" not in fa.apply_tla:
+        lines.append(f'    /\\ fphase\' = "{fa.dest}"')
+    rest = [v for v in FLEET_VARIABLES if v not in fa.apply_tla and v != "fphase"]
+    lines.append(f"    /\\ UNCHANGED <<{', '.join(rest)}>>")
+    return "\n".join(lines)
+
+
+FLEET_VARIABLES = ("fphase", "fcommitted", "ftarget", "eng", "faults")
+#: Member actions the update schedule orders (FleetSpec.scheduled).
+SCHEDULED = frozenset(
+    a.name for a in ACTIONS
+    if a.op in CYCLE_OPS or a.name in ("request_update", "invalidated", "give_up",
+                                       "cancel_update", "abandon_update", "reopen"))
+
+
+def fleet_module(spec: FleetSpec = FLEET) -> str:
+    """The fleet's TLA+ module: member actions lifted from the single-engine table."""
+    init_member = ", ".join([
+        'phase |-> "READY"', "committed |-> 1", "target |-> 0", 'pending |-> "none"',
+        "bind |-> [i \\in Slots |-> 0]", "cleared |-> {}", "evidence |-> AllEvidence",
+        "weights |-> 1", "label |-> 1", "paused |-> FALSE", "req |-> [i \\in Slots |-> 0]",
+        "caches |-> [t \\in Tiers |-> {}]", "amb |-> FALSE", "stale |-> FALSE",
+        "faults |-> 0"])
+    engine_module = tla_module(spec.engine)
+    defs = engine_module[engine_module.index("Slots =="):engine_module.index("VARIABLES")]
+    tiers = ", ".join(f'"{t}"' for t in TIERS)
+    parts = [
+        f"---------------------------- MODULE {spec.name} ----------------------------",
+        "\\* Generated from spec/fleet.py and spec/lifecycle.py by `rolloutcore spec tla`.",
+        "\\* Do not edit: change the Python spec and regenerate.",
+        "EXTENDS Integers, FiniteSets, Sequences",
+        "",
+        "CONSTANTS NumEngines, NumSlots, MaxGen, MaxFaults, MinServing",
+        "",
+        "Engines == 1..NumEngines",
+        defs.rstrip(),
+        f"TierOrder == <<{tiers}>>",
+        "",
+        f"VARIABLES {', '.join(FLEET_VARIABLES)}",
+        f"vars == <<{', '.join(FLEET_VARIABLES)}>>",
+        "",
+        "Init ==",
+        '    /\\ fphase = "READY"',
+        "    /\\ fcommitted = 1",
+        "    /\\ ftarget = 0",
+        f"    /\\ eng = [n \\in Engines |-> [{init_member}]]",
+        "    /\\ faults = 0",
+        "",
+        "TierFirst(e, t) == \\A k \\in 1..Len(TierOrder) : TierOrder[k] = t =>",
+        "    \\A j \\in 1..(k - 1) : TierOrder[j] \\in e.cleared",
+        f"Settled(e) == ({_VALIDATED_TLA}) \\/ (e.pending = \"none\" /\\ (e.phase = \"TAINTED\" "
+        "\\/ (e.phase = \"READY\" /\\ \\A i \\in Slots : e.bind[i] = 0)))",
+        'Scheduled(n) == fphase # "UPDATING" \\/ \\A m \\in 1..(n - 1) : Settled(eng[m])',
+        "",
+    ]
+    parts += [_member_operator(spec, a) + "\n" for a in spec.member_actions()]
+    parts += [_fleet_operator(fa) + "\n" for fa in spec.actions]
+    disj = []
+    for a in spec.member_actions():
+        if a.param:
+            v = param_var(a.param)
+            disj.append(f"\\E n \\in Engines : \\E {v} \\in {param_domain(a.param)} : "
+                        f"M{tla_name(a.name)}(n, {v})")
+        else:
+            disj.append(f"\\E n \\in Engines : M{tla_name(a.name)}(n)")
+    disj += [tla_name(fa.name) for fa in spec.actions]
+    parts += ["Next ==\n" + "\n".join(f"    \\/ {d}" for d in disj), "",
+              "Spec == Init /\\ [][Next]_vars", "", "\\* ---- fleet invariants"]
+    for inv in spec.invariants:
+        parts.append(f"\\* {inv.doc}\n{inv.name} ==\n    {inv.tla}\n")
+    parts.append("\\* ---- every member's invariants")
+    for mi in spec.engine.invariants:
+        body = lift_tla(mi.tla).replace("\n", "\n        ")
+        parts.append(f"Member{mi.name} ==\n    \\A n \\in Engines : LET e == eng[n] IN\n"
+                     f"        {body}\n")
+    parts.append("\\* ---- action properties")
+    for prop in spec.action_properties:
+        parts.append(f"\\* {prop.doc}\n{prop.name} ==\n    [][{prop.tla}]_vars\n")
+    for mp in spec.engine.action_properties:
+        body = lift_tla(mp.tla).replace("\n", "\n        ")
+        parts.append(f"Member{mp.name} ==\n    [][\\A n \\in Engines : LET e == eng[n]\n"
+                     f"                                  e2 == eng'[n] IN\n"
+                     f"        {body}]_vars\n")
+    parts.append("=" * 78)
+    return "\n".join(parts) + "\n"
+
+
+def fleet_config(spec: FleetSpec = FLEET) -> str:
+    b = spec.bounds
+    invs = [i.name for i in spec.invariants] + [f"Member{i.name}"
+                                                for i in spec.engine.invariants]
+    props = [p.name for p in spec.action_properties] + [
+        f"Member{p.name}" for p in spec.engine.action_properties]
+    return "\n".join([
+        "\\* Generated by `rolloutcore spec tla`. Do not edit.",
+        "CONSTANTS",
+        f"    NumEngines = {b.engines}",
+        f"    NumSlots = {b.rollouts}",
+        f"    MaxGen = {b.generations}",
+        f"    MaxFaults = {b.faults}",
+        f"    MinServing = {b.min_serving}",
+        "SPECIFICATION Spec",
+        "INVARIANTS", *(f"    {n}" for n in invs),
+        "PROPERTIES", *(f"    {n}" for n in props),
+    ]) + "\n"

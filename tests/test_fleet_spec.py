@@ -1,0 +1,94 @@
+"""The fleet spec: explored exhaustively, its TLA+ graph equal to the explorer's at two and
+three members, every fleet mutant caught by both, and the lifting of member actions."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+from conftest import require_tlc
+
+from rolloutcore import modelcheck
+from rolloutcore.spec.fleet import (
+    FLEET,
+    FleetBounds,
+    FleetExploration,
+    FleetPhase,
+    explore_fleet,
+    lift_tla,
+    serving,
+)
+from rolloutcore.spec.lifecycle import Phase
+from rolloutcore.spec.mutants import FLEET_MUTANTS, PARTIAL_QUORUM, FleetMutant
+
+#: Bounds CI explores: the default (two members, both needed, one fault), a partial
+#: quorum (a member may be left behind), and three members (no fault, no rollout slot:
+#: with both, three members reach 68k states and their TLC graph comparison takes minutes
+#: here; `benchmarks/bench_spec.py` runs it; faults and rollouts are covered with two).
+THREE = FleetBounds(engines=3, min_serving=2, generations=2, faults=0, rollouts=0)
+BOUNDS = [FLEET.bounds, PARTIAL_QUORUM, THREE]
+
+
+@functools.cache
+def explored(bounds: FleetBounds) -> FleetExploration:
+    return explore_fleet(FLEET.with_bounds(bounds))
+
+
+@pytest.mark.parametrize("bounds", BOUNDS, ids=str)
+def test_every_fleet_property_holds(bounds: FleetBounds) -> None:
+    ex = explored(bounds)
+    assert ex.violations == {}
+    assert {"fleet_request_update", "fleet_publish"} <= {n for _f, n, _g in ex.graph}
+
+
+def test_the_default_bounds_reach_publish_abort_quarantine_and_readmission() -> None:
+    ex = explored(FLEET.bounds)
+    fired = {name for _f, name, _g in ex.graph}
+    assert {"fleet_publish", "fleet_abort", "fleet_reopen", "give_up", "fence_ok",
+            "readmit_ok", "readmit_mismatch", "mutate_ambiguous"} <= fired
+    # A quarantined member never serves: every READY fleet's serving set is exactly the
+    # members READY at the fleet's generation, and none of them is TAINTED.
+    for f in ex.nodes:
+        if f.fphase == FleetPhase.READY:
+            assert sum(serving(f, s) for s in f.eng) >= FLEET.bounds.min_serving
+            assert not any(serving(f, s) and s.phase is Phase.TAINTED for s in f.eng)
+
+
+def test_partial_quorum_leaves_a_member_behind_and_it_catches_up() -> None:
+    ex = explored(PARTIAL_QUORUM)
+    behind = [f for f in ex.nodes if f.fphase == FleetPhase.READY and any(
+        s.phase is Phase.READY and s.committed < f.fcommitted for s in f.eng)]
+    assert behind, "a member must be able to fall behind the fleet"
+    caught_up = {name for f, name, _g in ex.graph if name == "publish"}
+    assert caught_up == {"publish"}, "and catch up on its own"
+
+
+def test_lift_tla_rewrites_variables_not_strings() -> None:
+    assert lift_tla('pending = "none" /\\ "resumed" \\in evidence') == \
+        'e.pending = "none" /\\ "resumed" \\in e.evidence'
+    assert lift_tla("[bind EXCEPT ![i] = committed]") == "[e.bind EXCEPT ![i] = e.committed]"
+    assert lift_tla("committed' \\in {committed, committed + 1}") == \
+        "e2.committed \\in {e.committed, e.committed + 1}"
+
+
+@pytest.mark.tlc
+@pytest.mark.parametrize("bounds", [FLEET.bounds, THREE], ids=["two", "three"])
+def test_tlc_graph_equals_the_explorer_graph(bounds: FleetBounds) -> None:
+    require_tlc()
+    run = modelcheck.run_fleet_tlc(FLEET.with_bounds(bounds), exploration=explored(bounds))
+    assert run.result.exit_code == 0, run.result.error_message
+    assert run.graphs_equal, (run.only_python, run.only_tlc)
+    assert run.tlc_states == run.python_states and run.tlc_edges == run.python_edges
+
+
+@pytest.mark.tlc
+@pytest.mark.parametrize("m", FLEET_MUTANTS, ids=lambda m: m.name)
+def test_explorer_and_tlc_catch_fleet_mutant(m: FleetMutant) -> None:
+    require_tlc()
+    v = modelcheck.check_fleet_mutant(m, with_tlc=True)
+    assert v.explorer, f"the explorer missed {m.name}"
+    assert v.tlc_violated is not None, f"TLC missed {m.name}"
+    # Both report the shortest counterexample's property, or TLC a member property the
+    # explorer also found (TLC checks invariants and properties in its own order).
+    assert v.tlc_violated in v.explorer or v.tlc_violated.removeprefix("Member") in v.explorer
+    assert v.tlc_trace_length == min(v.explorer.values()), (v.tlc_trace_length, v.explorer)
