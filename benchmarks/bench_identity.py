@@ -3,12 +3,15 @@
 * Source-side content digest (:func:`rolloutcore.identity.checkpoint_identity`): seconds per
   GB of weights, on the built tiny/large models and on a synthetic checkpoint of
   ``--synthetic-mb`` MB (random bytes, several tensors), each timed warm (page cache hot,
-  best of ``--repeat``). The manifest digest is timed too (header only).
+  best of ``--repeat``), against a floor in the same run: plain sha256 over the same
+  files' bytes (``hashlib.file_digest``). The manifest digest is timed too (header only).
 * Fingerprint probe latency on a live engine (``--engine URL``, or ``--serve`` to start a
-  vLLM CPU server on ``models/v1`` with the RolloutCore worker extension): the engine-side
-  identity read (``collective_rpc rc_identity``), a teacher-forced scoring request of a
-  16+16-token sequence (what the replay validator sends per record), and a 16-token greedy
-  probe (what the runner's validate step sends). Median and max of ``--probes`` calls.
+  vLLM CPU server on ``models/v1`` with ``SERVER_ARGS``: the RolloutCore worker extension
+  and load format): the engine-side identity read (``collective_rpc rc_identity``), a
+  teacher-forced scoring request of a 16+16-token sequence (what the replay validator
+  sends per record; the runner's default, scored, probe is the same kind of request: one
+  prefill with ``prompt_logprobs``), and a 16-token greedy probe (the runner's greedy
+  probe mode). Median and max of ``--probes`` calls; ratios to the identity read.
 
 Run: ``.venv/bin/python benchmarks/bench_identity.py [--serve | --engine URL] [--json]``.
 """
@@ -16,6 +19,7 @@ Run: ``.venv/bin/python benchmarks/bench_identity.py [--serve | --engine URL] [-
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -34,6 +38,7 @@ from rolloutcore.identity import (
     checkpoint_identity,
     checkpoint_nbytes,
     manifest_digest,
+    safetensors_files,
     write_safetensors,
 )
 
@@ -47,14 +52,23 @@ def _best(fn: Callable[[], object], repeat: int) -> float:
     return best
 
 
+def _sha256_files(directory: Path) -> None:
+    """The floor: sha256 of every safetensors file's bytes, nothing parsed."""
+    for path in safetensors_files(directory):
+        with open(path, "rb") as fh:
+            hashlib.file_digest(fh, "sha256")
+
+
 def digest_rate(directory: Path, repeat: int) -> dict[str, Any]:
     nbytes = checkpoint_nbytes(directory)
     checkpoint_identity(directory)  # warm the page cache
     s = _best(lambda: checkpoint_identity(directory), repeat)
+    f = _best(lambda: _sha256_files(directory), repeat)
     m = _best(lambda: manifest_digest(directory), repeat)
     return {"checkpoint": str(directory), "mb": round(nbytes / 1e6, 2),
             "content_s": round(s, 4), "s_per_gb": round(s / (nbytes / 1e9), 3),
-            "gb_per_s": round(nbytes / 1e9 / s, 3), "manifest_s": round(m, 5)}
+            "gb_per_s": round(nbytes / 1e9 / s, 3), "manifest_s": round(m, 5),
+            "sha256_floor_s": round(f, 4), "content_over_floor": round(s / f, 2)}
 
 
 def synthetic(directory: Path, mb: int, tensors: int = 8) -> Path:
@@ -116,17 +130,25 @@ def main() -> int:
     elif args.serve:
         from rolloutcore.conformance.server import VllmServer
 
-        with VllmServer(DEFAULT_OUT / "v1", extra_args=SERVER_ARGS) as srv:
+        with VllmServer(DEFAULT_OUT / "v1", extra_args=list(SERVER_ARGS)) as srv:
             result["probe"] = probe_latency(srv.url, args.probes)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
     for r in result["digest"]:
         print(f"content digest {r['checkpoint']}: {r['mb']} MB in {r['content_s']} s = "
-              f"{r['s_per_gb']} s/GB ({r['gb_per_s']} GB/s); manifest {r['manifest_s']} s")
-    for name, v in result.get("probe", {}).items():
+              f"{r['s_per_gb']} s/GB ({r['gb_per_s']} GB/s) = {r['content_over_floor']}x "
+              f"plain sha256 of the files ({r['sha256_floor_s']} s); manifest "
+              f"{r['manifest_s']} s")
+    probe = result.get("probe", {})
+    for name, v in probe.items():
         if name != "engine":
             print(f"probe {name}: {v}")
+    base = probe.get("rc_identity", {}).get("median_ms")
+    for name in ("score_16+16", "greedy_16"):
+        med = probe.get(name, {}).get("median_ms")
+        if base and med:
+            print(f"probe {name} / rc_identity (median): {med / base:.1f}x")
     return 0
 
 

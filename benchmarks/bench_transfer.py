@@ -10,12 +10,17 @@
 3. Time from a frozen collective (SIGSTOP of the server midway through the broadcast) to
    TAINTED, against the configured transfer deadline.
 
-Prints the ratios; ``--json FILE`` writes them. One server, stopped at the end.
+Prints the ratios; ``--json`` prints them as one JSON object instead (progress on
+stderr), ``--json FILE`` writes them to FILE. One server, stopped at the end.
+
+Run: ``.venv/bin/python benchmarks/bench_transfer.py [--repeat N] [--json [FILE]]``
+(builds ``models/large*`` on first use; about 2 minutes on the 2-core machine).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import multiprocessing as mp
@@ -71,21 +76,22 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--json", type=Path)
+    ap.add_argument("--json", nargs="?", const="-", metavar="FILE",
+                    help="JSON on stdout (no FILE) or into FILE")
     ap.add_argument("--buffer-mb", type=int, default=8, help="packed broadcast buffer size")
     args = ap.parse_args(argv)
+    log = sys.stderr if args.json == "-" else sys.stdout
     models = build_models(DEFAULT_OUT, large=True)
     nbytes = checkpoint_nbytes(models["large"])
     floor = raw_floor(nbytes, args.repeat)
     floor_s = statistics.median(floor)
     print(f"floor: raw gloo broadcast of {nbytes} B: median {floor_s * 1e3:.1f} ms "
-          f"({nbytes / floor_s / 1e6:.0f} MB/s) over {len(floor)}", flush=True)
+          f"({nbytes / floor_s / 1e6:.0f} MB/s) over {len(floor)}", file=log, flush=True)
     res: dict[str, Any] = {"nbytes": nbytes, "floor_s": floor, "buffer_mb": args.buffer_mb}
     with tempfile.TemporaryDirectory(prefix="rc-bench-transfer-") as tmp:
         s = Session(GLOO, models, "large", Path(tmp))
-        s.backend = GLOO.__class__(GLOO.name, GLOO.worker_extension,
-                                   lambda world_size=2: GLOO.init_info(
-                                       world_size=world_size, buffer_bytes=args.buffer_mb << 20))
+        s.backend = dataclasses.replace(GLOO, init_info=lambda world_size=2: GLOO.init_info(
+            world_size=world_size, buffer_bytes=args.buffer_mb << 20))
         try:
             s.start()
             assert s.adapter is not None and s.runner is not None
@@ -105,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
                 version = "large_v2" if i % 2 == 0 else "large"
                 target = s.target(version, gen)
                 t0 = time.perf_counter()
-                ev = s.adapter.mutate(target)
+                # The runner's deadline for this mutation (what a cycle would grant it).
+                ev = s.adapter.mutate(target, time.monotonic() + s.policy.mutation_deadline(
+                    target))
                 mutate_s.append(time.perf_counter() - t0)
                 phases.append(dict(s.adapter.last_timings))
                 assert s.http is not None
@@ -122,27 +130,30 @@ def main(argv: list[str] | None = None) -> int:
             cycle_s = time.perf_counter() - t0
             res.update(mutate_s=mutate_s, phases=phases, cycle_s=cycle_s,
                        cycle_published=rep.published,
-                       cycle_steps={k: round(v, 4) for k, v in rep.timings().items()})
+                       cycle_steps={str(k): round(v, 4) for k, v in rep.timings().items()})
             med = statistics.median(mutate_s)
             send = statistics.median(p.get("send_s", float("nan")) for p in phases)
             print(f"transfer (mutate): median {med * 1e3:.1f} ms = {med / floor_s:.2f}x the "
                   f"floor; send_weights alone {send * 1e3:.1f} ms = {send / floor_s:.2f}x",
-                  flush=True)
+                  file=log, flush=True)
             print(f"  trainer phases (last): {phases[-1]}; worker (last): {worker[-1]}",
-                  flush=True)
+                  file=log, flush=True)
             res["worker_timings"] = worker
             print(f"full runner cycle: {cycle_s * 1e3:.1f} ms (published={rep.published}); "
-                  f"steps {res['cycle_steps']}", flush=True)
+                  f"steps {res['cycle_steps']}", file=log, flush=True)
             row = s_frozen(s, 3, "large")
             res["frozen"] = row.as_json()
-            ev = row.evidence
-            print(f"frozen collective -> TAINTED: {ev.get('freeze_to_tainted_s')} s, deadline "
-                  f"{ev.get('deadline_s')} s ({'PASS' if row.passed else 'FAIL'})", flush=True)
+            fe = row.evidence
+            print(f"frozen collective -> TAINTED: {fe.get('freeze_to_tainted_s')} s, deadline "
+                  f"{fe.get('deadline_s')} s ({'PASS' if row.passed else 'FAIL'})", file=log,
+                  flush=True)
             res.update(ratio_mutate=med / floor_s, ratio_send=send / floor_s)
         finally:
             s.stop()
-    if args.json:
-        args.json.write_text(json.dumps(res, indent=2, default=str))
+    if args.json == "-":
+        print(json.dumps(res, indent=2, default=str))
+    elif args.json:
+        Path(args.json).write_text(json.dumps(res, indent=2, default=str))
     return 0
 
 

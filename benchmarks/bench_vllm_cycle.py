@@ -2,14 +2,19 @@
 round trips, and per-operation latency, measured in one run on one real vLLM server.
 
 * Hot cycles: RolloutCore update cycles (journal fsynced, as in production) alternating
-  v2 / v1 on a server started on v1, nothing in flight (drain wait ~0). Where the runner
-  has ``supervise_idempotent``, every other cycle runs without the watchdog hand-offs.
+  v2 / v1 on a server started on v1, nothing in flight (drain wait ~0). Idempotent calls
+  run inline (each honours its step deadline); only the mutation is on a supervised
+  worker. (The runner used to offer ``supervise_idempotent``, and alternate cycles
+  measured the overhead without watchdog hand-offs; with the option gone, so is that
+  figure: every cycle is measured the same way.)
 * Control-plane overhead of a cycle: total - drain wait - the mutation (load plus its
   label finalisation). The floor: the same HTTP requests the cycle made outside the
   mutation (pause, read-backs, resets, reads, resume, the probe completion and its
   counter reads), replayed in order with a plain keep-alive httpx client.
-* Full restart: stop the server, start a new one on the target checkpoint, until the
-  first completed greedy request (its output checked against the reference).
+* Full restart: stop the server, start a new one on the target checkpoint with the same
+  ``SERVER_ARGS`` (worker extension and digesting load format, as every server the
+  project starts), until the first completed greedy request (its output checked against
+  the reference).
 * Per-operation latency: median and p90 of every runner step over the hot cycles, and
   of every raw endpoint over the replays.
 
@@ -26,13 +31,13 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from rolloutcore.adapters.http import SERVER_ARGS, HttpAdapter, RequestLog
+from rolloutcore.adapters.http import HttpAdapter, RequestLog
+from rolloutcore.adapters.vllm_worker import SERVER_ARGS
 from rolloutcore.conformance.engines import INITIAL_LABEL, checkpoint_target
 from rolloutcore.conformance.server import VllmServer
 from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models, load_references
@@ -85,32 +90,21 @@ def run(cycles: int, replays: int, work: Path, log: Any) -> dict[str, Any]:
     overheads: list[float] = []
     mutations: list[float] = []
     cycle_requests: list[list[RequestLog]] = []
-    unsupervised: list[float] = []
     try:
         controller, journal, _ = open_controller(work / "journal.jsonl")
         runner = LifecycleRunner(controller, adapter, RunnerPolicy(step_timeout_s=60.0))
         boot = runner.bootstrap(checkpoint_target(v1, 1, INITIAL_LABEL))
         if boot.trigger != "bootstrap_ok":
             raise RuntimeError(f"bootstrap failed: {boot.reason}")
-        supervised = runner.policy
-        direct = (replace(supervised, supervise_idempotent=False)
-                  if "supervise_idempotent" in RunnerPolicy.__dataclass_fields__ else None)
-        for i in range(2 * cycles + 1 if direct else cycles + 1):  # the first: warm-up
+        for i in range(cycles + 1):  # the first: warm-up
             gen = i + 2
             path = v2 if gen % 2 == 0 else v1
             target = checkpoint_target(path, gen, f"gen{gen}")
             requests.clear()
-            # Alternate: idempotent calls on the runner's watchdog workers, then direct
-            # (each HTTP call has its own timeout): what the hand-offs cost.
-            runner.policy = direct if direct is not None and i % 2 == 0 else supervised
             report = runner.update(target)
             if not report.published:
                 raise RuntimeError(f"cycle {gen} not published: {report.steps}")
             if i == 0:
-                continue
-            if runner.policy is direct:
-                unsupervised.append(report.total_s - report.drain_wait_s
-                                    - report.timings().get("mutate", 0.0))
                 continue
             t = report.timings()
             mutate = t.get("mutate", 0.0)
@@ -147,12 +141,10 @@ def run(cycles: int, replays: int, work: Path, log: Any) -> dict[str, Any]:
     out["hot_cycle"] = summary(totals)
     out["mutation"] = summary(mutations)
     out["control_plane_overhead"] = summary(overheads)
-    if unsupervised:
-        out["control_plane_overhead_unsupervised"] = summary(unsupervised)
 
     # Full restart onto the target checkpoint, until the first completed request.
     probe = next(p for p in load_references(v2)["probes"] if p["name"] == "long")
-    srv2 = VllmServer(v2, log_path=work / "vllm-restart.log")
+    srv2 = VllmServer(v2, extra_args=list(SERVER_ARGS), log_path=work / "vllm-restart.log")
     t0 = time.perf_counter()
     srv2.start()
     t_healthy = time.perf_counter()
@@ -198,11 +190,6 @@ def render(r: dict[str, Any]) -> str:
                  f"{fl['median_ms']:.1f} ms (p90 {fl['p90_ms']:.1f})")
     lines.append(f"overhead / floor: {r['overhead_over_floor']} "
                  f"(+{r['overhead_minus_floor_ms']:.1f} ms of RolloutCore per cycle)")
-    un = r.get("control_plane_overhead_unsupervised")
-    if un:
-        lines.append(f"control-plane overhead without watchdog hand-offs "
-                     f"(supervise_idempotent=False): median {un['median_ms']:.1f} ms "
-                     f"(p90 {un['p90_ms']:.1f}, n {un['n']})")
     lines.append("")
     lines.append(f"{'runner step':<28} {'median ms':>10} {'p90 ms':>10}")
     for k, v in r["steps"].items():
