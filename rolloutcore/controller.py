@@ -108,7 +108,9 @@ class TraceRecord(NamedTuple):
         return out
 
 
-TraceSink = Callable[[TraceRecord], None]
+#: A sink may number the record itself (a journal shared by several controllers, a
+#: fleet's): it returns the sequence number it wrote the record under, or None.
+TraceSink = Callable[[TraceRecord], "int | None"]
 _new = tuple.__new__
 
 
@@ -347,11 +349,12 @@ class Controller:
                 raise IllegalTransition(
                     "admit", c.phase, f"rollout {rollout_id!r} is already bound")
             seq = self._last_seq + 1
+            if self.trace is not None:  # journal first: a failed write changes nothing
+                seq = self.trace(_new(TraceRecord, (seq, "admit", rollout_id, c.phase,
+                                                    c.committed, c.target, c.pending,
+                                                    detail))) or seq
             # tuple.__new__ skips NamedTuple's Python-level __new__: this is the hot path.
             binding = _new(Binding, (rollout_id, c.committed, self.identity, seq, False))
-            if self.trace is not None:  # journal first: a failed write changes nothing
-                self.trace(_new(TraceRecord, (seq, "admit", rollout_id, c.phase, c.committed,
-                                              c.target, c.pending, detail)))
             bindings[rollout_id] = binding
             if self._aborted:  # an id reused after its abort: the old one is let go
                 self._aborted.pop(rollout_id, None)
@@ -401,8 +404,9 @@ class Controller:
                 raise IllegalTransition(step, c.phase, f"rollout {rollout_id!r} is not bound")
             seq = self._last_seq + 1
             if self.trace is not None:  # journal first: a failed write changes nothing
-                self.trace(_new(TraceRecord, (seq, step, rollout_id, c.phase, c.committed,
-                                              c.target, c.pending, detail)))
+                seq = self.trace(_new(TraceRecord, (seq, step, rollout_id, c.phase,
+                                                    c.committed, c.target, c.pending,
+                                                    detail))) or seq
             del self.bindings[rollout_id]
             if step == Trigger.RELEASE_ABORTED:
                 binding = binding._replace(aborted=True)
@@ -440,8 +444,9 @@ class Controller:
         c = self.control
         seq = self._last_seq + 1
         if self.trace is not None:
-            self.trace(TraceRecord(seq, step, None if param is None else str(param),
-                                   c.phase, c.committed, c.target, c.pending, detail))
+            seq = self.trace(TraceRecord(seq, step, None if param is None else str(param),
+                                         c.phase, c.committed, c.target, c.pending,
+                                         detail)) or seq
         self._last_seq = seq
         return c
 

@@ -208,7 +208,7 @@ class Journal:
     def __init__(
         self, path: str | os.PathLike[str], *, fsync: bool = True,
         clock: Callable[[], float] = time.time, spec: Spec = SPEC,
-        continues: str | None = None,
+        continues: str | None = None, spec_name: str | None = None,
     ) -> None:
         self.path = Path(path)
         self.fsync = fsync
@@ -220,7 +220,7 @@ class Journal:
             for step, (typ, op) in jepsen_types(spec).items()
         }
         self._strs: dict[str, str] = {}  # JSON text of phases and pendings seen
-        self._spec_name = spec.name
+        self._spec_name = spec_name or spec.name  # a fleet's journal names the fleet spec
         self._continues = continues
         self._fd = -1
         fresh = not self.path.exists() or self.path.stat().st_size == 0
@@ -270,9 +270,11 @@ class Journal:
             out = self._strs[s] = _json_str(s)
         return out
 
-    def _append(self, seq: int, typ: str, op_json: str, step_json: str, param: str | None,
-                phase: str, committed: int, target: int, pending: str,
-                detail: Mapping[str, Any] | None) -> None:
+    def _append(self, seq: int | None, typ: str, op_json: str, step_json: str,
+                param: str | None, phase: str, committed: int, target: int, pending: str,
+                detail: Mapping[str, Any] | None, engine: str | None = None) -> int:
+        """Write one record; ``seq`` None: the journal numbers it (a shared journal).
+        Returns the sequence number written."""
         # The line is assembled in sorted key order by hand so that the record is
         # serialised once: ``head + tail`` is the canonical JSON the hash covers and
         # ``head + hash + tail`` the line ("hash" sorts between "evidence" and "op").
@@ -283,13 +285,17 @@ class Journal:
             evidence = detail.pop(DECISION)
         if detail:
             head += ',"detail":' + canonical(redact(detail))
+        if engine is not None:
+            head += ',"engine":' + _json_str(engine)
         if evidence is not None:
             head += ',"evidence":' + canonical(redact(evidence))
         param_json = "null" if param is None else _json_str(param)
         with self._lock:
             if self._fd < 0:
                 raise JournalError(f"{self.path}: journal is closed")
-            if seq <= self._seq:
+            if seq is None:
+                seq = self._seq + 1
+            elif seq <= self._seq:
                 raise JournalError(f"seq {seq} does not follow {self._seq}")
             tail = (f',"op":{op_json},"param":{param_json},"pending":{self._str(pending)},'
                     f'"phase":{self._str(phase)},"prev":"{self._prev}","seq":{seq:d},'
@@ -298,6 +304,7 @@ class Journal:
             h = hashlib.sha256((head + tail).encode()).hexdigest()
             self._write(f'{head},"hash":"{h}"{tail}\n'.encode())
             self._prev, self._seq = h, seq
+            return seq
 
     def __call__(self, record: TraceRecord) -> None:
         """Append one controller step; durable (if fsync) when this returns."""
@@ -307,6 +314,25 @@ class Journal:
             raise JournalError(f"unknown step {record.step!r}") from None
         self._append(record.seq, typ, op_json, step_json, record.param, record.phase,
                      record.committed, record.target, record.pending, record.detail)
+
+    def member(self, engine: str) -> Callable[[TraceRecord], int]:
+        """The trace sink of one member of a fleet: its records are tagged with it and
+        numbered by the journal (one chain, one sequence, every member)."""
+        def sink(record: TraceRecord) -> int:
+            try:
+                typ, op_json, step_json = self._steps[record.step]
+            except KeyError:
+                raise JournalError(f"unknown step {record.step!r}") from None
+            return self._append(None, typ, op_json, step_json, record.param, record.phase,
+                                record.committed, record.target, record.pending,
+                                record.detail, engine)
+        return sink
+
+    def fleet_step(self, step: str, phase: str, committed: int, target: int,
+                   detail: Mapping[str, Any] | None = None) -> int:
+        """A step of the fleet itself (not of a member): untagged, journalled as ``step``."""
+        return self._append(None, "step", "null", _json_str(step), None, phase, committed,
+                            target, NO_OP, detail)
 
     @property
     def last_seq(self) -> int:

@@ -121,6 +121,8 @@ class CycleReport:
     aborted: list[str] = field(default_factory=list)  # rollouts released as aborted
     tainted_after_s: float | None = None  # from the cycle's start to TAINTED
     fenced: bool | None = None  # None: not tainted
+    prepared: bool = False  # verified up to the publish, not yet published
+    started: float = 0.0  # perf_counter at the start
 
     def timings(self) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -256,8 +258,8 @@ class LifecycleRunner:
             if time.monotonic() + pause_s >= deadline:
                 break  # the step's deadline is spent: no attempt could finish in time
             time.sleep(pause_s)
-        self._record(report, op if param is None else f"{op}({param})", outcome.trigger,
-                     outcome.reason, t0, n)
+        step = op.value if param is None else f"{op.value}({param})"
+        self._record(report, step, outcome.trigger, outcome.reason, t0, n)
         return outcome
 
     def _record(self, report: CycleReport | None, step: str, outcome: str, reason: str,
@@ -304,22 +306,57 @@ class LifecycleRunner:
 
     def update(self, target: WeightTarget) -> CycleReport:
         """One full transition to ``target``; returns what happened, step by step."""
+        report = self.prepare(target)
+        if report.prepared:
+            self.commit(report)
+        return report
+
+    def prepare(self, target: WeightTarget) -> CycleReport:
+        """Every step of the transition up to the publish: on success the engine runs the
+        verified target, admissions still closed (RESUMING with all evidence). A fleet
+        prepares all its members, then commits the ones it publishes on."""
         c = self.controller
         if target.generation != c.control.committed + 1:
             raise ValueError(f"target generation {target.generation} is not the next one "
                              f"after {c.control.committed}")
         report = CycleReport(target, published=False, final_phase=c.phase)
-        t_start = time.perf_counter()
+        report.started = time.perf_counter()
         try:
             self._cycle(target, report)
         finally:
-            if c.phase is Phase.TAINTED and report.tainted_after_s is None:
-                report.tainted_after_s = time.perf_counter() - t_start
-                report.fenced = self.fence(target, report)
-            report.final_phase = c.phase
-            report.total_s = time.perf_counter() - t_start
-            report.stuck_calls = list(self.stuck_calls)
+            self._settle(report)
         return report
+
+    def commit(self, report: CycleReport) -> None:
+        """Publish a prepared target: admissions reopen on the new generation."""
+        if not report.prepared:
+            raise ValueError("the transition was not prepared")
+        target = report.target
+        self.targets[target.generation] = target
+        with self._identity_swap(target):
+            self._fire(Trigger.PUBLISH, label=target.label, identity=target.identity)
+        report.published = True
+        report.prepared = False
+        self._settle(report)
+
+    def withdraw(self, report: CycleReport, reason: str) -> None:
+        """A prepared target that will not be published (the fleet aborted): the engine
+        holds it, so it gives up (TAINTED, fenced) and waits for a verified re-admission
+        onto the committed generation."""
+        if not report.prepared:
+            raise ValueError("the transition was not prepared")
+        report.prepared = False
+        self._fire(Trigger.GIVE_UP, reason=reason)
+        self._settle(report)
+
+    def _settle(self, report: CycleReport) -> None:
+        c = self.controller
+        if c.phase is Phase.TAINTED and report.tainted_after_s is None:
+            report.tainted_after_s = time.perf_counter() - report.started
+            report.fenced = self.fence(report.target, report)
+        report.final_phase = c.phase
+        report.total_s = time.perf_counter() - report.started
+        report.stuck_calls = list(self.stuck_calls)
 
     def _drain(self, report: CycleReport) -> bool:
         """Wait for bound rollouts per the drain policy; True once none is bound."""
@@ -395,10 +432,7 @@ class LifecycleRunner:
         if p.trigger != Trigger.PROBE_OK:
             self._fire(Trigger.GIVE_UP, reason=p.reason)
             return
-        self.targets[target.generation] = target
-        with self._identity_swap(target):
-            self._fire(Trigger.PUBLISH, label=target.label, identity=target.identity)
-        report.published = True
+        report.prepared = True
 
     def fence(self, target: WeightTarget, report: CycleReport | None = None) -> bool:
         """TAINTED: pause the engine in abort mode and relabel it, best effort (bounded by

@@ -1,0 +1,505 @@
+"""The fleet controller: one transactional policy update across N engines, quarantine,
+verified re-admission, and admission of rollouts onto serving members only.
+
+It executes the fleet spec (:mod:`rolloutcore.spec.fleet`): every member is a
+single-engine :class:`~rolloutcore.controller.Controller` driven by its own
+:class:`~rolloutcore.runner.LifecycleRunner` (so each member's steps are the ones the
+single-engine spec proves), and the fleet's own decisions use the spec's predicates
+(:func:`~rolloutcore.spec.fleet.validated`, :func:`~rolloutcore.spec.fleet.settled`,
+:func:`~rolloutcore.spec.fleet.serving`) on the members' controller states.
+
+One journal holds the whole fleet: every member's records tagged with its name, the
+fleet's own steps untagged, one hash chain and one sequence. A publish is one group:
+the ``fleet_publish`` record names the members it commits, and their ``publish``
+records follow it before anything else (the fleet's lock is held across the group).
+
+Members are addressed by URL (any launcher: Kubernetes, Ray, a shell script); a fleet
+file (TOML) names them: ``[[engine]] name, url, model, token, transfer``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import tomllib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from rolloutcore.adapters.contract import LifecycleAdapter, WeightTarget
+from rolloutcore.controller import AdmissionCancelled, AdmissionTimeout, Binding, Controller
+from rolloutcore.journal import Journal
+from rolloutcore.postconditions import Outcome
+from rolloutcore.runner import CycleReport, LifecycleRunner, RunnerPolicy
+from rolloutcore.spec.fleet import FLEET, FleetPhase, serving, settled, validated
+from rolloutcore.spec.lifecycle import Phase
+from rolloutcore.spec.triggers import Trigger
+
+UNINITIALIZED = "UNINITIALIZED"
+TRANSFERS = ("reload", "gloo", "nccl")
+
+
+class FleetError(Exception):
+    """A fleet operation that cannot be carried out as asked (nothing was changed)."""
+
+
+class FleetFileError(ValueError):
+    """A fleet file that is not what the fleet reads (where and why)."""
+
+
+# ------------------------------------------------------------------------ fleet file
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    name: str
+    url: str
+    model: str = "tiny"
+    token: str | None = None
+    transfer: str = "reload"
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    engines: tuple[EngineConfig, ...]
+    min_serving: int
+    journal: Path | None = None
+
+
+def load_fleet_file(path: str | Path) -> FleetConfig:
+    """Read and check a fleet file::
+
+        [fleet]
+        min_serving = 2          # optional, default: every engine
+        journal = "fleet.jsonl"  # optional, relative to the file
+
+        [[engine]]
+        name = "a"
+        url = "http://127.0.0.1:8001"
+        model = "tiny"           # optional
+        token = "..."            # optional (sent as a bearer token)
+        transfer = "reload"      # optional: reload | gloo | nccl
+    """
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FleetFileError(f"{p}: no such file") from None
+    except IsADirectoryError:
+        raise FleetFileError(f"{p}: is a directory") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise FleetFileError(f"{p}: cannot read: {err}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise FleetFileError(f"{p}: not TOML: {err}") from None
+    unknown = set(data) - {"fleet", "engine"}
+    if unknown:
+        raise FleetFileError(f"{p}: unknown table(s) {sorted(unknown)}")
+    raw = data.get("engine")
+    if not isinstance(raw, list) or not raw:
+        raise FleetFileError(f"{p}: no [[engine]] entries")
+    engines: list[EngineConfig] = []
+    for n, e in enumerate(raw, 1):
+        where = f"{p}: engine {n}"
+        if not isinstance(e, dict):
+            raise FleetFileError(f"{where}: not a table")
+        extra = set(e) - {"name", "url", "model", "token", "transfer"}
+        if extra:
+            raise FleetFileError(f"{where}: unknown key(s) {sorted(extra)}")
+        for key in ("name", "url"):
+            if not isinstance(e.get(key), str) or not e[key]:
+                raise FleetFileError(f"{where}: {key} must be a non-empty string")
+        for key in ("model", "token", "transfer"):
+            if key in e and not isinstance(e[key], str):
+                raise FleetFileError(f"{where}: {key} must be a string")
+        transfer = e.get("transfer", "reload")
+        if transfer not in TRANSFERS:
+            raise FleetFileError(f"{where}: transfer must be one of {', '.join(TRANSFERS)}")
+        engines.append(EngineConfig(e["name"], e["url"], e.get("model", "tiny"),
+                                    e.get("token"), transfer))
+    names = [e.name for e in engines]
+    if len(set(names)) != len(names):
+        raise FleetFileError(f"{p}: engine names must be distinct: {names}")
+    fleet = data.get("fleet", {})
+    if not isinstance(fleet, dict) or set(fleet) - {"min_serving", "journal"}:
+        raise FleetFileError(f"{p}: [fleet] takes min_serving and journal only")
+    k = fleet.get("min_serving", len(engines))
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= len(engines):
+        raise FleetFileError(f"{p}: min_serving must be an integer in 1..{len(engines)}")
+    journal = fleet.get("journal")
+    if journal is not None and not isinstance(journal, str):
+        raise FleetFileError(f"{p}: journal must be a path string")
+    return FleetConfig(tuple(engines), k, (p.parent / journal) if journal else None)
+
+
+# --------------------------------------------------------------------------- runtime
+
+
+@dataclass
+class Member:
+    name: str
+    adapter: LifecycleAdapter
+    url: str | None
+    controller: Controller
+    runner: LifecycleRunner
+    outstanding: int = 0  # rollouts admitted and not yet released
+
+    def view(self) -> Any:
+        """The member's controller state, as the fleet spec's predicates read it."""
+        c = self.controller.control
+        return SimpleNamespace(phase=c.phase, committed=c.committed, target=c.target,
+                               pending=c.pending, evidence=c.evidence,
+                               bind=tuple(b.generation for b in
+                                          self.controller.bindings.values()))
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A rollout admitted on one member, bound to the fleet's committed generation."""
+
+    rollout_id: str
+    engine: str
+    url: str | None
+    generation: int
+    identity: str | None
+    label: str
+    seq: int
+
+
+@dataclass
+class FleetCycleReport:
+    target: WeightTarget
+    published: bool
+    aborted: bool
+    members: dict[str, CycleReport] = field(default_factory=dict)
+    committed_on: list[str] = field(default_factory=list)
+    quarantined: list[str] = field(default_factory=list)
+    rolled_back: dict[str, str] = field(default_factory=dict)  # member -> readmit outcome
+    phase: str = FleetPhase.READY
+    total_s: float = 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "target": self.target.label, "generation": self.target.generation,
+            "published": self.published, "aborted": self.aborted, "phase": self.phase,
+            "committed_on": self.committed_on, "quarantined": self.quarantined,
+            "rolled_back": self.rolled_back, "total_s": round(self.total_s, 4),
+            "members": {n: {"final_phase": r.final_phase.value, "prepared": r.prepared,
+                            "published": r.published, "total_s": round(r.total_s, 4),
+                            "tainted_after_s": r.tainted_after_s, "fenced": r.fenced,
+                            "steps": [(s.step, s.outcome, round(s.seconds, 4), s.attempts)
+                                      for s in r.steps]}
+                        for n, r in self.members.items()}}
+
+
+@dataclass(frozen=True)
+class MemberStatus:
+    name: str
+    url: str | None
+    phase: str
+    committed: int
+    label: str | None
+    identity: str | None
+    serving: bool
+    quarantined: bool
+    outstanding: int
+
+    def as_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+StepHook = Callable[[str, str, str, float], None]  # (member, step, outcome, seconds)
+
+
+class Fleet:
+    """N members, one fleet state, one journal. Thread-safe."""
+
+    def __init__(self, members: Sequence[tuple[str, LifecycleAdapter, str | None]], *,
+                 journal: str | Path, min_serving: int | None = None,
+                 policy: RunnerPolicy | None = None, fsync: bool = True,
+                 clock: Callable[[], float] = time.time,
+                 on_step: StepHook | None = None) -> None:
+        names = [n for n, _a, _u in members]
+        if not names or len(set(names)) != len(names):
+            raise ValueError(f"members need distinct names: {names}")
+        self.min_serving = len(names) if min_serving is None else min_serving
+        if not 1 <= self.min_serving <= len(names):
+            raise ValueError(f"min_serving must be in 1..{len(names)}")
+        path = Path(journal)
+        if path.exists() and path.stat().st_size > 0:
+            raise FleetError(f"{path}: the fleet journal exists; recovering a fleet from it "
+                             "is done by Fleet.recover")
+        self.journal = Journal(path, fsync=fsync, clock=clock, spec_name=FLEET.name)
+        self.policy = policy = policy or RunnerPolicy()
+        self.on_step = on_step
+        self.members: dict[str, Member] = {}
+        for name, adapter, url in members:
+            ctl = Controller(trace=self.journal.member(name))
+            runner = LifecycleRunner(ctl, adapter, policy, on_step=self._hook(name))
+            self.members[name] = Member(name, adapter, url, ctl, runner)
+        self.phase = UNINITIALIZED
+        self.committed = 0
+        self.target = 0
+        self.last_report: FleetCycleReport | None = None
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._pool = ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="fleet")
+        self._update_lock = threading.Lock()  # one update or readmission at a time
+
+    def _hook(self, name: str) -> Callable[[str, str, float], None]:
+        def hook(step: str, outcome: str, seconds: float) -> None:
+            if self.on_step is not None:
+                self.on_step(name, step, outcome, seconds)
+        return hook
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.journal.close()
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ fleet state
+
+    def _fleet(self) -> Any:
+        return SimpleNamespace(fphase=self.phase, fcommitted=self.committed,
+                               ftarget=self.target)
+
+    def _serving(self) -> list[Member]:
+        f = self._fleet()
+        return [m for m in self.members.values() if serving(f, m.view())]
+
+    def _step(self, step: str, **detail: Any) -> None:
+        self.journal.fleet_step(step, self.phase, self.committed, self.target, detail or None)
+        self._changed.notify_all()
+
+    def _parallel(self, fn: Callable[[Member], Any], members: Sequence[Member]) -> dict[
+            str, Any]:
+        futures = {m.name: self._pool.submit(fn, m) for m in members}
+        return {name: fut.result() for name, fut in futures.items()}
+
+    # -------------------------------------------------------------------- bootstrap
+
+    def bootstrap(self, initial: WeightTarget | Mapping[str, WeightTarget]) -> dict[
+            str, Outcome]:
+        """Adopt every member's fresh engine as generation 1; the fleet opens once at
+        least ``min_serving`` members are verified."""
+        with self._update_lock:
+            targets = self._targets_for(initial, self.members.values())
+            out = self._parallel(lambda m: m.runner.bootstrap(targets[m.name]),
+                                 list(self.members.values()))
+            with self._lock:
+                ok = [n for n, o in out.items() if o.trigger == Trigger.BOOTSTRAP_OK]
+                if len(ok) >= self.min_serving:
+                    self.phase, self.committed = FleetPhase.READY, 1
+                    self._step("fleet_open", members=sorted(ok), min_serving=self.min_serving)
+            return out
+
+    @staticmethod
+    def _targets_for(target: WeightTarget | Mapping[str, WeightTarget],
+                     members: Any) -> dict[str, WeightTarget]:
+        if isinstance(target, WeightTarget):
+            return {m.name: target for m in members}
+        missing = [m.name for m in members if m.name not in target]
+        if missing:
+            raise FleetError(f"no target for member(s) {missing}")
+        return {m.name: target[m.name] for m in members}
+
+    # ----------------------------------------------------------------------- update
+
+    def update(self, target: WeightTarget | Mapping[str, WeightTarget]) -> FleetCycleReport:
+        """One fleet cycle: close admissions, prepare every serving member in parallel,
+        then publish on the validated members at once if they are a quorum, else abort
+        (validated members withdraw and are re-admitted onto the committed generation).
+        A mapping gives each member its own target (its own checkpoint path)."""
+        t0 = time.perf_counter()
+        with self._update_lock:
+            with self._lock:
+                if self.phase != FleetPhase.READY:
+                    raise FleetError(f"the fleet is {self.phase}: an update needs READY")
+                participants = self._serving()
+                targets = self._targets_for(target, participants)
+                gens = {t.generation for t in targets.values()}
+                if gens != {self.committed + 1}:
+                    raise FleetError(f"target generation(s) {sorted(gens)} are not the next "
+                                     f"one after {self.committed}")
+                first = next(iter(targets.values()))
+                self.phase, self.target = FleetPhase.UPDATING, self.committed + 1
+                self._step("fleet_request_update", target=first.label,
+                           identity=first.identity, members=[m.name for m in participants])
+            report = FleetCycleReport(first, published=False, aborted=False)
+            report.members = self._parallel(lambda m: m.runner.prepare(targets[m.name]),
+                                            participants)
+            with self._lock:
+                f = self._fleet()
+                views = {m.name: m.view() for m in self.members.values()}
+                if not all(settled(f, v) for v in views.values()):
+                    raise AssertionError(f"a member did not settle: {views}")  # runner bug
+                ok = [n for n, v in views.items() if validated(f, v)]
+                report.quarantined = [n for n, v in views.items()
+                                      if v.phase is Phase.TAINTED]
+                if len(ok) >= self.min_serving:
+                    self._publish(report, ok)
+                else:
+                    self.phase = FleetPhase.ABORTING
+                    self._step("fleet_abort", validated=ok, needed=self.min_serving)
+                    report.aborted = True
+            if report.aborted:
+                for name in ok:  # the engine holds the target: withdraw it, then roll back
+                    m = self.members[name]
+                    m.runner.withdraw(report.members[name], "the fleet aborted the update")
+                    out = m.runner.readmit(m.runner.targets[self.committed],
+                                           who="fleet abort: roll back to the committed "
+                                               "generation")
+                    report.rolled_back[name] = out.trigger
+                with self._lock:
+                    self._reopen_if_quorum()
+            report.phase = self.phase
+            report.total_s = time.perf_counter() - t0
+            self.last_report = report
+            return report
+
+    def _publish(self, report: FleetCycleReport, names: list[str]) -> None:
+        """One group in the journal: the fleet's record, then each member's publish."""
+        self.committed, self.target = self.target, 0
+        self.phase = FleetPhase.READY
+        self._step("fleet_publish", members=names, label=report.target.label,
+                   identity=report.target.identity)
+        for name in names:
+            self.members[name].runner.commit(report.members[name])
+        report.published = True
+        report.committed_on = names
+        self._changed.notify_all()
+
+    def _reopen_if_quorum(self) -> None:
+        if self.phase == FleetPhase.ABORTING and len(self._serving()) >= self.min_serving \
+                and all(m.controller.control.pending == "none" for m in self.members.values()):
+            self.phase, self.target = FleetPhase.READY, 0
+            self._step("fleet_reopen", serving=[m.name for m in self._serving()])
+
+    # ------------------------------------------------------------------- readmission
+
+    def readmit(self, name: str, *, who: str,
+                target: WeightTarget | None = None) -> Outcome:
+        """Bring member ``name`` back to serve the fleet's committed generation: a
+        quarantined member by verified re-admission onto its committed generation, then
+        (if the fleet moved on meanwhile) a catch-up update of its own. ``target``
+        describes the fleet's committed generation for this member (default: what the
+        member last committed, or the fleet's last target of that generation)."""
+        m = self.members.get(name)
+        if m is None:
+            raise FleetError(f"no member named {name!r}; members: {sorted(self.members)}")
+        with self._update_lock:
+            c = m.controller.control
+            if c.phase is Phase.TAINTED:
+                own = m.runner.targets.get(c.committed) or self._known_target(c.committed)
+                if own is None:
+                    raise FleetError(f"no checkpoint known for generation {c.committed}")
+                out = m.runner.readmit(self._retarget(own, c.committed), who=who)
+                if out.trigger != Trigger.READMIT_OK:
+                    return out
+            c = m.controller.control
+            if c.phase is Phase.READY and c.committed < self.committed:
+                catch_up = target or self._known_target(self.committed)
+                if catch_up is None or c.committed + 1 != self.committed:
+                    raise FleetError(f"{name} is on generation {c.committed}, the fleet on "
+                                     f"{self.committed}: no catch-up target")
+                rep = m.runner.update(catch_up)
+                if not rep.published:
+                    return Outcome(Trigger.READMIT_FAILED, f"catch-up: {rep.final_phase}")
+            with self._lock:
+                self._reopen_if_quorum()
+                self._changed.notify_all()
+            return Outcome(Trigger.READMIT_OK, f"{name} serves generation {self.committed}")
+
+    def _known_target(self, generation: int) -> WeightTarget | None:
+        for m in self.members.values():
+            t = m.runner.targets.get(generation)
+            if t is not None:
+                return t
+        return None
+
+    @staticmethod
+    def _retarget(t: WeightTarget, generation: int) -> WeightTarget:
+        from dataclasses import replace
+
+        return t if t.generation == generation else replace(t, generation=generation)
+
+    # -------------------------------------------------------------------- admission
+
+    def admit(self, rollout_id: str, *, wait: float = 0.0, min_generation: int = 0,
+              cancel: threading.Event | None = None, detail: Mapping[str, Any] | None = None
+              ) -> Lease:
+        """Bind a rollout to the committed generation on the serving member with the
+        fewest outstanding rollouts. While admissions are closed (an update), or the
+        committed generation is below ``min_generation`` (a staleness bound, checked
+        against the committed generation itself), wait up to ``wait`` seconds, woken by
+        the step that opens them; ``cancel`` ends the wait."""
+        deadline = time.monotonic() + wait
+        with self._changed:
+            while True:
+                candidates = self._serving() if self.phase == FleetPhase.READY else []
+                if candidates and self.committed >= min_generation:
+                    break
+                if cancel is not None and cancel.is_set():
+                    raise AdmissionCancelled("admit", Phase.READY, f"admission of "
+                                             f"{rollout_id!r} cancelled while waiting")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    why = (f"the fleet is {self.phase}" if not candidates else
+                           f"committed generation {self.committed} is below {min_generation}")
+                    raise AdmissionTimeout("admit", Phase.READY, why)
+                self._changed.wait(left if cancel is None else min(left, 0.05))
+            m = min(candidates, key=lambda x: (x.outstanding, x.name))
+            b = m.controller.admit(rollout_id, detail)
+            m.outstanding += 1
+            label = m.runner.targets[b.generation].label if b.generation in m.runner.targets \
+                else str(b.generation)
+            return Lease(rollout_id, m.name, m.url, b.generation, b.identity, label, b.seq)
+
+    def release(self, lease: Lease, detail: Mapping[str, Any] | None = None) -> Binding:
+        m = self.members[lease.engine]
+        try:
+            return m.controller.release(lease.rollout_id, detail)
+        finally:
+            with self._lock:
+                m.outstanding -= 1
+                self._changed.notify_all()
+
+    @contextmanager
+    def rollout(self, rollout_id: str, *, wait: float = 0.0,
+                min_generation: int = 0) -> Iterator[Lease]:
+        lease = self.admit(rollout_id, wait=wait, min_generation=min_generation)
+        try:
+            yield lease
+        finally:
+            self.release(lease)
+
+    # ----------------------------------------------------------------------- status
+
+    def status(self) -> list[MemberStatus]:
+        with self._lock:
+            f = self._fleet()
+            out = []
+            for m in self.members.values():
+                c = m.controller.control
+                t = m.runner.targets.get(c.committed)
+                out.append(MemberStatus(
+                    m.name, m.url, c.phase.value, c.committed, t.label if t else None,
+                    m.controller.identity, serving(f, m.view()), c.phase is Phase.TAINTED,
+                    m.outstanding))
+            return out
+
+    def committed_target(self) -> WeightTarget | None:
+        return self._known_target(self.committed)
+
+
+__all__ = ["EngineConfig", "Fleet", "FleetConfig", "FleetCycleReport", "FleetError",
+           "FleetFileError", "Lease", "Member", "MemberStatus", "load_fleet_file"]
+

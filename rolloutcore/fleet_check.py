@@ -1,0 +1,239 @@
+"""The fleet's trace checker: a fleet journal against the fleet spec.
+
+A fleet journal holds every member's records (tagged with the member) and the fleet's own
+steps (untagged) in one chain and one sequence. The check is compositional, as the fleet
+spec is: each member's records are checked against the single-engine spec by its own
+:class:`~rolloutcore.trace_check.TraceChecker` (the member's controller half exactly, its
+engine as the set of states its evidence allows), and the fleet's records, and the fleet
+guards on member steps, against :mod:`rolloutcore.spec.fleet`, evaluated with the spec's
+own predicates on the members' controller halves:
+
+* a member step must satisfy its fleet guard (admission only on a serving member of a
+  READY fleet, an update request only for the fleet's update or a catch-up, a lone
+  publish only to catch up);
+* a fleet step must be one the fleet spec takes from the fleet's state, with the phase
+  and generations the record states; ``fleet_publish`` must name exactly the validated
+  members, and their ``publish`` records follow it before anything else (one group);
+* after every record (every group), the fleet invariants that speak of the controller
+  halves hold: no member ahead of the fleet, rollouts only on serving members, a READY
+  fleet has a quorum; invariants about the engines' weights are the members' own
+  (ReadyEngineServesCommitted and the rest), checked by their checkers.
+
+Not checked here: the spec's serialisation of members during an update (a modelling
+reduction, see ``FleetSpec.scheduled``: the fleet runs members in parallel), and the
+fleet's bootstrap, journalled as ``fleet_open`` once a quorum of members is verified.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from rolloutcore.journal import HEADER, SCHEMA, JournalReader
+from rolloutcore.spec.fleet import (
+    FLEET,
+    FLEET_ACTIONS,
+    MEMBER_GUARDS,
+    FleetPhase,
+    serving,
+    validated,
+)
+from rolloutcore.spec.lifecycle import Phase
+from rolloutcore.trace_check import TraceChecker, TraceInputError, TraceVerdict
+
+FLEET_OPEN = "fleet_open"
+_FLEET_STEPS = frozenset({FLEET_OPEN, *(a.name for a in FLEET_ACTIONS)})
+_CONTROL_INVARIANTS = ("NoMemberAhead", "RolloutsOnlyOnServingMembers", "OpenOnlyWithQuorum")
+
+
+@dataclass
+class FleetTraceChecker:
+    fphase: str = "UNINITIALIZED"
+    fcommitted: int = 0
+    ftarget: int = 0
+    min_serving: int = 0
+    members: dict[str, TraceChecker] = field(default_factory=dict)
+    member_seq: dict[str, int] = field(default_factory=dict)
+    group: list[str] = field(default_factory=list)  # members whose publish must follow
+    last_seq: int = -1
+    records: int = 0
+
+    # ------------------------------------------------------------------ views
+
+    def _view(self, name: str) -> Any:
+        c = self.members[name].control
+        return SimpleNamespace(phase=c.phase, committed=c.committed, target=c.target,
+                               pending=c.pending, evidence=c.evidence,
+                               bind=tuple(self.members[name].bound.values()))
+
+    def _fleet(self) -> Any:
+        return SimpleNamespace(fphase=self.fphase, fcommitted=self.fcommitted,
+                               ftarget=self.ftarget,
+                               eng=tuple(self._view(n) for n in sorted(self.members)))
+
+    def _bounds(self) -> Any:
+        return SimpleNamespace(min_serving=self.min_serving)
+
+    # ------------------------------------------------------------------ feeding
+
+    def feed(self, r: Mapping[str, Any], line: int) -> tuple[str, str] | None:
+        """Check one record; None if it conforms, else (violated, message)."""
+        if r.get("type") == HEADER:
+            if r.get("schema") != SCHEMA or r.get("spec") != FLEET.name:
+                return "Schema", (f"header is for schema {r.get('schema')!r} of spec "
+                                  f"{r.get('spec')!r}, not schema {SCHEMA} of {FLEET.name}")
+            self.last_seq = 0
+            return None
+        seq = r.get("seq")
+        if type(seq) is not int or seq != self.last_seq + 1:
+            return "SequenceGap", f"seq {seq!r} follows {self.last_seq}"
+        self.last_seq = seq
+        self.records += 1
+        engine = r.get("engine")
+        if engine is None:
+            return self._fleet_step(r)
+        if not isinstance(engine, str) or not engine:
+            return "Schema", f"engine is not a member name: {engine!r}"
+        return self._member_step(engine, r, line)
+
+    def _member_step(self, name: str, r: Mapping[str, Any], line: int) -> tuple[str, str] | None:
+        step = r.get("step")
+        if self.group and (step != "publish" or name not in self.group):
+            return "PublishNotAtomic", (f"{name} {step} before every member of the publish "
+                                        f"group {self.group} published")
+        checker = self.members.get(name)
+        if checker is None:
+            if self.fphase != "UNINITIALIZED":
+                return "Schema", f"member {name!r} appears after the fleet opened"
+            checker = self.members[name] = TraceChecker()
+            checker.feed({"type": HEADER, "schema": SCHEMA, "spec": checker.spec.name}, 0)
+            self.member_seq[name] = 0
+        if self.fphase != "UNINITIALIZED" and isinstance(step, str) and step in MEMBER_GUARDS:
+            guard, tla = MEMBER_GUARDS[step]
+            if not guard(self._fleet(), self._view(name)):
+                return "FleetGuard", (f"{name} {step} where the fleet spec requires {tla} "
+                                      f"(fleet {self.fphase}, committed {self.fcommitted}, "
+                                      f"member committed {self.members[name].control.committed})")
+        self.member_seq[name] += 1
+        bad = checker.feed({**r, "seq": self.member_seq[name]}, line)
+        if bad is not None:
+            return bad.violated, f"member {name}: {bad.message}"
+        if step == "publish" and name in self.group:
+            self.group.remove(name)
+        return None if self.group else self._invariants()
+
+    def _fleet_step(self, r: Mapping[str, Any]) -> tuple[str, str] | None:
+        step = r.get("step")
+        if step not in _FLEET_STEPS or r.get("type") != "step" or r.get("op") is not None:
+            return "Schema", f"unknown fleet step {step!r}"
+        if self.group:
+            return "PublishNotAtomic", f"{step} before the publish group {self.group} ended"
+        detail = r.get("detail") or {}
+        if step == FLEET_OPEN:
+            k = detail.get("min_serving") if isinstance(detail, dict) else None
+            if self.fphase != "UNINITIALIZED" or not isinstance(k, int) or k < 1:
+                return "Schema", "fleet_open once, with min_serving"
+            self.min_serving = k
+            ready = [n for n in self.members if self.members[n].control.phase is Phase.READY]
+            if len(ready) < k:
+                return "OpenOnlyWithQuorum", f"fleet_open with {len(ready)} verified members"
+            self.fphase, self.fcommitted = FleetPhase.READY, 1
+        else:
+            fa = next(a for a in FLEET_ACTIONS if a.name == step)
+            f = self._fleet()
+            if self.fphase not in fa.sources or not fa.when(f, self._bounds()):
+                return "spec", (f"{step} is not a step of the fleet spec from {self.fphase} "
+                                f"(committed {self.fcommitted}, target {self.ftarget})")
+            if step == "fleet_publish":
+                names = sorted(n for n in self.members if validated(f, self._view(n)))
+                named = detail.get("members") if isinstance(detail, dict) else None
+                if sorted(named or []) != names:
+                    return "PublishNotAtomic", (f"fleet_publish names {named}, the validated "
+                                                f"members are {names}")
+                self.group = names
+                self.fcommitted, self.ftarget = self.ftarget, 0
+            elif step == "fleet_request_update":
+                self.ftarget = self.fcommitted + 1
+            elif step == "fleet_reopen":
+                self.ftarget = 0
+            self.fphase = fa.dest
+        if (r.get("phase"), r.get("committed"), r.get("target")) != (
+                self.fphase, self.fcommitted, self.ftarget):
+            return "spec", (f"{step} -> {r.get('phase')} (committed {r.get('committed')}, target "
+                            f"{r.get('target')}), the fleet spec says {self.fphase} (committed "
+                            f"{self.fcommitted}, target {self.ftarget})")
+        return None if self.group else self._invariants()
+
+    def _invariants(self) -> tuple[str, str] | None:
+        if self.fphase == "UNINITIALIZED":
+            return None
+        f, b = self._fleet(), self._bounds()
+        for inv in FLEET.invariants:
+            if inv.name in _CONTROL_INVARIANTS and not inv.holds(f, b):
+                serving_n = sum(serving(f, s) for s in f.eng)
+                return inv.name, (f"{inv.doc} (fleet {self.fphase}, committed "
+                                  f"{self.fcommitted}, {serving_n} serving)")
+        return None
+
+
+def check_fleet_records(records: Iterable[tuple[int, Mapping[str, Any]]]) -> TraceVerdict:
+    checker = FleetTraceChecker()
+    for line, rec in records:
+        bad = checker.feed(rec, line)
+        if bad is not None:
+            return TraceVerdict(False, checker.records, line, bad[0], f"line {line}: {bad[1]}",
+                                max((c.states_max for c in checker.members.values()), default=0))
+    if checker.group:
+        return TraceVerdict(False, checker.records, None, "PublishNotAtomic",
+                            f"the journal ends inside the publish group {checker.group}", 0)
+    sm = max((c.states_max for c in checker.members.values()), default=0)
+    return TraceVerdict(True, checker.records, None, None,
+                        f"accepted: {checker.records} records conform to {FLEET.name} "
+                        f"({len(checker.members)} members)", sm)
+
+
+def check_fleet_file(path: str | os.PathLike[str]) -> TraceVerdict:
+    """Verify the chain and check a fleet journal, streaming."""
+    p = Path(path)
+    try:
+        reader = JournalReader(p)
+        it = iter(reader)
+        first = next(it, None)
+    except FileNotFoundError:
+        raise TraceInputError(f"{p}: no such file") from None
+    except IsADirectoryError:
+        raise TraceInputError(f"{p}: is a directory") from None
+    except OSError as e:
+        raise TraceInputError(f"{p}: cannot read: {e.strerror or e}") from None
+    if first is None:
+        raise TraceInputError(f"{p}:1: not a RolloutCore journal ({reader.report.reason})")
+
+    def records() -> Iterator[tuple[int, Mapping[str, Any]]]:
+        yield first
+        yield from it
+
+    verdict = check_fleet_records(records())
+    if not verdict.accepted:
+        return verdict
+    report = reader.report
+    if not report.ok and not report.truncated:
+        return TraceVerdict(False, verdict.records, report.first_bad_line, "HashChain",
+                            f"line {report.first_bad_line}: {report.reason}", verdict.states_max)
+    return verdict
+
+
+def is_fleet_journal(path: str | os.PathLike[str]) -> bool:
+    """Whether the header of ``path`` names the fleet spec (False if unreadable)."""
+    try:
+        reader = JournalReader(path)
+        first = next(iter(reader), None)
+    except OSError:
+        return False
+    return first is not None and first[1].get("spec") == FLEET.name
+
+
+__all__ = ["FleetTraceChecker", "check_fleet_file", "check_fleet_records", "is_fleet_journal"]
