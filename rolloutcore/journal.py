@@ -620,6 +620,7 @@ class Recovery:
     from_phase: str | None
     chain: ChainReport | None = None
     trusted: bool = True  # False: the journal is moved aside, a new segment begins
+    identity: str | None = None  # of the committed generation's weights, as journalled
 
     @property
     def tainted(self) -> bool:
@@ -643,6 +644,9 @@ def apply_record(ctl: Controller, rec: Mapping[str, Any]) -> None:
         ctl.restart(step)
     else:
         ctl.fire(step, param)
+    identity = _committed_identity(step, rec)
+    if identity is not None:  # what later bindings are bound to
+        ctl.identity = identity
     c = ctl.control
     if (c.phase.value, c.committed, c.target, c.pending) != (
             rec.get("phase"), rec.get("committed"), rec.get("target"), rec.get("pending")):
@@ -651,6 +655,21 @@ def apply_record(ctl: Controller, rec: Mapping[str, Any]) -> None:
                                 f"{rec.get('target')}, pending {rec.get('pending')}); the "
                                 f"spec's controller is in {c.phase.value} (committed "
                                 f"{c.committed}, target {c.target}, pending {c.pending})")
+
+
+def _committed_identity(step: str, rec: Mapping[str, Any]) -> str | None:
+    """The identity of the weights a step commits, as the journal names it: a publish's
+    detail, or the expected target of the verified bootstrap or re-admission."""
+    if step == Trigger.PUBLISH:
+        d = rec.get("detail")
+        v = d.get("identity") if isinstance(d, Mapping) else None
+    elif step in (Trigger.BOOTSTRAP_OK, Trigger.READMIT_OK):
+        ev = rec.get("evidence")
+        exp = ev.get("expected") if isinstance(ev, Mapping) else None
+        v = exp.get("identity") if isinstance(exp, Mapping) else None
+    else:
+        return None
+    return v if isinstance(v, str) else None
 
 
 def restart_step(ctl: Controller) -> Trigger:
@@ -700,7 +719,7 @@ def recover(path: str | os.PathLike[str], spec: Spec = SPEC) -> Recovery:
         if report.truncated and report.records else ""
     trigger = restart_step(ctl)
     return Recovery(ctl.control, trigger, next_seq, spec.action(trigger).doc + torn,
-                    from_phase, report)
+                    from_phase, report, identity=ctl.identity)
 
 
 def open_controller(
@@ -732,7 +751,7 @@ def open_controller(
         continues = rec.chain.last_hash if rec.chain is not None else ZERO_HASH
         rec = replace(rec, reason=f"{rec.reason} (moved to {aside.name})")
     journal = Journal(p, fsync=fsync, clock=clock, spec=spec, continues=continues)
-    ctl = Controller(spec=spec, trace=journal)
+    ctl = Controller(spec=spec, trace=journal, identity=rec.identity)
     ctl.restore(rec.control, next_seq=rec.next_seq)
     ctl.restart(rec.trigger, {"from_phase": rec.from_phase, "reason": rec.reason})
     return ctl, journal, rec
