@@ -40,9 +40,10 @@ from rolloutcore.adapters.http import HttpAdapter, RequestLog
 from rolloutcore.adapters.vllm_worker import SERVER_ARGS
 from rolloutcore.conformance.engines import INITIAL_LABEL, checkpoint_target
 from rolloutcore.conformance.server import VllmServer
-from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models, load_references
+from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models
 from rolloutcore.journal import open_controller
 from rolloutcore.runner import LifecycleRunner, RunnerPolicy
+from rolloutcore.targets import load_references
 
 MUTATION_OPS = ("mutate", "finalise")  # the mutation itself: load + label finalisation
 

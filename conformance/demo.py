@@ -88,7 +88,7 @@ class Demo:
 
 
 def _refs(path: Path) -> dict[str, dict[str, Any]]:
-    from rolloutcore.conformance.tiny_model import load_references
+    from rolloutcore.targets import load_references
 
     return {p["name"]: p for p in load_references(path)["probes"]}
 

@@ -35,6 +35,7 @@ from rolloutcore.adapters.contract import (
     ResumeEvidence,
     WeightTarget,
 )
+from rolloutcore.targets import checkpoint_target
 
 INITIAL_LABEL = "default"  # what a freshly started vLLM (and SimEngine) reports
 PROMPTS = ("probe", "rollout")  # probe: cacheable (> 2 prefix blocks); rollout: long output
@@ -371,22 +372,6 @@ class EngineDied(RuntimeError):
 PROBE_NAMES = {"probe": "long", "rollout": "short_rollout256"}  # in references.json
 
 
-def checkpoint_target(path: Path, generation: int, label: str, *,
-                      identity: str | None = None) -> WeightTarget:
-    """The WeightTarget installing a tiny-model checkpoint directory: its content
-    identity, and as probe the cacheable long prompt with its greedy reference."""
-    from rolloutcore.conformance.tiny_model import load_references
-    from rolloutcore.identity import checkpoint_identity, checkpoint_nbytes
-
-    entry = next(p for p in load_references(path)["probes"] if p["name"] == PROBE_NAMES["probe"])
-    return WeightTarget(
-        generation=generation, label=label,
-        identity=identity or checkpoint_identity(path), source=str(Path(path).resolve()),
-        probe_prompt=tuple(entry["prompt_token_ids"]),
-        probe_tokens=tuple(entry["output_token_ids"]), nbytes=checkpoint_nbytes(path),
-        probe_logprobs=tuple(entry["prompt_logprobs"]) if "prompt_logprobs" in entry else None)
-
-
 class VllmHarnessEngine(HarnessEngine):
     """A real vLLM CPU server (started with the worker extension) and the HTTP adapter.
 
@@ -434,7 +419,7 @@ class VllmHarnessEngine(HarnessEngine):
 
     def _ref(self, version: str) -> dict[str, Any]:
         if version not in self._refs:
-            from rolloutcore.conformance.tiny_model import load_references
+            from rolloutcore.targets import load_references
 
             self._refs[version] = load_references(self.models[version])
         return self._refs[version]

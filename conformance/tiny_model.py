@@ -49,6 +49,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rolloutcore.targets import load_references
+
 if TYPE_CHECKING:
     import torch
 
@@ -509,12 +511,6 @@ def _is_current(target: Path, recipe: VersionRecipe) -> bool:
         return bool(json.loads(marker.read_text()).get("sha256") == recipe.digest())
     except (OSError, ValueError):
         return False
-
-
-def load_references(version_dir: Path) -> dict[str, Any]:
-    """The parsed ``references.json`` of a built version directory."""
-    data: dict[str, Any] = json.loads((version_dir / "references.json").read_text())
-    return data
 
 
 def _check_distinct(paths: dict[str, Path]) -> None:

@@ -31,8 +31,14 @@ from types import SimpleNamespace
 from typing import Any
 
 from rolloutcore.adapters.contract import LifecycleAdapter, WeightTarget
-from rolloutcore.controller import AdmissionCancelled, AdmissionTimeout, Binding, Controller
-from rolloutcore.journal import Journal
+from rolloutcore.controller import (
+    AdmissionCancelled,
+    AdmissionTimeout,
+    Binding,
+    Controller,
+    IllegalTransition,
+)
+from rolloutcore.journal import HEADER, SCHEMA, Journal, JournalReader, apply_record, restart_step
 from rolloutcore.postconditions import Outcome
 from rolloutcore.runner import CycleReport, LifecycleRunner, RunnerPolicy
 from rolloutcore.spec.fleet import FLEET, FleetPhase, serving, settled, validated
@@ -212,6 +218,8 @@ class MemberStatus:
 
 
 StepHook = Callable[[str, str, str, float], None]  # (member, step, outcome, seconds)
+#: (checkpoint source, generation, label) -> the target it describes (for recovery).
+TargetFactory = Callable[[str, int, str], WeightTarget]
 
 
 class Fleet:
@@ -221,7 +229,11 @@ class Fleet:
                  journal: str | Path, min_serving: int | None = None,
                  policy: RunnerPolicy | None = None, fsync: bool = True,
                  clock: Callable[[], float] = time.time,
-                 on_step: StepHook | None = None) -> None:
+                 on_step: StepHook | None = None,
+                 target_of: TargetFactory | None = None) -> None:
+        """A fleet over ``members`` (name, adapter, URL). A new journal starts a fresh
+        fleet (to bootstrap); an existing one is recovered (see :meth:`_recover`), which
+        needs ``target_of`` to describe the generations it names."""
         names = [n for n, _a, _u in members]
         if not names or len(set(names)) != len(names):
             raise ValueError(f"members need distinct names: {names}")
@@ -229,25 +241,102 @@ class Fleet:
         if not 1 <= self.min_serving <= len(names):
             raise ValueError(f"min_serving must be in 1..{len(names)}")
         path = Path(journal)
-        if path.exists() and path.stat().st_size > 0:
-            raise FleetError(f"{path}: the fleet journal exists; recovering a fleet from it "
-                             "is done by Fleet.recover")
-        self.journal = Journal(path, fsync=fsync, clock=clock, spec_name=FLEET.name)
+        existing = path.exists() and path.stat().st_size > 0
         self.policy = policy = policy or RunnerPolicy()
         self.on_step = on_step
         self.members: dict[str, Member] = {}
         for name, adapter, url in members:
-            ctl = Controller(trace=self.journal.member(name))
+            ctl = Controller()
             runner = LifecycleRunner(ctl, adapter, policy, on_step=self._hook(name))
             self.members[name] = Member(name, adapter, url, ctl, runner)
         self.phase = UNINITIALIZED
         self.committed = 0
         self.target = 0
         self.last_report: FleetCycleReport | None = None
+        self.recovered: dict[str, Trigger] = {}  # member -> the restart the spec allowed
+        if existing:
+            self._replay(path, target_of)
+        self.journal = Journal(path, fsync=fsync, clock=clock, spec_name=FLEET.name)
+        for m in self.members.values():
+            m.controller.trace = self.journal.member(m.name)
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._pool = ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="fleet")
         self._update_lock = threading.Lock()  # one update or readmission at a time
+        if existing:
+            with self._lock:
+                self._restart()
+
+    # --------------------------------------------------------------------- recovery
+
+    def _replay(self, path: Path, target_of: TargetFactory | None) -> None:
+        """Replay the fleet journal: each member's records through its own generated
+        controller (every record must be a step the spec allows), the fleet's steps into
+        the fleet's state, and the targets the journal names back into the runners."""
+        reader = JournalReader(path)
+        for line, rec in reader:
+            if rec.get("type") == HEADER:
+                if rec.get("spec") != FLEET.name or rec.get("schema") != SCHEMA:
+                    raise FleetError(f"{path}:{line}: not a fleet journal of schema {SCHEMA}")
+                continue
+            engine = rec.get("engine")
+            if engine is None:
+                self._replay_fleet_step(rec)
+                continue
+            m = self.members.get(str(engine))
+            if m is None:
+                raise FleetError(f"{path}:{line}: member {engine!r} is not in the fleet file")
+            try:
+                apply_record(m.controller, rec)
+            except IllegalTransition as e:
+                raise FleetError(f"{path}:{line}: {engine}: the journal does not replay "
+                                 f"through the spec: {e}") from None
+            self._replay_target(m, rec, target_of)
+        report = reader.report
+        if not report.ok and not report.truncated:
+            raise FleetError(f"{path}: chain broken at line {report.first_bad_line} "
+                             f"({report.reason}); move it aside and bootstrap a new fleet")
+
+    def _replay_fleet_step(self, rec: Mapping[str, Any]) -> None:
+        self.phase = str(rec.get("phase"))
+        self.committed = int(rec.get("committed") or 0)
+        self.target = int(rec.get("target") or 0)
+        detail = rec.get("detail") or {}
+        if rec.get("step") == "fleet_open" and isinstance(detail, dict):
+            self.min_serving = int(detail.get("min_serving", self.min_serving))
+
+    @staticmethod
+    def _replay_target(m: Member, rec: Mapping[str, Any], target_of: TargetFactory | None
+                       ) -> None:
+        detail = rec.get("detail")
+        if not isinstance(detail, dict) or target_of is None:
+            return
+        step = rec.get("step")
+        gen = int(rec.get("committed") or 0)
+        if step == Trigger.PUBLISH or (step == Trigger.BOOTSTRAP_OK and gen == 1):
+            source, label = detail.get("checkpoint"), detail.get("label")
+            if isinstance(source, str) and isinstance(label, str):
+                m.runner.targets[gen] = target_of(source, gen, label)
+                m.controller.identity = m.runner.targets[gen].identity
+
+    def _restart(self) -> None:
+        """After a replay: every member takes the restart the single-engine spec allows
+        (a member left in doubt restarts TAINTED: quarantined until re-admitted); the
+        fleet reopens only with a quorum serving, else it stays closed."""
+        for m in self.members.values():
+            trigger = restart_step(m.controller)
+            m.controller.restart(trigger, {"reason": "the fleet controller restarted"})
+            self.recovered[m.name] = trigger
+        if self.phase == UNINITIALIZED:
+            return
+        n = len(self._serving_now())
+        self.phase = FleetPhase.READY if n >= self.min_serving else FleetPhase.ABORTING
+        self.target = 0
+        self._step("fleet_recover", serving=n, min_serving=self.min_serving)
+
+    def _serving_now(self) -> list[Member]:
+        f: Any = SimpleNamespace(fphase=FleetPhase.READY, fcommitted=self.committed, ftarget=0)
+        return [m for m in self.members.values() if serving(f, m.view())]
 
     def _hook(self, name: str) -> Callable[[str, str, float], None]:
         def hook(step: str, outcome: str, seconds: float) -> None:

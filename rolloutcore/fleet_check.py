@@ -46,7 +46,10 @@ from rolloutcore.spec.lifecycle import Phase
 from rolloutcore.trace_check import TraceChecker, TraceInputError, TraceVerdict
 
 FLEET_OPEN = "fleet_open"
-_FLEET_STEPS = frozenset({FLEET_OPEN, *(a.name for a in FLEET_ACTIONS)})
+#: The fleet controller restarted: its members took their restarts (single-engine spec);
+#: the fleet reopens only with a quorum serving, else it stays closed.
+FLEET_RECOVER = "fleet_recover"
+_FLEET_STEPS = frozenset({FLEET_OPEN, FLEET_RECOVER, *(a.name for a in FLEET_ACTIONS)})
 _CONTROL_INVARIANTS = ("NoMemberAhead", "RolloutsOnlyOnServingMembers", "OpenOnlyWithQuorum")
 
 
@@ -142,6 +145,14 @@ class FleetTraceChecker:
             if len(ready) < k:
                 return "OpenOnlyWithQuorum", f"fleet_open with {len(ready)} verified members"
             self.fphase, self.fcommitted = FleetPhase.READY, 1
+        elif step == FLEET_RECOVER:
+            if self.fphase == "UNINITIALIZED":
+                return "spec", "fleet_recover before the fleet opened"
+            open_fleet: Any = SimpleNamespace(fphase=FleetPhase.READY,
+                                              fcommitted=self.fcommitted, ftarget=0)
+            n = sum(serving(open_fleet, s) for s in self._fleet().eng)
+            self.fphase = FleetPhase.READY if n >= self.min_serving else FleetPhase.ABORTING
+            self.ftarget = 0
         else:
             fa = next(a for a in FLEET_ACTIONS if a.name == step)
             f = self._fleet()

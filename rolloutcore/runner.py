@@ -230,7 +230,8 @@ class LifecycleRunner:
         self.controller.fire(trigger, param, detail or None)
 
     def _idempotent(self, report: CycleReport | None, op: Op, param: str | None,
-                    attempt: Callable[[float], Decision]) -> Outcome:
+                    attempt: Callable[[float], Decision],
+                    detail: dict[str, Any] | None = None) -> Outcome:
         """begin -> outcome, retried while the outcome is ``failed`` and the step's one
         deadline (stated by the policy) has time left; definite outcomes are final."""
         t0 = time.perf_counter()
@@ -251,7 +252,8 @@ class LifecycleRunner:
                                 decision.error, {"attempt": n,
                                                  "seconds": round(time.monotonic() - started, 4)})
             outcome = post.decide(decision)
-            self._fire(outcome.trigger, param, evidence=decision, reason=outcome.reason)
+            self._fire(outcome.trigger, param, evidence=decision, reason=outcome.reason,
+                       **(detail or {}))
             if outcome.trigger != OUTCOMES[op][Result.FAILED]:
                 break
             pause_s = self.policy.retry_backoff_s * n
@@ -296,7 +298,8 @@ class LifecycleRunner:
             ev = self._probe_call(initial, deadline)
             return Decision(Op.BOOTSTRAP, (report, ev), self._expected(initial))
 
-        outcome = self._idempotent(None, Op.BOOTSTRAP, None, attempt)
+        outcome = self._idempotent(None, Op.BOOTSTRAP, None, attempt,
+                                   {"checkpoint": initial.source, "label": initial.label})
         if outcome.trigger == Trigger.BOOTSTRAP_OK:
             self.targets[1] = initial
             self.controller.identity = initial.identity
@@ -334,7 +337,8 @@ class LifecycleRunner:
         target = report.target
         self.targets[target.generation] = target
         with self._identity_swap(target):
-            self._fire(Trigger.PUBLISH, label=target.label, identity=target.identity)
+            self._fire(Trigger.PUBLISH, label=target.label, identity=target.identity,
+                       checkpoint=target.source)
         report.published = True
         report.prepared = False
         self._settle(report)

@@ -1,0 +1,60 @@
+"""What an update installs, described from a checkpoint directory.
+
+A checkpoint directory RolloutCore installs holds its safetensors files and
+``references.json``: the probe the engine must reproduce once it holds these weights,
+computed on the source side with the same weights (the trainer's job):
+``{"probes": [{"name", "prompt_token_ids", "output_token_ids", "prompt_logprobs"}, ...]}``
+(``prompt_logprobs``: the log-probability of each prompt token after the first, one
+prefill; the scored probe compares every position with it). The tiny models of
+:mod:`rolloutcore.conformance.tiny_model` are written this way.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rolloutcore.adapters.contract import WeightTarget
+from rolloutcore.identity import checkpoint_identity, checkpoint_nbytes
+
+REFERENCES = "references.json"
+#: The probe used by default: a prompt longer than two prefix-cache blocks.
+PROBE = "long"
+
+
+class TargetError(ValueError):
+    """A checkpoint directory that does not describe a target (no references, no probe)."""
+
+
+def load_references(directory: str | Path) -> dict[str, Any]:
+    """The parsed ``references.json`` of a checkpoint directory."""
+    p = Path(directory) / REFERENCES
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise TargetError(f"{p}: missing (the probe reference of the checkpoint)") from None
+    except (OSError, ValueError) as e:
+        raise TargetError(f"{p}: unreadable: {e}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("probes"), list):
+        raise TargetError(f"{p}: no probes")
+    return data
+
+
+def checkpoint_target(path: str | Path, generation: int, label: str, *,
+                      identity: str | None = None, probe: str = PROBE) -> WeightTarget:
+    """The target installing checkpoint ``path`` as ``generation`` under ``label``: its
+    content identity (computed unless given), its size, and its probe reference."""
+    entry = next((p for p in load_references(path)["probes"] if p.get("name") == probe), None)
+    if entry is None:
+        raise TargetError(f"{path}: {REFERENCES} has no probe named {probe!r}")
+    try:
+        return WeightTarget(
+            generation=generation, label=label,
+            identity=identity or checkpoint_identity(path), source=str(Path(path).resolve()),
+            probe_prompt=tuple(entry["prompt_token_ids"]),
+            probe_tokens=tuple(entry["output_token_ids"]), nbytes=checkpoint_nbytes(path),
+            probe_logprobs=tuple(entry["prompt_logprobs"]) if "prompt_logprobs" in entry
+            else None)
+    except (KeyError, TypeError) as e:
+        raise TargetError(f"{path}: malformed probe {probe!r}: {e}") from None
