@@ -231,10 +231,16 @@ def _spec_tlc(args: argparse.Namespace) -> int:
 
 
 def _trace_check(args: argparse.Namespace) -> int:
+    from rolloutcore.fleet_check import check_fleet_file, is_fleet_journal
     from rolloutcore.trace_check import TraceInputError, check_file
 
     try:
-        v = check_file(args.file)
+        if is_fleet_journal(args.file):  # a fleet's journal: checked against the fleet spec
+            if args.after:
+                raise TraceInputError("--after applies to single-engine journals")
+            v = check_fleet_file(args.file)
+        else:
+            v = check_file(args.file, after=args.after)
     except TraceInputError as e:
         return _bad_input(args, str(e), file=args.file)
     if args.json:
@@ -274,6 +280,8 @@ def _add_trace_journal_parsers(sub: Any) -> None:
     tc = tsub.add_parser("check", help="conformance and history checks of a journal "
                          "(exit 0 accepted, 1 rejected, 2 unreadable)")
     tc.add_argument("file")
+    tc.add_argument("--after", metavar="PREVIOUS",
+                    help="the journal segment FILE continues (its link is verified)")
     tc.add_argument("--json", action="store_true")
     tc.set_defaults(func=_trace_check)
     journal = sub.add_parser("journal", help="the append-only step journal")
@@ -650,6 +658,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.set_defaults(func=_simulate)
     _add_demo_conformance_parsers(sub)
     _add_records_parsers(sub)
+    from rolloutcore.fleet_cli import add_fleet_parsers
+
+    add_fleet_parsers(sub, _int_at_least)
     return p
 
 

@@ -81,6 +81,9 @@ class FleetTraceChecker:
     def _bounds(self) -> Any:
         return SimpleNamespace(min_serving=self.min_serving)
 
+    def serving(self, name: str) -> bool:
+        return name in self.members and serving(self._fleet(), self._view(name))
+
     # ------------------------------------------------------------------ feeding
 
     def feed(self, r: Mapping[str, Any], line: int) -> tuple[str, str] | None:
@@ -237,6 +240,22 @@ def check_fleet_file(path: str | os.PathLike[str]) -> TraceVerdict:
     return verdict
 
 
+def fleet_state(path: str | os.PathLike[str]) -> FleetTraceChecker:
+    """The fleet's state as its journal leaves it (read only): the checker, fed every
+    record. Raises TraceInputError if it is not a fleet journal or does not conform."""
+    checker = FleetTraceChecker()
+    try:
+        for line, rec in JournalReader(path):
+            bad = checker.feed(rec, line)
+            if bad is not None:
+                raise TraceInputError(f"{path}:{line}: {bad[0]}: {bad[1]}")
+    except OSError as e:
+        raise TraceInputError(f"{path}: cannot read: {e.strerror or e}") from None
+    if checker.last_seq < 0:
+        raise TraceInputError(f"{path}: not a fleet journal")
+    return checker
+
+
 def is_fleet_journal(path: str | os.PathLike[str]) -> bool:
     """Whether the header of ``path`` names the fleet spec (False if unreadable)."""
     try:
@@ -247,4 +266,5 @@ def is_fleet_journal(path: str | os.PathLike[str]) -> bool:
     return first is not None and first[1].get("spec") == FLEET.name
 
 
-__all__ = ["FleetTraceChecker", "check_fleet_file", "check_fleet_records", "is_fleet_journal"]
+__all__ = ["FleetTraceChecker", "check_fleet_file", "check_fleet_records", "fleet_state",
+           "is_fleet_journal"]

@@ -41,6 +41,20 @@ def load_references(directory: str | Path) -> dict[str, Any]:
     return data
 
 
+def check_checkpoint(path: str | Path, probe: str = PROBE) -> None:
+    """Raise :class:`TargetError` unless ``path`` describes a target: safetensors files and a
+    probe reference (cheap: nothing is digested)."""
+    from rolloutcore.identity import CheckpointError, safetensors_files
+
+    try:
+        safetensors_files(path)
+    except CheckpointError as e:
+        raise TargetError(str(e)) from None
+    if not any(p.get("name") == probe for p in load_references(path)["probes"]
+               if isinstance(p, dict)):
+        raise TargetError(f"{path}: {REFERENCES} has no probe named {probe!r}")
+
+
 def checkpoint_target(path: str | Path, generation: int, label: str, *,
                       identity: str | None = None, probe: str = PROBE) -> WeightTarget:
     """The target installing checkpoint ``path`` as ``generation`` under ``label``: its

@@ -1,0 +1,234 @@
+"""``rolloutcore fleet status|update|readmit``: a fleet of vLLM servers named by a fleet
+file (see :func:`rolloutcore.fleet.load_fleet_file`), its state kept in one fleet journal.
+
+Every invocation is a fresh controller process: it recovers the fleet from its journal
+(members replayed through the spec; each takes the restart the spec allows), acts, and
+leaves the journal for the next one. The checkpoints the fleet installs are directories
+with their probe reference (:mod:`rolloutcore.targets`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rolloutcore.fleet import (
+    Fleet,
+    FleetConfig,
+    FleetError,
+    FleetFileError,
+    load_fleet_file,
+)
+
+OK, NEGATIVE, BAD_INPUT = 0, 1, 2
+
+
+def _journal_of(cfg: FleetConfig, fleet_file: str) -> Path:
+    return cfg.journal or Path(fleet_file).with_suffix(".journal.jsonl")
+
+
+def _emit(args: argparse.Namespace, obj: dict[str, Any], text: list[str]) -> None:
+    if args.json:
+        print(json.dumps(obj, indent=2, sort_keys=True, default=str))
+    else:
+        for line in text:
+            print(line)
+
+
+def _fail(args: argparse.Namespace, message: str) -> int:
+    line = " ".join(message.split())
+    if args.json:
+        print(json.dumps({"error": line}))
+    print(f"error: {line}", file=sys.stderr)
+    return BAD_INPUT
+
+
+def _open(args: argparse.Namespace, cfg: FleetConfig, *, min_serving: int | None = None
+          ) -> Fleet:
+    from rolloutcore.adapters.http import HttpAdapter
+    from rolloutcore.runner import RunnerPolicy
+    from rolloutcore.targets import checkpoint_target
+
+    members = []
+    for e in cfg.engines:
+        if e.transfer != "reload":
+            raise FleetError(f"engine {e.name}: the command line updates by reload; weight "
+                             f"transfer ({e.transfer}) is driven from the trainer process "
+                             "(Python API: rolloutcore.fleet.Fleet with TransferAdapter)")
+        members.append((e.name, HttpAdapter(e.url, model=e.model, token=e.token), e.url))
+
+    def step(member: str, name: str, outcome: str, seconds: float) -> None:
+        if not args.json:
+            print(f"  [{member}] {name:<14} -> {outcome:<20} {seconds * 1e3:8.1f} ms",
+                  flush=True)
+
+    return Fleet(members, journal=_journal_of(cfg, args.fleet),
+                 min_serving=min_serving or cfg.min_serving, policy=RunnerPolicy(),
+                 on_step=step,
+                 target_of=lambda src, gen, label: checkpoint_target(src, gen, label))
+
+
+def _load(args: argparse.Namespace) -> FleetConfig:
+    return load_fleet_file(args.fleet)
+
+
+def fleet_status(args: argparse.Namespace) -> int:
+    """Each member's phase, generation, identity, serving or quarantined, from the
+    journal (read only), beside what each engine itself reports now."""
+    from rolloutcore.adapters.contract import AdapterError
+    from rolloutcore.adapters.http import HttpAdapter
+    from rolloutcore.fleet_check import fleet_state
+    from rolloutcore.trace_check import TraceInputError
+
+    try:
+        cfg = _load(args)
+        path = _journal_of(cfg, args.fleet)
+        state = fleet_state(path) if path.exists() else None
+    except (FleetFileError, TraceInputError) as err:
+        return _fail(args, str(err))
+    rows: list[dict[str, Any]] = []
+    for e in cfg.engines:
+        row: dict[str, Any] = {"name": e.name, "url": e.url}
+        if state is not None and e.name in state.members:
+            c = state.members[e.name].control
+            row.update(phase=c.phase.value, committed=c.committed,
+                       serving=state.serving(e.name), quarantined=c.phase.value == "TAINTED")
+        else:
+            row.update(phase="UNINITIALIZED", committed=0, serving=False, quarantined=False)
+        try:
+            with HttpAdapter(e.url, model=e.model, token=e.token,
+                             timeouts=_short_timeouts()) as http:
+                report = http.read_state(time.monotonic() + 5.0)
+            row.update(engine_label=report.label, engine_identity=report.identity,
+                       engine_paused=report.paused)
+        except (AdapterError, ValueError) as err:
+            row.update(engine_error=str(err)[:200])
+        rows.append(row)
+    fleet = {"phase": state.fphase if state else "UNINITIALIZED",
+             "committed": state.fcommitted if state else 0,
+             "min_serving": state.min_serving if state else cfg.min_serving}
+    text = [f"fleet {fleet['phase']}, committed generation {fleet['committed']}, "
+            f"min_serving {fleet['min_serving']}"]
+    for r in rows:
+        live = (f"engine says label {r.get('engine_label')!r}, identity "
+                f"{str(r.get('engine_identity'))[:12]}, paused {r.get('engine_paused')}"
+                if "engine_error" not in r else f"engine unreachable: {r['engine_error']}")
+        role = "serving" if r["serving"] else ("QUARANTINED" if r["quarantined"] else "-")
+        text.append(f"  {r['name']:<12} {r['phase']:<13} gen {r['committed']:<3} {role:<11} "
+                    f"{live}")
+    _emit(args, {"fleet": fleet, "members": rows}, text)
+    return OK
+
+
+def _short_timeouts() -> Any:
+    from rolloutcore.adapters.http import Timeouts
+
+    return Timeouts(connect=2.0, read=5.0)
+
+
+def fleet_update(args: argparse.Namespace) -> int:
+    """One fleet cycle onto ``--checkpoint`` as ``--label``; exit 0 only if published."""
+    from rolloutcore.targets import TargetError, check_checkpoint, checkpoint_target
+
+    try:
+        cfg = _load(args)
+        if args.min_serving is not None and args.min_serving > len(cfg.engines):
+            raise FleetFileError(f"--min-serving {args.min_serving} exceeds the fleet's "
+                                 f"{len(cfg.engines)} engines")
+        for path in (args.checkpoint, args.initial):  # before anything is written
+            if path is not None:
+                check_checkpoint(path)
+        fleet = _open(args, cfg, min_serving=args.min_serving)
+    except (FleetFileError, FleetError, TargetError, ValueError) as err:
+        return _fail(args, str(err))
+    try:
+        if fleet.phase == "UNINITIALIZED":
+            if not args.initial:
+                return _fail(args, "a new fleet journal: give --initial CHECKPOINT (what the "
+                             "engines loaded at start) to bootstrap the fleet first")
+            initial = checkpoint_target(args.initial, 1, args.initial_label)
+            out = fleet.bootstrap(initial)
+            if not args.json:
+                for name, o in out.items():
+                    print(f"bootstrap {name}: {o.trigger} ({o.reason[:100]})")
+            if fleet.phase != "READY":
+                _emit(args, {"published": False, "bootstrap": {n: o.trigger for n, o in
+                                                               out.items()}},
+                      ["the fleet did not open: fewer than min_serving members verified"])
+                return NEGATIVE
+        target = checkpoint_target(args.checkpoint, fleet.committed + 1, args.label)
+        if not args.json:
+            print(f"fleet update to {args.label} (generation {target.generation}), "
+                  f"min_serving {fleet.min_serving}:")
+        report = fleet.update(target)
+    except (TargetError, FleetError) as err:
+        return _fail(args, str(err))
+    finally:
+        fleet.close()
+    verdict = "PUBLISHED" if report.published else ("ABORTED" if report.aborted else
+                                                    "NOT published")
+    _emit(args, report.as_json(),
+          [f"{verdict} {report.target.label} on {report.committed_on or 'no member'}; "
+           f"quarantined {report.quarantined or 'none'}; rolled back "
+           f"{report.rolled_back or 'none'}; fleet {report.phase}; {report.total_s:.2f} s"])
+    return OK if report.published else NEGATIVE
+
+
+def fleet_readmit(args: argparse.Namespace) -> int:
+    """Verified re-admission of one member onto the fleet's committed generation."""
+    import getpass
+
+    from rolloutcore.targets import TargetError
+
+    try:
+        cfg = _load(args)
+        if args.engine not in {e.name for e in cfg.engines}:
+            raise FleetFileError(f"no engine named {args.engine!r} in {args.fleet}")
+        if not _journal_of(cfg, args.fleet).exists():
+            raise FleetFileError(f"{args.fleet}: the fleet has no journal yet (nothing to "
+                                 "re-admit into): run `fleet update --initial ...` first")
+        fleet = _open(args, cfg)
+    except (FleetFileError, FleetError, ValueError) as err:
+        return _fail(args, str(err))
+    try:
+        out = fleet.readmit(args.engine, who=f"cli:{getpass.getuser()}")
+    except (TargetError, FleetError) as err:
+        return _fail(args, str(err))
+    finally:
+        fleet.close()
+    ok = out.trigger == "readmit_ok"
+    _emit(args, {"engine": args.engine, "outcome": out.trigger, "reason": out.reason},
+          [f"{args.engine}: {out.trigger}: {out.reason}"])
+    return OK if ok else NEGATIVE
+
+
+def add_fleet_parsers(sub: Any, int_at_least: Any) -> None:
+    fleet = sub.add_parser("fleet", help="a fleet of vLLM servers: one transactional update, "
+                           "quarantine, verified re-admission")
+    fsub = fleet.add_subparsers(dest="cmd", required=True)
+    st = fsub.add_parser("status", help="each engine's phase, generation, identity, serving or "
+                         "quarantined")
+    st.add_argument("--fleet", required=True, help="the fleet file (TOML)")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=fleet_status)
+    up = fsub.add_parser("update", help="one fleet cycle, step by step per engine (exit 0 "
+                         "only if published)")
+    up.add_argument("--fleet", required=True, help="the fleet file (TOML)")
+    up.add_argument("--checkpoint", required=True, help="checkpoint directory to install")
+    up.add_argument("--label", required=True, help="version label of the new generation")
+    up.add_argument("--min-serving", type=int_at_least(1), default=None,
+                    help="quorum to publish (default: the fleet file's)")
+    up.add_argument("--initial", help="a new fleet: the checkpoint the engines started with")
+    up.add_argument("--initial-label", default="default",
+                    help="the label the engines report at start (vLLM: default)")
+    up.add_argument("--json", action="store_true")
+    up.set_defaults(func=fleet_update)
+    ra = fsub.add_parser("readmit", help="verified re-admission of a quarantined engine")
+    ra.add_argument("--fleet", required=True, help="the fleet file (TOML)")
+    ra.add_argument("--engine", required=True, help="the engine's name in the fleet file")
+    ra.add_argument("--json", action="store_true")
+    ra.set_defaults(func=fleet_readmit)
