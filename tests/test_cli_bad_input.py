@@ -119,6 +119,24 @@ CASES: list[Case] = [
     C(RVERIFY, "{records}", 2, "no journal"),
     C(RVERIFY, "{records} --journal {journal_seq_list}", 1, "journal broken at line 3"),
     C(RVERIFY, "{records} --journal {journal}", 1, "records not bound by this journal"),
+    # fleet: the fleet file first, then the checkpoints, before anything is written
+    *(C(f"fleet {cmd}", f"--fleet {{{f}}} {extra}", 2, f) for cmd, extra in (
+        ("status", ""), ("update", "--checkpoint {dir} --label v2"),
+        ("readmit", "--engine a")) for f in (
+        "notjson", "empty", "binary", "dir", "missing", "fleet_dup", "fleet_bad_k",
+        "fleet_bad_transfer", "fleet_unknown_key")),
+    C("fleet status", "", 2, "no fleet file"),
+    C("fleet update", "--fleet {fleet_good} --label v2", 2, "no checkpoint"),
+    C("fleet update", "--fleet {fleet_good} --checkpoint {missing} --label v2", 2,
+      "checkpoint missing"),
+    C("fleet update", "--fleet {fleet_good} --checkpoint {dir} --label v2", 2,
+      "checkpoint without safetensors"),
+    C("fleet update", "--fleet {fleet_good} --checkpoint {dir} --label v2 --min-serving 0", 2,
+      "min serving 0"),
+    C("fleet update", "--fleet {fleet_good} --checkpoint {dir} --label v2 --min-serving 5", 2,
+      "min serving above the fleet"),
+    C("fleet readmit", "--fleet {fleet_good} --engine nope", 2, "unknown engine"),
+    C("fleet readmit", "--fleet {fleet_good} --engine a", 2, "no fleet journal yet"),
 ]
 
 
@@ -160,6 +178,15 @@ def _make_corpus(root: Path) -> dict[str, str]:
     d["prompt_token_ids"] = "1 2 3"
     files["records_tokens_str"] = (json.dumps(d) + "\n").encode()
     files["records_then_garbage"] = (rec_lines[0] + "{not json\n").encode()
+    files["fleet_dup"] = (b'[[engine]]\nname = "a"\nurl = "http://127.0.0.1:1"\n'
+                          b'[[engine]]\nname = "a"\nurl = "http://127.0.0.1:2"\n')
+    files["fleet_bad_k"] = (b'[fleet]\nmin_serving = 3\n'
+                            b'[[engine]]\nname = "a"\nurl = "http://127.0.0.1:1"\n')
+    files["fleet_bad_transfer"] = (b'[[engine]]\nname = "a"\nurl = "http://127.0.0.1:1"\n'
+                                   b'transfer = "carrier-pigeon"\n')
+    files["fleet_unknown_key"] = (b'[[engine]]\nname = "a"\nurl = "http://127.0.0.1:1"\n'
+                                  b'colour = "blue"\n')
+    files["fleet_good"] = b'[[engine]]\nname = "a"\nurl = "http://127.0.0.1:1"\n'
     out = {"journal": str(journal), "dir": str(root / "dir"),
            "missing": str(root / "missing"), "new": str(root / "new.jsonl")}
     for name, data in files.items():
