@@ -26,6 +26,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from json.encoder import encode_basestring_ascii as _json_str
 from pathlib import Path
@@ -203,17 +204,21 @@ class Journal:
     Opening an existing file verifies its chain and continues it (a torn final line is
     cut off first: that step did not happen); a broken chain raises
     :class:`JournalError`. ``fsync=False`` only flushes to the OS (benchmarks, tests).
+    ``group_commit=True``: one fsync covers every record written while it runs, and a
+    record is acknowledged once its batch is durable (see :class:`_GroupCommit`).
     """
 
     def __init__(
         self, path: str | os.PathLike[str], *, fsync: bool = True,
         clock: Callable[[], float] = time.time, spec: Spec = SPEC,
         continues: str | None = None, spec_name: str | None = None,
+        group_commit: bool = False,
     ) -> None:
         self.path = Path(path)
         self.fsync = fsync
         self._clock = clock
-        self._lock = threading.Lock()
+        self._lock: threading.Lock | _GroupCommit = threading.Lock()
+        self._commit: _GroupCommit | None = None
         # Per trigger: (type, the JSON text of its op and of its step name), precomputed.
         self._steps = {
             step: (typ, "null" if op is None else _json_str(op), _json_str(step))
@@ -230,6 +235,8 @@ class Journal:
             self._write_header()
             if fsync:  # the new directory entry must survive a crash too
                 _fsync_dir(self.path.parent)
+            if group_commit:  # after the header: that one is synced on its own
+                self.use_group_commit()
             return
         report, _recs, good_end = _scan(self.path, keep=False)
         if not report.ok and not report.truncated:
@@ -243,6 +250,8 @@ class Journal:
         self._prev, self._seq = report.last_hash, report.last_seq
         if report.records == 0:
             self._write_header()
+        if group_commit:
+            self.use_group_commit()
 
     # ---------------------------------------------------------------------- writing
 
@@ -257,12 +266,57 @@ class Journal:
         self._prev, self._seq = rec["hash"], 0
 
     def _write(self, data: bytes) -> None:
+        commit = self._commit
+        if commit is not None and commit.error is not None:
+            raise JournalError(f"{self.path}: an earlier fsync failed ({commit.error}): "
+                               "nothing more is written")
         view = memoryview(data)
         while view:  # os.write may write less than asked
             n = os.write(self._fd, view)
             view = view[n:]
-        if self.fsync:
+        if commit is not None:
+            commit.written()  # the caller waits when it lets go of the lock
+        elif self.fsync:
             os.fsync(self._fd)
+
+    # ----------------------------------------------------------------- group commit
+
+    def use_group_commit(self) -> None:
+        """Switch to group commit (no-op without fsync). Call it before the journal is
+        shared between threads: a fleet builds its journal itself, its owner switches."""
+        if self.fsync and self._commit is None:
+            self._commit = self._lock = _GroupCommit(self)
+
+    @property
+    def group_commit(self) -> bool:
+        return self._commit is not None
+
+    @contextmanager
+    def deferred(self) -> Iterator[None]:
+        """Records this thread appends inside the block are awaited once, when it ends,
+        instead of one by one inside the caller's locks (a fleet admits under its own
+        lock): their durability wait joins one batch. Nothing may act on them (forward a
+        request, answer a client) before the block has ended. Without group commit each
+        record is durable when written, and this changes nothing."""
+        commit = self._commit
+        if commit is None:
+            yield
+            return
+        local = commit.local
+        local.depth = getattr(local, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            local.depth -= 1
+            ticket = getattr(local, "deferred", 0)
+            if local.depth == 0 and ticket:
+                local.deferred = 0
+                commit.wait(ticket)
+
+    @property
+    def fsyncs(self) -> int:
+        """Batches fsynced by group commit so far (0 without it)."""
+        return self._commit.fsyncs if self._commit is not None else 0
 
     def _str(self, s: str) -> str:
         out = self._strs.get(s)
@@ -358,6 +412,93 @@ class Journal:
     def __del__(self) -> None:
         if getattr(self, "_fd", -1) >= 0:
             os.close(self._fd)
+
+
+class _GroupCommit:
+    """The journal's lock under group commit, and the flusher.
+
+    A writer appends its line while holding the lock (``_write`` takes a numbered
+    ticket); letting go of the lock is where it waits, outside the lock, until an fsync
+    has covered its ticket. The first waiter to find no fsync running leads: it fsyncs
+    everything written up to then, once for every waiter, and wakes them; the others
+    wait on a condition (leader election, no flusher thread). An fsync covers every
+    line written before it started, whoever wrote it, so a batch is durable in order.
+    A failed fsync fails every waiter it should have covered and every later write:
+    what reached the disk is unknown, so nothing more is acknowledged.
+    """
+
+    def __init__(self, journal: Journal) -> None:
+        self._journal = journal
+        self._inner = threading.Lock()
+        self._cond = threading.Condition(threading.Lock())
+        self.local = threading.local()  # ticket (held), depth and deferred (deferred())
+        self._written = 0  # tickets handed out (lines written)
+        self._synced = 0  # tickets covered by a completed fsync
+        self._flushing = False
+        self.error: OSError | None = None
+        self.fsyncs = 0
+
+    def __enter__(self) -> _GroupCommit:
+        self._inner.acquire()
+        self.local.ticket = 0
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        ticket = self.local.ticket
+        self.local.ticket = 0
+        self._inner.release()
+        if not ticket or exc_type is not None:
+            return
+        if getattr(self.local, "depth", 0):
+            self.local.deferred = max(getattr(self.local, "deferred", 0), ticket)
+        else:
+            self.wait(ticket)
+
+    def written(self) -> None:
+        """A line was written (the lock is held): the caller's ticket."""
+        with self._cond:
+            self._written += 1
+            self.local.ticket = self._written
+
+    def wait(self, ticket: int) -> None:
+        """Return once an fsync has covered ``ticket``; lead one if none is running."""
+        with self._cond:
+            while self._synced < ticket:
+                if self.error is not None:
+                    raise JournalError(f"{self._journal.path}: fsync failed: {self.error}")
+                if self._flushing:
+                    self._cond.wait()
+                    continue
+                self._flushing = True
+                self._cond.release()
+                upto, error = 0, None
+                try:
+                    upto = self._flush()
+                except OSError as e:
+                    error = e
+                finally:
+                    self._cond.acquire()
+                    self._flushing = False
+                    self._cond.notify_all()
+                if error is not None:
+                    self.error = error
+                else:
+                    self._synced = max(self._synced, upto)
+                    self.fsyncs += 1
+
+    def _flush(self) -> int:
+        """fsync every line written so far; returns the last ticket it covers. The fd is
+        duplicated under the lock so that a concurrent close cannot pull it away."""
+        j = self._journal
+        with self._inner:
+            upto = self._written
+            fd = os.dup(j._fd) if j._fd >= 0 else os.open(j.path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return upto
 
 
 def _fsync_dir(path: Path) -> None:
