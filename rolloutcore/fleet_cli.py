@@ -21,13 +21,15 @@ from rolloutcore.fleet import (
     FleetConfig,
     FleetError,
     FleetFileError,
+    StepHook,
     load_fleet_file,
 )
 
 OK, NEGATIVE, BAD_INPUT = 0, 1, 2
 
 
-def _journal_of(cfg: FleetConfig, fleet_file: str) -> Path:
+def journal_of(cfg: FleetConfig, fleet_file: str) -> Path:
+    """The fleet's journal: the fleet file's ``journal``, or ``<file>.journal.jsonl``."""
     return cfg.journal or Path(fleet_file).with_suffix(".journal.jsonl")
 
 
@@ -47,8 +49,10 @@ def _fail(args: argparse.Namespace, message: str) -> int:
     return BAD_INPUT
 
 
-def _open(args: argparse.Namespace, cfg: FleetConfig, *, min_serving: int | None = None
-          ) -> Fleet:
+def open_fleet(cfg: FleetConfig, fleet_file: str, *, min_serving: int | None = None,
+               on_step: StepHook | None = None) -> Fleet:
+    """The fleet a fleet file names, over HTTP adapters, recovered from its journal (a
+    new journal: a fresh fleet, to bootstrap). Shared by the fleet commands and serve."""
     from rolloutcore.adapters.http import HttpAdapter
     from rolloutcore.runner import RunnerPolicy
     from rolloutcore.targets import checkpoint_target
@@ -60,16 +64,20 @@ def _open(args: argparse.Namespace, cfg: FleetConfig, *, min_serving: int | None
                              f"transfer ({e.transfer}) is driven from the trainer process "
                              "(Python API: rolloutcore.fleet.Fleet with TransferAdapter)")
         members.append((e.name, HttpAdapter(e.url, model=e.model, token=e.token), e.url))
+    return Fleet(members, journal=journal_of(cfg, fleet_file),
+                 min_serving=min_serving or cfg.min_serving, policy=RunnerPolicy(),
+                 on_step=on_step,
+                 target_of=lambda src, gen, label: checkpoint_target(src, gen, label))
 
+
+def _open(args: argparse.Namespace, cfg: FleetConfig, *, min_serving: int | None = None
+          ) -> Fleet:
     def step(member: str, name: str, outcome: str, seconds: float) -> None:
         if not args.json:
             print(f"  [{member}] {name:<14} -> {outcome:<20} {seconds * 1e3:8.1f} ms",
                   flush=True)
 
-    return Fleet(members, journal=_journal_of(cfg, args.fleet),
-                 min_serving=min_serving or cfg.min_serving, policy=RunnerPolicy(),
-                 on_step=step,
-                 target_of=lambda src, gen, label: checkpoint_target(src, gen, label))
+    return open_fleet(cfg, args.fleet, min_serving=min_serving, on_step=step)
 
 
 def _load(args: argparse.Namespace) -> FleetConfig:
@@ -86,7 +94,7 @@ def fleet_status(args: argparse.Namespace) -> int:
 
     try:
         cfg = _load(args)
-        path = _journal_of(cfg, args.fleet)
+        path = journal_of(cfg, args.fleet)
         state = fleet_state(path) if path.exists() else None
     except (FleetFileError, TraceInputError) as err:
         return _fail(args, str(err))
@@ -188,7 +196,7 @@ def fleet_readmit(args: argparse.Namespace) -> int:
         cfg = _load(args)
         if args.engine not in {e.name for e in cfg.engines}:
             raise FleetFileError(f"no engine named {args.engine!r} in {args.fleet}")
-        if not _journal_of(cfg, args.fleet).exists():
+        if not journal_of(cfg, args.fleet).exists():
             raise FleetFileError(f"{args.fleet}: the fleet has no journal yet (nothing to "
                                  "re-admit into): run `fleet update --initial ...` first")
         fleet = _open(args, cfg)
