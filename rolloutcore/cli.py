@@ -659,8 +659,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo_conformance_parsers(sub)
     _add_records_parsers(sub)
     from rolloutcore.fleet_cli import add_fleet_parsers
+    from rolloutcore.gateway.cli import add_serve_parser
 
     add_fleet_parsers(sub, _int_at_least)
+    add_serve_parser(sub)
     return p
 
 

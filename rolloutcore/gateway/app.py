@@ -1,0 +1,554 @@
+"""The ASGI half of the gateway (Starlette): OpenAI routes passed through to the fleet's
+engines under an admission, the admin API, ``/metrics``.
+
+One exchange (:class:`_Exchange`): read and check the request (nothing admitted for bad
+input), admit (bounded queue), forward with httpx, answer, release. A watcher listens
+for the client going away the whole time: queued, the wait is cancelled; forwarded, the
+upstream stream is closed, which makes vLLM abort the request, and the rollout is then
+released. The release and the record are written under a shield, so neither a
+disconnect nor a shutdown can skip them.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import httpx
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from rolloutcore.adapters.http import is_loopback
+from rolloutcore.fleet import FleetError, Lease
+from rolloutcore.gateway.core import Busy, Gateway, Refusal
+from rolloutcore.gateway.records import (
+    Collector,
+    blank_token_ids,
+    event_data,
+    parse_sse_events,
+    rewrite_event,
+    wants_injection,
+)
+
+log = logging.getLogger("rolloutcore.gateway")
+
+H_GENERATION = "x-rolloutcore-generation"
+H_IDENTITY = "x-rolloutcore-identity"
+H_ENGINE = "x-rolloutcore-engine"
+H_ROLLOUT = "x-rolloutcore-rollout-id"
+H_LABEL = "x-rolloutcore-label"
+H_SEQ = "x-rolloutcore-admission-seq"
+H_MIN_GENERATION = "x-rolloutcore-min-generation"
+#: Not forwarded either way: hop-by-hop, recomputed, or the gateway's own.
+_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
+                  "proxy-connection", "te", "trailer", "trailers", "transfer-encoding",
+                  "upgrade", "host", "content-length", "accept-encoding", "date", "server"})
+ADMIN_BODY_LIMIT = 64 << 10
+CLIENT_GONE = 499  # nginx's "client closed request", for metrics only
+
+
+def error_response(r: Refusal) -> JSONResponse:
+    headers = {"retry-after": str(r.retry_after)} if r.retry_after is not None else {}
+    if "committed_generation" in r.extra:
+        headers["x-rolloutcore-committed-generation"] = str(r.extra["committed_generation"])
+    if r.status == 401:
+        headers["www-authenticate"] = "Bearer"
+    return JSONResponse(r.body(), status_code=r.status, headers=headers)
+
+
+def lease_headers(lease: Lease) -> list[tuple[bytes, bytes]]:
+    return [(H_GENERATION.encode(), str(lease.generation).encode()),
+            (H_IDENTITY.encode(), (lease.identity or "unknown").encode()),
+            (H_ENGINE.encode(), lease.engine.encode()),
+            (H_ROLLOUT.encode(), lease.rollout_id.encode()),
+            (H_LABEL.encode(), lease.label.encode()),
+            (H_SEQ.encode(), str(lease.seq).encode())]
+
+
+def _bad(message: str, param: str | None = None, code: str = "invalid_request") -> Refusal:
+    return Refusal(400, message, param=param, code=code)
+
+
+class GatewayApp:
+    """The Starlette application over a :class:`Gateway` (``.app``)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gw = gateway
+        self.client: httpx.AsyncClient | None = None
+        self.app = Starlette(
+            routes=[
+                Route("/v1/completions", self._completions, methods=["POST"]),
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/models", self._models, methods=["GET"]),
+                Route("/metrics", self._metrics, methods=["GET"]),
+                Route("/health", self._health, methods=["GET"]),
+                Route("/admin/status", self._admin_status, methods=["GET"]),
+                Route("/admin/update", self._admin_update, methods=["POST"]),
+                Route("/admin/readmit", self._admin_readmit, methods=["POST"]),
+                Route("/admin/floor", self._admin_floor, methods=["POST"]),
+            ],
+            exception_handlers={HTTPException: self._http_error, Exception: self._crash},
+            lifespan=self._lifespan)
+
+    @asynccontextmanager
+    async def _lifespan(self, _app: Starlette) -> AsyncIterator[None]:
+        cfg = self.gw.config
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(cfg.upstream_timeout_s, connect=cfg.connect_timeout_s,
+                                  pool=None),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=512))
+        try:
+            yield
+        finally:
+            await self.client.aclose()
+
+    async def _http_error(self, _request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        kind = "not_found" if exc.status_code == 404 else "method_not_allowed" \
+            if exc.status_code == 405 else "invalid_request"
+        return error_response(Refusal(exc.status_code, str(exc.detail), code=kind))
+
+    async def _crash(self, _request: Request, exc: Exception) -> Response:
+        log.error("internal error: %s: %s", type(exc).__name__, exc)
+        return error_response(Refusal(500, f"internal error: {type(exc).__name__}",
+                                      type="server_error", code="internal_error"))
+
+    # -------------------------------------------------------------- OpenAI routes
+
+    async def _completions(self, request: Request) -> Response:
+        return await self._exchange(request, "completions", "/v1/completions")
+
+    async def _chat(self, request: Request) -> Response:
+        return await self._exchange(request, "chat", "/v1/chat/completions")
+
+    async def _models(self, request: Request) -> Response:
+        return await self._exchange(request, "models", "/v1/models")
+
+    async def _exchange(self, request: Request, endpoint: str, path: str) -> Response:
+        """Check the request; the admission and the forwarding run in the response."""
+        cfg = self.gw.config
+        try:
+            min_gen = _min_generation(request.headers)
+            body, obj = b"", None
+            if request.method == "POST":
+                body = await _read_body(request, cfg.max_body_bytes)
+                obj = _check_body(body, cfg.model)
+        except Refusal as r:
+            self.gw.metrics.requests.labels(endpoint, "none", str(r.status)).inc()
+            log.info("refused %s: %d %s", path, r.status, r.message)
+            return error_response(r)
+        inject = False
+        if obj is not None and self.gw.records is not None and wants_injection(endpoint, obj):
+            obj = {**obj, "return_token_ids": True}
+            body, inject = json.dumps(obj).encode(), True
+        assert self.client is not None
+        return _Exchange(self, endpoint, path, request, body, obj, min_gen, inject)
+
+    # ------------------------------------------------------------------ the rest
+
+    async def _metrics(self, _request: Request) -> Response:
+        return Response(self.gw.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    async def _health(self, _request: Request) -> Response:
+        f = self.gw.fleet
+        return JSONResponse({"status": "ok", "fleet": f.phase, "committed": f.committed})
+
+    # ---------------------------------------------------------------- admin API
+
+    def _authorize(self, request: Request) -> Refusal | None:
+        token = self.gw.config.admin_token
+        if token is None:  # no token: loopback clients only (and the CLI binds loopback)
+            host = request.client.host if request.client else ""
+            if not is_loopback(host):
+                return Refusal(403, "the admin API has no token configured: loopback "
+                               "clients only", code="forbidden")
+            return None
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+                given.strip().encode(), token.encode()):
+            return Refusal(401, "missing or wrong admin bearer token",
+                           code="invalid_admin_token")
+        return None
+
+    async def _admin_body(self, request: Request) -> dict[str, Any]:
+        refused = self._authorize(request)
+        if refused is not None:
+            raise refused
+        body = await _read_body(request, ADMIN_BODY_LIMIT)
+        if not body.strip():
+            return {}
+        try:
+            obj = json.loads(body)
+        except (ValueError, RecursionError):
+            raise _bad("the body is not valid JSON") from None
+        if not isinstance(obj, dict):
+            raise _bad("the body must be a JSON object")
+        return obj
+
+    async def _admin(self, request: Request, op: Any) -> Response:
+        try:
+            obj = await self._admin_body(request)
+            return await op(obj)  # type: ignore[no-any-return]
+        except Refusal as r:
+            log.info("admin %s refused: %d %s", request.url.path, r.status, r.message)
+            return error_response(r)
+
+    async def _admin_status(self, request: Request) -> Response:
+        refused = self._authorize(request)
+        if refused is not None:
+            return error_response(refused)
+        return JSONResponse(self.gw.status())
+
+    async def _admin_update(self, request: Request) -> Response:
+        async def op(obj: dict[str, Any]) -> Response:
+            _only(obj, {"checkpoint", "label", "min_serving", "wait"})
+            wait = _flag(obj, "wait", True)
+            try:
+                fut = await anyio.to_thread.run_sync(
+                    self.gw.start_update, obj.get("checkpoint"), obj.get("label"),
+                    obj.get("min_serving"))
+            except Busy as e:
+                raise Refusal(409, str(e), code="busy") from None
+            except ValueError as e:  # a bad checkpoint or field: nothing changed
+                raise _bad(str(e), code="invalid_target") from None
+            if not wait:
+                return JSONResponse({"accepted": True}, status_code=202)
+            try:
+                report = await _wrap(fut)
+            except FleetError as e:
+                raise Refusal(409, str(e), code="fleet_not_ready") from None
+            return JSONResponse({"published": report.published, "aborted": report.aborted,
+                                 "committed": self.gw.fleet.committed,
+                                 "report": report.as_json()})
+        return await self._admin(request, op)
+
+    async def _admin_readmit(self, request: Request) -> Response:
+        async def op(obj: dict[str, Any]) -> Response:
+            _only(obj, {"engine", "wait"})
+            engine, wait = obj.get("engine"), _flag(obj, "wait", True)
+            if not isinstance(engine, str) or engine not in self.gw.fleet.members:
+                raise Refusal(404, f"no engine named {engine!r}; engines: "
+                              f"{sorted(self.gw.fleet.members)}", param="engine",
+                              code="unknown_engine")
+            try:
+                fut = self.gw.start_readmit(engine, who="gateway admin API")
+            except Busy as e:
+                raise Refusal(409, str(e), code="busy") from None
+            if not wait:
+                return JSONResponse({"accepted": True}, status_code=202)
+            try:
+                out = await _wrap(fut)
+            except FleetError as e:
+                raise Refusal(409, str(e), code="readmit_refused") from None
+            return JSONResponse({"engine": engine, "outcome": out.trigger,
+                                 "reason": out.reason, "committed": self.gw.fleet.committed})
+        return await self._admin(request, op)
+
+    async def _admin_floor(self, request: Request) -> Response:
+        async def op(obj: dict[str, Any]) -> Response:
+            _only(obj, {"min_generation"})
+            try:
+                self.gw.set_floor(obj.get("min_generation"))  # type: ignore[arg-type]
+            except ValueError as e:
+                raise _bad(str(e), param="min_generation") from None
+            return JSONResponse({"min_generation": self.gw.floor,
+                                 "committed": self.gw.fleet.committed})
+        return await self._admin(request, op)
+
+
+async def _wrap(fut: Any) -> Any:
+    import asyncio
+
+    return await asyncio.wrap_future(fut)
+
+
+def _only(obj: Mapping[str, Any], keys: set[str]) -> None:
+    extra = set(obj) - keys
+    if extra:
+        raise _bad(f"unknown field(s) {sorted(extra)}; this takes {sorted(keys)}")
+
+
+def _flag(obj: Mapping[str, Any], key: str, default: bool) -> bool:
+    v = obj.get(key, default)
+    if not isinstance(v, bool):
+        raise _bad(f"{key} must be true or false", param=key)
+    return v
+
+
+def _min_generation(headers: Mapping[str, str]) -> int:
+    raw = headers.get(H_MIN_GENERATION)
+    if raw is None:
+        return 0
+    try:
+        n = int(raw.strip())
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise _bad(f"{H_MIN_GENERATION} must be an integer >= 0, got {raw!r}",
+                   param=H_MIN_GENERATION)
+    return n
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    too_big = Refusal(413, f"the request body exceeds {limit} bytes",
+                      code="request_too_large")
+    if declared is not None:
+        if not declared.strip().isdigit():
+            raise _bad("Content-Length is not a number")
+        if int(declared) > limit:
+            raise too_big
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise too_big
+    return bytes(body)
+
+
+def _check_body(body: bytes, model: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(body)
+    except (ValueError, RecursionError):
+        raise _bad("the request body is not valid JSON", code="invalid_json") from None
+    if not isinstance(obj, dict):
+        raise _bad("the request body must be a JSON object", code="invalid_json")
+    name = obj.get("model")
+    if not isinstance(name, str) or not name:
+        raise _bad("model is required (a string)", param="model")
+    if name != model:
+        raise Refusal(404, f"The model `{name}` does not exist; this gateway serves "
+                      f"`{model}`", param="model", code="model_not_found")
+    if "stream" in obj and not isinstance(obj["stream"], bool | None):
+        raise _bad("stream must be true or false", param="stream")
+    return obj
+
+
+class _Exchange(Response):
+    """One admitted request, as an ASGI response: admit, forward, answer, release."""
+
+    def __init__(self, owner: GatewayApp, endpoint: str, path: str, request: Request,
+                 body: bytes, obj: dict[str, Any] | None, min_generation: int,
+                 inject: bool) -> None:
+        self.owner, self.gw = owner, owner.gw
+        self.endpoint, self.path = endpoint, path
+        self.method = request.method
+        self.query = request.url.query
+        self.headers_in = request.headers
+        self.body_out = body
+        self.stream = bool(obj and obj.get("stream"))
+        self.min_generation = min_generation
+        self.inject = inject
+        self.collector = Collector(endpoint, obj) if (
+            obj is not None and self.gw.records is not None) else None
+        self.lease: Lease | None = None
+        self.upstream: httpx.Response | None = None
+        self.status: int | None = None  # what the client is sent
+        self.outcome = "ok"
+        self.done = False  # the engine's answer was read to its end
+        self.complete = False  # the last message to the client is (being) sent
+        self.gone = False  # the client went away before that
+        self.t0 = self.started_at = 0.0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        cancel = threading.Event()  # ends a queued wait: the client left, or shutdown
+        async with anyio.create_task_group() as tg:
+            async def watch() -> None:
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                if not self.complete:  # (after the answer, receive says disconnect too)
+                    self.gone = True
+                    cancel.set()
+                    tg.cancel_scope.cancel()
+
+            tg.start_soon(watch)
+            try:
+                await self._run(send, cancel)
+            finally:
+                tg.cancel_scope.cancel()
+
+    async def _run(self, send: Send, cancel: threading.Event) -> None:
+        gw = self.gw
+        self.t0, self.started_at = time.perf_counter(), time.time()
+        try:
+            with anyio.CancelScope(shield=True):  # a lease, once made, is never dropped
+                self.lease = await anyio.to_thread.run_sync(
+                    gw.admit, gw.new_rollout_id(), self.endpoint, self.min_generation, cancel)
+        except Refusal as r:
+            code = CLIENT_GONE if self.gone else r.status
+            gw.metrics.requests.labels(self.endpoint, "none", str(code)).inc()
+            if not self.gone:
+                await self._send_refusal(send, r)
+            return
+        except Exception as e:  # the journal failed: nothing was admitted that can be used
+            log.error("admission failed: %s: %s", type(e).__name__, e)
+            gw.metrics.requests.labels(self.endpoint, "none", "500").inc()
+            await self._send_refusal(send, Refusal(
+                500, f"admission failed: {type(e).__name__}", type="server_error",
+                code="internal_error"))
+            return
+        try:
+            await self._forward(send)
+        except httpx.HTTPError as e:
+            lease = self.lease
+            assert lease is not None
+            self.outcome = f"engine error: {type(e).__name__}"
+            log.warning("%s on %s: %s: %s", lease.rollout_id, lease.engine,
+                        type(e).__name__, e)
+            if self.status is None:  # nothing sent yet: say so (else the stream breaks off)
+                self.status = 502
+                await self._finish_shielded()
+                await self._send_refusal(send, Refusal(
+                    502, f"engine {lease.engine} failed: {type(e).__name__}",
+                    type="server_error", code="engine_error"))
+        finally:
+            if self.gone:
+                self.outcome = "client disconnected"
+            await self._finish_shielded()
+
+    async def _forward(self, send: Send) -> None:
+        lease = self.lease
+        assert lease is not None and lease.url is not None
+        client = self.owner.client
+        assert client is not None
+        url = lease.url.rstrip("/") + self.path + (f"?{self.query}" if self.query else "")
+        req = client.build_request(self.method, url, content=self.body_out or None,
+                                   headers=self._upstream_headers(lease.engine))
+        self.upstream = up = await client.send(req, stream=True)
+        headers = [(k.encode(), v.encode()) for k, v in up.headers.items()
+                   if k.lower() not in _HOP] + lease_headers(lease)
+        streaming = self.stream and up.status_code == 200 and up.headers.get(
+            "content-type", "").startswith("text/event-stream")
+        self.status = up.status_code
+        if not streaming:
+            data = await up.aread()
+            self.done = True
+            if up.status_code == 200 and self.collector is not None:
+                data = self._collect_body(data)
+            await self._finish_shielded()  # released (durably) before the answer goes out
+            await self._send(send, up.status_code, data, headers)
+            return
+        await send({"type": "http.response.start", "status": up.status_code,
+                    "headers": headers})  # the binding headers, before the first chunk
+        parse = self.collector is not None
+        buf = bytearray()
+        async for chunk in up.aiter_raw():
+            if parse:
+                buf += chunk
+                chunk = self._collect_events(buf)
+                if not chunk:
+                    continue
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        self.done = True
+        await self._finish_shielded()
+        self.complete = True
+        await send({"type": "http.response.body", "body": bytes(buf), "more_body": False})
+
+    def _upstream_headers(self, engine: str) -> dict[str, str]:
+        out = {k: v for k, v in self.headers_in.items()
+               if k.lower() not in _HOP and not k.lower().startswith("x-rolloutcore-")}
+        out["accept-encoding"] = "identity"  # the stream is parsed for records
+        token = self.gw.config.engine_tokens.get(engine)
+        if token:
+            out["authorization"] = f"Bearer {token}"
+        return out
+
+    def _collect_body(self, data: bytes) -> bytes:
+        assert self.collector is not None
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            return data
+        self.collector.feed(obj)
+        if not self.inject:
+            return data
+        blank_token_ids(obj)
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+    def _collect_events(self, buf: bytearray) -> bytes:
+        assert self.collector is not None
+        out = bytearray()
+        for event in parse_sse_events(buf):
+            payload = event_data(event)
+            if payload is None or payload == b"[DONE]":
+                out += event
+                continue
+            try:
+                obj = json.loads(payload)
+            except ValueError:
+                out += event
+                continue
+            self.collector.feed(obj)
+            if self.inject:
+                blank_token_ids(obj)
+                event = rewrite_event(event, obj)
+            out += event
+        return bytes(out)
+
+    async def _send_refusal(self, send: Send, r: Refusal) -> None:
+        resp = error_response(r)
+        await self._send(send, r.status, bytes(resp.body), [
+            (k.encode(), v.encode()) for k, v in resp.headers.items()
+            if k.lower() != "content-length"])
+
+    async def _send(self, send: Send, status: int, body: bytes,
+                    headers: list[tuple[bytes, bytes]]) -> None:
+        self.status = status
+        await send({"type": "http.response.start", "status": status, "headers": [
+            *headers, (b"content-length", str(len(body)).encode())]})
+        self.complete = True
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _finish_shielded(self) -> None:
+        with anyio.CancelScope(shield=True):
+            await self._finish()
+
+    async def _finish(self) -> None:
+        """Close the engine's answer (an unfinished one: vLLM aborts the request), then
+        release the lease and write the record. Runs once."""
+        lease, self.lease = self.lease, None
+        if lease is None:
+            return
+        gw = self.gw
+        if self.upstream is not None:
+            await self.upstream.aclose()
+        gone = self.outcome == "client disconnected"
+        code = CLIENT_GONE if gone else self.status
+        detail: dict[str, Any] = {"status": code}
+        if self.outcome != "ok":
+            detail["outcome"] = self.outcome
+        if gone:
+            gw.metrics.client_disconnects.inc()
+        collector = self.collector if self.done and self.status == 200 else None
+        seconds = time.perf_counter() - self.t0
+        started_at = self.started_at
+
+        def release() -> None:
+            binding = gw.release(lease, detail)
+            if collector is None or gw.records is None:
+                return
+            rec = collector.record(binding, lease.label, started_at, seconds)
+            if isinstance(rec, str):
+                gw.metrics.records.labels("skipped").inc()
+                log.info("no record for %s: %s", lease.rollout_id, rec)
+            else:
+                gw.records.write(rec)
+                gw.metrics.records.labels("written").inc()
+
+        await anyio.to_thread.run_sync(release)
+        gw.metrics.requests.labels(self.endpoint, str(lease.generation), str(code)).inc()
+
+
+__all__ = ["GatewayApp", "error_response"]

@@ -1,0 +1,326 @@
+"""The gateway's control half, without HTTP: admission through a bounded queue, the
+fleet-wide staleness floor, admin operations on a worker thread, and status.
+
+Every method that can block (admission, release, updates) is synchronous and meant to
+run on a worker thread; the ASGI half (:mod:`rolloutcore.gateway.app`) calls them
+through ``anyio.to_thread``.
+
+Durability: the fleet's journal is switched to group commit, and admissions and releases
+are journalled inside :meth:`Journal.deferred`: the fleet admits under its own lock, so a
+durability wait there would serialise every admission on one fsync each. Each call
+returns only once its record is durable, and nothing is forwarded or answered before.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from rolloutcore.adapters.contract import WeightTarget
+from rolloutcore.controller import AdmissionCancelled, AdmissionTimeout, Binding
+from rolloutcore.fleet import Fleet, FleetCycleReport, FleetError, Lease, TargetFactory
+from rolloutcore.gateway.metrics import GatewayMetrics
+from rolloutcore.gateway.records import RecordWriter
+from rolloutcore.postconditions import Outcome
+
+log = logging.getLogger("rolloutcore.gateway")
+
+
+class StaleMode(StrEnum):
+    WAIT = "wait"  # a request above the committed generation waits in the queue
+    REFUSE = "refuse"  # ... or is refused at once with 409
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    model: str  # the served model name requests must name ("model")
+    queue_depth: int = 64  # requests waiting for admissions to open, at most
+    queue_wait_s: float = 30.0  # how long one of them waits, at most
+    stale: StaleMode = StaleMode.WAIT
+    max_body_bytes: int = 16 << 20
+    admin_token: str | None = field(default=None, repr=False)
+    records: Path | None = None
+    retry_after_s: int = 1  # Retry-After on a 503
+    connect_timeout_s: float = 5.0
+    upstream_timeout_s: float = 600.0  # between two bytes of an engine's answer
+    engine_tokens: dict[str, str] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("model must be a non-empty string")
+        if self.queue_depth < 0:
+            raise ValueError(f"queue_depth must be >= 0, got {self.queue_depth}")
+        if not self.queue_wait_s >= 0:
+            raise ValueError(f"queue_wait_s must be >= 0, got {self.queue_wait_s}")
+        if self.max_body_bytes < 1:
+            raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
+        if self.admin_token is not None and not self.admin_token:
+            raise ValueError("admin_token must not be empty (None: no token)")
+
+
+class Refusal(Exception):
+    """A request the gateway answers itself (nothing forwarded): status, OpenAI error."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 code: str | None = None, param: str | None = None,
+                 retry_after: int | None = None, extra: dict[str, Any] | None = None
+                 ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.code = code
+        self.param = param
+        self.retry_after = retry_after
+        self.extra = extra or {}
+
+    def body(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"error": {"message": self.message, "type": self.type,
+                                         "param": self.param, "code": self.code}}
+        if self.extra:
+            out["rolloutcore"] = self.extra
+        return out
+
+
+class Busy(Exception):
+    """An admin operation is already running (one at a time)."""
+
+
+class Gateway:
+    """A :class:`Fleet` behind the gateway: admission, release, floor, admin ops."""
+
+    def __init__(self, fleet: Fleet, config: GatewayConfig, *, target_of: TargetFactory,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``target_of(checkpoint, generation, label)`` describes an update's target and
+        raises ValueError for a checkpoint it cannot (the admin API's 400)."""
+        self.fleet = fleet
+        self.config = config
+        self.target_of = target_of
+        fleet.journal.use_group_commit()
+        self.metrics = GatewayMetrics(fleet, floor=lambda: self.floor, clock=clock)
+        self.records = RecordWriter(config.records) if config.records else None
+        self.floor = 0  # fleet-wide minimum generation (admin API)
+        self._lock = threading.Lock()
+        self._queued = 0
+        self._waiting: set[threading.Event] = set()
+        self._closing = False
+        self._prefix = uuid.uuid4().hex[:12]
+        self._ids = itertools.count(1)
+        self._admin = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-admin")
+        self._busy: str | None = None  # the admin operation running, if any
+        self.last_report: FleetCycleReport | None = None
+        self.last_error: str | None = None
+
+    # ------------------------------------------------------------------ admission
+
+    @property
+    def queued(self) -> int:
+        return self._queued
+
+    def new_rollout_id(self) -> str:
+        return f"gw-{self._prefix}-{next(self._ids)}"
+
+    def admit(self, rollout_id: str, endpoint: str, min_generation: int,
+              cancel: threading.Event) -> Lease:
+        """Admit now, or wait in the bounded queue; raise :class:`Refusal` otherwise.
+        Returns once the admission is durable in the journal."""
+        floor = max(min_generation, self.floor)
+        detail = {"via": "gateway", "endpoint": endpoint}
+        journal = self.fleet.journal
+        if self._closing:
+            raise Refusal(503, "the gateway is shutting down", type="server_error",
+                          code="shutting_down", retry_after=self.config.retry_after_s)
+        try:
+            with journal.deferred():
+                return self.fleet.admit(rollout_id, min_generation=floor, detail=detail)
+        except AdmissionTimeout:
+            pass  # closed for an update, or below the floor: queue (or refuse)
+        committed = self.fleet.committed
+        if committed < floor and self.config.stale is StaleMode.REFUSE:
+            self.metrics.stale_refusals.inc()
+            raise Refusal(409, f"committed generation {committed} is below the required "
+                          f"minimum generation {floor}", code="stale_generation",
+                          param="X-RolloutCore-Min-Generation",
+                          extra={"committed_generation": committed, "min_generation": floor})
+        with self._lock:
+            if self._queued >= self.config.queue_depth:
+                self.metrics.queue_rejections.labels("full").inc()
+                raise Refusal(503, f"admissions are closed ({self._why(floor)}) and the "
+                              f"queue is full ({self.config.queue_depth} waiting)",
+                              type="server_error", code="queue_full",
+                              retry_after=self.config.retry_after_s)
+            self._queued += 1
+            self._waiting.add(cancel)
+            self.metrics.queue_depth.set(self._queued)
+        t0 = time.monotonic()
+        outcome = "admitted"
+        try:
+            with journal.deferred():
+                return self.fleet.admit(rollout_id, wait=self.config.queue_wait_s,
+                                        min_generation=floor, cancel=cancel, detail=detail)
+        except AdmissionTimeout:
+            outcome = "timeout"
+            self.metrics.queue_rejections.labels("timeout").inc()
+            raise Refusal(503, f"admissions stayed closed ({self._why(floor)}) for "
+                          f"{self.config.queue_wait_s:g} s", type="server_error",
+                          code="queue_timeout", retry_after=self.config.retry_after_s
+                          ) from None
+        except AdmissionCancelled:
+            outcome = "cancelled"
+            why = "the gateway is shutting down" if self._closing else "cancelled"
+            raise Refusal(503, f"{why} while the request was queued", type="server_error",
+                          code="shutting_down" if self._closing else "cancelled",
+                          retry_after=self.config.retry_after_s) from None
+        finally:
+            with self._lock:
+                self._queued -= 1
+                self._waiting.discard(cancel)
+                self.metrics.queue_depth.set(self._queued)
+            self.metrics.queue_wait.labels(outcome).observe(time.monotonic() - t0)
+
+    def _why(self, floor: int) -> str:
+        f = self.fleet
+        if f.committed < floor:
+            return f"committed generation {f.committed} is below {floor}"
+        return f"the fleet is {f.phase}"
+
+    def release(self, lease: Lease, detail: dict[str, Any] | None = None) -> Binding:
+        """Release a lease; returns once the release is durable in the journal."""
+        with self.fleet.journal.deferred():
+            return self.fleet.release(lease, detail)
+
+    def set_floor(self, generation: int) -> None:
+        if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
+            raise ValueError(f"min_generation must be an integer >= 0, got {generation!r}")
+        self.floor = generation
+        log.info("fleet-wide minimum generation set to %d", generation)
+
+    # ------------------------------------------------------------------- admin ops
+
+    def _claim(self, what: str) -> None:
+        with self._lock:
+            if self._closing:
+                raise Busy("the gateway is shutting down")
+            if self._busy is not None:
+                raise Busy(f"{self._busy} is running")
+            self._busy = what
+
+    def _free(self) -> None:
+        with self._lock:
+            self._busy = None
+
+    def start_update(self, checkpoint: object, label: object, min_serving: object = None
+                     ) -> Future[FleetCycleReport]:
+        """Validate the target (raises ValueError: nothing changed), then run one fleet
+        update on the admin worker; the gateway keeps serving meanwhile."""
+        if not isinstance(label, str) or not label:
+            raise ValueError("label must be a non-empty string")
+        if not isinstance(checkpoint, str) or not checkpoint:
+            raise ValueError("checkpoint must be a non-empty path string")
+        n = len(self.fleet.members)
+        if min_serving is not None and (isinstance(min_serving, bool) or not isinstance(
+                min_serving, int) or not 1 <= min_serving <= n):
+            raise ValueError(f"min_serving must be an integer in 1..{n}")
+        self._claim(f"update to {label}")
+        try:
+            target = self.target_of(checkpoint, self.fleet.committed + 1, label)
+        except BaseException:
+            self._free()
+            raise
+        return self._admin.submit(self._update, target, min_serving)
+
+    def _update(self, target: WeightTarget, min_serving: int | None) -> FleetCycleReport:
+        fleet = self.fleet
+        saved = fleet.min_serving
+        t0 = time.perf_counter()
+        try:
+            if min_serving is not None:
+                fleet.min_serving = min_serving  # this update's quorum only
+            report = fleet.update(target)
+        except FleetError as e:
+            self.metrics.cycle.labels("refused").observe(time.perf_counter() - t0)
+            self.last_error = str(e)
+            raise
+        finally:
+            fleet.min_serving = saved
+            self._free()
+        outcome = ("published" if report.published else "aborted" if report.aborted
+                   else "not_published")
+        self.metrics.cycle.labels(outcome).observe(report.total_s)
+        for name in report.quarantined:
+            self.metrics.quarantines.labels(name).inc()
+        self.last_report, self.last_error = report, None
+        log.info("update to %s (generation %d): %s on %s, quarantined %s, %.2f s",
+                 target.label, target.generation, outcome, report.committed_on,
+                 report.quarantined, report.total_s)
+        return report
+
+    def start_readmit(self, engine: str, who: str) -> Future[Outcome]:
+        if engine not in self.fleet.members:
+            raise KeyError(engine)
+        self._claim(f"readmission of {engine}")
+        return self._admin.submit(self._readmit, engine, who)
+
+    def _readmit(self, engine: str, who: str) -> Outcome:
+        try:
+            out = self.fleet.readmit(engine, who=who)
+        finally:
+            self._free()
+        self.metrics.readmissions.labels(engine, out.trigger).inc()
+        log.info("readmission of %s: %s (%s)", engine, out.trigger, out.reason)
+        return out
+
+    # ---------------------------------------------------------------------- status
+
+    def status(self) -> dict[str, Any]:
+        f = self.fleet
+        paused = self.metrics.paused_seconds()
+        engines = []
+        for s in f.status():
+            row = s.as_json()
+            row["paused_s"] = round(paused.get(s.name, 0.0), 3)
+            engines.append(row)
+        report = self.last_report
+        return {
+            "fleet": {"phase": f.phase, "committed": f.committed,
+                      "min_serving": f.min_serving, "min_generation_floor": self.floor},
+            "engines": engines,
+            "queue": {"depth": self._queued, "max_depth": self.config.queue_depth,
+                      "max_wait_s": self.config.queue_wait_s, "stale": self.config.stale},
+            "admin": {"running": self._busy, "last_error": self.last_error,
+                      "last_cycle": report.as_json() if report else None},
+            "journal": {"path": str(f.journal.path), "last_seq": f.journal.last_seq,
+                        "group_commit": f.journal.group_commit,
+                        "fsyncs": f.journal.fsyncs},
+        }
+
+    # -------------------------------------------------------------------- shutdown
+
+    def begin_shutdown(self) -> None:
+        """Refuse new requests and admin operations; wake every queued request."""
+        with self._lock:
+            self._closing = True
+            waiting = list(self._waiting)
+        for ev in waiting:
+            ev.set()
+
+    def close(self) -> None:
+        """After the server stopped: let a running admin operation finish (an update
+        closed mid-way would leave the fleet to recovery), then close the fleet."""
+        self.begin_shutdown()
+        self._admin.shutdown(wait=True)
+        if self.records is not None:
+            self.records.close()
+        self.fleet.close()
+
+
+__all__ = ["Busy", "Gateway", "GatewayConfig", "Refusal", "StaleMode"]
