@@ -137,6 +137,23 @@ CASES: list[Case] = [
       "min serving above the fleet"),
     C("fleet readmit", "--fleet {fleet_good} --engine nope", 2, "unknown engine"),
     C("fleet readmit", "--fleet {fleet_good} --engine a", 2, "no fleet journal yet"),
+    # serve: everything is checked before the fleet's journal is opened or a port bound
+    *(C("serve", f"--fleet {{{f}}}", 2, f) for f in (
+        "notjson", "empty", "binary", "dir", "missing", "fleet_dup", "fleet_bad_k",
+        "fleet_bad_transfer", "fleet_unknown_key")),
+    C("serve", "", 2, "no fleet file"),
+    C("serve", "--fleet {fleet_good} --port 70000", 2, "port out of range"),
+    C("serve", "--fleet {fleet_good} --port http", 2, "port not a number"),
+    C("serve", "--fleet {fleet_good} --admin-token-file {missing}", 2, "token file missing"),
+    C("serve", "--fleet {fleet_good} --admin-token-file {dir}", 2, "token file a directory"),
+    C("serve", "--fleet {fleet_good} --admin-token-file {empty}", 2, "token file empty"),
+    C("serve", "--fleet {fleet_good} --host 0.0.0.0", 2, "remote host without a token"),
+    C("serve", "--fleet {fleet_good} --queue-depth -1", 2, "queue depth negative"),
+    C("serve", "--fleet {fleet_good} --queue-wait nan", 2, "queue wait not a number"),
+    C("serve", "--fleet {fleet_good} --stale maybe", 2, "unknown stale mode"),
+    C("serve", "--fleet {fleet_good} --records {dir}", 2, "records a directory"),
+    C("serve", "--fleet {fleet_good}", 2, "new journal without --initial"),
+    C("serve", "--fleet {fleet_good} --initial {dir}", 2, "initial without safetensors"),
 ]
 
 
