@@ -2,32 +2,58 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 from conftest import require_tlc
 
 from rolloutcore import modelcheck
 from rolloutcore.explore import explore
-from rolloutcore.spec.lifecycle import SPEC
+from rolloutcore.spec.lifecycle import SPEC, Param, Spec, State
 from rolloutcore.spec.mutants import MUTANTS, Mutant
 
 
-def test_at_least_eight_mutants() -> None:
-    assert len(MUTANTS) >= 8
+def test_every_mutant_is_named_once_and_changes_the_spec() -> None:
     assert len({m.name for m in MUTANTS}) == len(MUTANTS)
+    for m in MUTANTS:
+        changed = [a.name for a, b in zip(m.apply(SPEC).actions, SPEC.actions, strict=True)
+                   if a != b]
+        assert changed, f"{m.name} leaves the spec as it is"
+
+
+def _moves(spec: Spec, s: State) -> set[tuple[str, Param, State]]:
+    return {(a.name, p, t) for a, p, t in spec.successors(s)}
 
 
 @pytest.mark.parametrize("m", MUTANTS, ids=lambda m: m.name)
 def test_explorer_catches(m: Mutant) -> None:
-    ex = explore(m.apply(SPEC))
+    spec = m.apply(SPEC)
+    ex = explore(spec)
     cex = ex.shortest_counterexample()
     assert cex is not None, f"{m.name} was not caught"
-    assert cex.trace[0].action == "init" and len(cex.trace) >= 2
+    # A run of the mutant from an initial state, which the real spec cannot take whole ...
+    assert cex.trace[0].action == "init" and cex.trace[0].state in spec.initial_states()
+    outside_spec = 0
+    for prev, step in pairwise(cex.trace):
+        assert (step.action, step.param, step.state) in _moves(spec, prev.state), step.label()
+        outside_spec += (step.action, step.param, step.state) not in _moves(SPEC, prev.state)
+    assert outside_spec, f"the real spec takes every step of {cex.describe()}"
+    # ... that ends where the property it names really fails.
+    last = cex.trace[-1].state
+    if cex.kind == "invariant":
+        assert not next(i for i in spec.invariants if i.name == cex.prop).holds(last)
+    elif cex.kind == "action property":
+        prop = next(p for p in spec.action_properties if p.name == cex.prop)
+        assert not prop.holds(cex.trace[-2].state, last)
+    else:
+        assert cex.kind == "deadlock" and not spec.successors(last), cex.describe()
 
 
 @pytest.mark.tlc
 def test_tlc_catches_every_mutant() -> None:
     require_tlc()
     verdicts = modelcheck.check_mutants(with_tlc=True)
+    assert [v.mutant.name for v in verdicts] == [m.name for m in MUTANTS]
     missed = [v.mutant.name for v in verdicts if not v.caught]
     assert missed == []
     for v in verdicts:

@@ -14,8 +14,10 @@ import pytest
 
 from rolloutcore.cli import main
 from rolloutcore.conformance.make_traces import (
+    SCENARIOS,
     TRACES,
     generate,
+    make_bad,
     out,
     request_update,
     write_long_trace,
@@ -34,8 +36,16 @@ GOOD = sorted((TRACES / "good").glob("*.jsonl"))
 BAD = sorted((TRACES / "bad").glob("*.jsonl"))
 
 
-def test_corpus_is_present() -> None:
-    assert len(GOOD) >= 12 and len(BAD) >= 10
+#: The good traces make_traces writes besides one per scenario: crash recovery (ready,
+#: tainted, a broken chain) and a torn final record.
+RECOVERY_TRACES = ("recover_ready", "recover_tainted", "recover_broken_chain", "torn_tail")
+
+
+def test_corpus_is_present(tmp_path: Path) -> None:
+    assert sorted(p.stem for p in GOOD) == sorted([*SCENARIOS, *RECOVERY_TRACES])
+    make_bad(TRACES / "good", tmp_path)  # the bad traces: the good ones, tampered with
+    assert [p.name for p in BAD] == sorted(p.name for p in tmp_path.glob("*.jsonl"))
+    assert BAD
 
 
 @pytest.mark.parametrize("path", GOOD, ids=lambda p: p.stem)
