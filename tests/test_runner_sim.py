@@ -481,9 +481,8 @@ class RunnerWithFaults(RuleBasedStateMachine):
         self.runner = LifecycleRunner(ctl, self.adapter, TIGHT)
         committed = old.targets[self.committed]
         self.runner.targets[self.committed] = committed
-        # Recovery does not restore the committed identity (a bug: see
-        # test_recovered_controller_binds_the_committed_identity); the application does.
-        ctl.identity = committed.identity
+        # Recovery restores the committed identity from the journal itself.
+        assert ctl.identity == committed.identity
         self.phase = Phase.READY if ready else Phase.TAINTED
         self.held.clear()
         self.aborted.clear()
