@@ -231,14 +231,14 @@ class LifecycleRunner:
 
     def _idempotent(self, report: CycleReport | None, op: Op, param: str | None,
                     attempt: Callable[[float], Decision],
-                    detail: dict[str, Any] | None = None) -> Outcome:
+                    detail: dict[str, Any] | None = None, *, retry: bool = True) -> Outcome:
         """begin -> outcome, retried while the outcome is ``failed`` and the step's one
         deadline (stated by the policy) has time left; definite outcomes are final."""
         t0 = time.perf_counter()
         deadline = time.monotonic() + self.policy.step_timeout(op)
         outcome = Outcome(OUTCOMES[op][Result.FAILED], "not attempted")
         n = 0
-        for n in range(1, self.policy.retries + 2):
+        for n in range(1, (self.policy.retries if retry else 0) + 2):
             self._fire(OUTCOMES[op][Result.BEGIN], param)
             started = time.monotonic()
             try:
@@ -293,17 +293,78 @@ class LifecycleRunner:
         if initial.generation != 1:
             raise ValueError("the bootstrap target is generation 1")
 
-        def attempt(deadline: float) -> Decision:
-            report = self.adapter.read_state(deadline)
-            ev = self._probe_call(initial, deadline)
-            return Decision(Op.BOOTSTRAP, (report, ev), self._expected(initial))
+        outcome = self._idempotent(None, Op.BOOTSTRAP, None,
+                                   self.attempt_of(Op.BOOTSTRAP, target=initial),
+                                   self._bootstrap_detail(initial))
+        self._bootstrapped(initial, outcome)
+        return outcome
 
-        outcome = self._idempotent(None, Op.BOOTSTRAP, None, attempt,
-                                   {"checkpoint": initial.source, "label": initial.label})
+    @staticmethod
+    def _bootstrap_detail(initial: WeightTarget) -> dict[str, Any]:
+        return {"checkpoint": initial.source, "label": initial.label}
+
+    def _bootstrapped(self, initial: WeightTarget, outcome: Outcome) -> None:
         if outcome.trigger == Trigger.BOOTSTRAP_OK:
             self.targets[1] = initial
             self.controller.identity = initial.identity
+
+    # ---------------------------------------------------------- one step at a time
+
+    def attempt_of(self, op: Op, param: str | None = None, target: WeightTarget | None = None,
+                   *, first_since_reset: bool = True) -> Callable[[float], Decision]:
+        """One attempt of idempotent operation ``op``: the adapter calls and the decision
+        they are judged by (``target``: what bootstrap, validate, probe and fence are
+        about; ``first_since_reset``: whether prefix hits may prove stale reuse)."""
+        a = self.adapter
+        if op in (Op.PAUSE, Op.PAUSE_ABORT):
+            mode = PauseMode.ABORT if op is Op.PAUSE_ABORT else PauseMode.WAIT
+            return lambda d: Decision(op, (a.pause(mode, d),))
+        if op is Op.RESUME:
+            return lambda d: Decision(Op.RESUME, (a.resume(d),))
+        if op is Op.RESET:
+            tier = str(param)
+            return lambda d: Decision(Op.RESET, (a.reset_cache(tier, d),))
+        if target is None:
+            raise ValueError(f"{op} needs the target it is about")
+        t = target
+        if op is Op.BOOTSTRAP:
+            return lambda d: Decision(Op.BOOTSTRAP, (a.read_state(d), self._probe_call(t, d)),
+                                      self._expected(t))
+        if op is Op.VALIDATE:
+            return lambda d: Decision(Op.VALIDATE, (a.read_state(d),), self._expected(t))
+        if op is Op.PROBE:
+            return lambda d: Decision(Op.PROBE, (self._probe_call(t, d),), self._expected(
+                t, first_since_reset=first_since_reset))
+        if op is Op.FENCE:
+            label = taint_label(t)
+            return lambda d: Decision(Op.FENCE, (a.fence(label, d),))
+        raise ValueError(f"{op} is not an idempotent operation")
+
+    def perform(self, op: Op, param: str | None = None, target: WeightTarget | None = None,
+                *, first_since_reset: bool = True) -> Outcome:
+        """One attempt of one operation, journalled: begin, the calls, the decision, the
+        outcome; no retry, no follow-up. The spec-generated tours drive the runner step
+        by step with it (the cycle above strings the same attempts together)."""
+        if op is Op.MUTATE:
+            if target is None:
+                raise ValueError("mutate needs its target")
+            return self._mutate(target, None)
+        if op is Op.READMIT:
+            raise ValueError("re-admission is one procedure: call readmit()")
+        outcome = self._idempotent(None, op, param, self.attempt_of(
+            op, param, target, first_since_reset=first_since_reset),
+            self._bootstrap_detail(target) if op is Op.BOOTSTRAP and target else None,
+            retry=False)
+        if op is Op.BOOTSTRAP and target is not None:
+            self._bootstrapped(target, outcome)
         return outcome
+
+    def publish(self, target: WeightTarget) -> None:
+        """Commit a verified target (the controller checks the spec allows it)."""
+        self.targets[target.generation] = target
+        with self._identity_swap(target):
+            self._fire(Trigger.PUBLISH, label=target.label, identity=target.identity,
+                       checkpoint=target.source)
 
     # -------------------------------------------------------------------- update cycle
 
@@ -334,11 +395,7 @@ class LifecycleRunner:
         """Publish a prepared target: admissions reopen on the new generation."""
         if not report.prepared:
             raise ValueError("the transition was not prepared")
-        target = report.target
-        self.targets[target.generation] = target
-        with self._identity_swap(target):
-            self._fire(Trigger.PUBLISH, label=target.label, identity=target.identity,
-                       checkpoint=target.source)
+        self.publish(report.target)
         report.published = True
         report.prepared = False
         self._settle(report)
@@ -390,29 +447,27 @@ class LifecycleRunner:
             self._fire(Trigger.CANCEL_UPDATE, reason="drain timeout")
             return
         op = Op.PAUSE_ABORT if report.aborted else Op.PAUSE
-        mode = PauseMode.ABORT if report.aborted else PauseMode.WAIT
-        pause = self._idempotent(report, op, None, lambda d: Decision(
-            op, (self.adapter.pause(mode, d),)))
+        pause = self._idempotent(report, op, None, self.attempt_of(op))
         if pause.trigger != OUTCOMES[op][Result.OK]:
             # A failed pause may have taken effect: the engine must run again before
             # admissions reopen (the spec's cancel_update requires it).
             if self._resume(report):
                 self._fire(Trigger.CANCEL_UPDATE, reason=pause.reason)
             return
-        if self._mutate(target, report) != Trigger.MUTATE_OK:
+        if self._mutate(target, report).trigger != Trigger.MUTATE_OK:
             if self._in(Phase.QUIESCED):  # refused with proof: resume the old generation
                 self._fire(Trigger.ABANDON_UPDATE)
                 if self._resume(report):
                     self._fire(Trigger.REOPEN)
             return
         for tier in TIERS:
-            r = self._idempotent(report, Op.RESET, tier, self._reset_attempt(tier))
+            r = self._idempotent(report, Op.RESET, tier, self.attempt_of(Op.RESET, tier))
             if r.trigger != Trigger.RESET_OK:
                 self._fire(Trigger.GIVE_UP, reason=r.reason)
                 return
         self._fire(Trigger.INVALIDATED)
-        v = self._idempotent(report, Op.VALIDATE, None, lambda d: Decision(
-            Op.VALIDATE, (self.adapter.read_state(d),), self._expected(target)))
+        v = self._idempotent(report, Op.VALIDATE, None, self.attempt_of(Op.VALIDATE,
+                                                                         target=target))
         if v.trigger == Trigger.VALIDATE_MISMATCH:
             return
         if v.trigger != Trigger.VALIDATE_OK:
@@ -421,14 +476,14 @@ class LifecycleRunner:
         if not self._resume(report):
             return
         attempts: list[int] = []
+        first = self.attempt_of(Op.PROBE, target=target)
+        later = self.attempt_of(Op.PROBE, target=target, first_since_reset=False)
 
         def probe_attempt(deadline: float) -> Decision:
             # Prefix hits prove stale reuse only on the first request after invalidation:
             # a failed earlier attempt may have cached blocks under the new weights.
             attempts.append(1)
-            ev = self._probe_call(target, deadline)
-            return Decision(Op.PROBE, (ev,), self._expected(
-                target, first_since_reset=len(attempts) == 1))
+            return (first if len(attempts) == 1 else later)(deadline)
 
         p = self._idempotent(report, Op.PROBE, None, probe_attempt)
         if p.trigger == Trigger.PROBE_MISMATCH:
@@ -441,9 +496,8 @@ class LifecycleRunner:
     def fence(self, target: WeightTarget, report: CycleReport | None = None) -> bool:
         """TAINTED: pause the engine in abort mode and relabel it, best effort (bounded by
         the fence deadline); True if the fence is confirmed."""
-        label = taint_label(target)
-        outcome = self._idempotent(report, Op.FENCE, None, lambda d: Decision(
-            Op.FENCE, (self.adapter.fence(label, d),)))
+        outcome = self._idempotent(report, Op.FENCE, None,
+                                   self.attempt_of(Op.FENCE, target=target))
         return outcome.trigger == Trigger.FENCE_OK
 
     def readmit(self, target: WeightTarget, *, who: str) -> Outcome:
@@ -496,12 +550,8 @@ class LifecycleRunner:
     def _in(self, phase: Phase) -> bool:
         return self.controller.phase is phase
 
-    def _reset_attempt(self, tier: str) -> Callable[[float], Decision]:
-        return lambda d: Decision(Op.RESET, (self.adapter.reset_cache(tier, d),))
-
     def _resume(self, report: CycleReport) -> bool:
-        r = self._idempotent(report, Op.RESUME, None, lambda d: Decision(
-            Op.RESUME, (self.adapter.resume(d),)))
+        r = self._idempotent(report, Op.RESUME, None, self.attempt_of(Op.RESUME))
         if r.trigger != Trigger.RESUME_OK:
             if self._in(Phase.RESUMING) and self.controller.control.target != 0:
                 self._fire(Trigger.GIVE_UP, reason=r.reason)
@@ -510,7 +560,7 @@ class LifecycleRunner:
             return False
         return True
 
-    def _mutate(self, target: WeightTarget, report: CycleReport) -> Trigger:
+    def _mutate(self, target: WeightTarget, report: CycleReport | None) -> Outcome:
         """The collective: never retried; a timeout or unknown error is ambiguous."""
         seconds = self.policy.mutation_deadline(target)
         t0 = time.perf_counter()
@@ -531,7 +581,7 @@ class LifecycleRunner:
         outcome = post.decide(decision)
         self._fire(outcome.trigger, evidence=decision, reason=outcome.reason)
         self._record(report, "mutate", outcome.trigger, outcome.reason, t0, 1)
-        return outcome.trigger
+        return outcome
 
     # ---------------------------------------------------------------- rollouts (the app)
 
