@@ -220,9 +220,12 @@ class SimEngine:
         with self._cv:
             return {"prefix": len(self.prefix), "encoder": len(self.encoder), "mm": len(self.mm)}
 
-    def load(self, checkpoint: str, *, fail_halfway: bool = False, broken: bool = False) -> None:
+    def load(self, checkpoint: str, *, fail_halfway: bool = False, broken: bool = False,
+             miscompute: bool = False) -> None:
         """Load weights in place. ``fail_halfway``: mixed weights, then raise; ``broken``:
-        the digest reads as the checkpoint but nothing computes (meta device)."""
+        the digest reads as the checkpoint but nothing computes (meta device);
+        ``miscompute``: the digest reads as the checkpoint, other weights compute (only a
+        generation tells)."""
         with self._cv:
             if self.dead:
                 raise EngineDead("engine core is dead")
@@ -231,7 +234,8 @@ class SimEngine:
                 self.identity_reads_as = sim_identity(self.weights)
                 self._broken_load = True
                 raise RuntimeError("weight load failed halfway")
-            self.weights = f"broken({checkpoint})" if broken else checkpoint
+            self.weights = (f"broken({checkpoint})" if broken else
+                            f"miscomputed({checkpoint})" if miscompute else checkpoint)
             self.identity_reads_as = sim_identity(checkpoint)
             self._broken_load = broken
 
@@ -244,7 +248,7 @@ class SimEngine:
 
 FAULT_KINDS = ("timeout", "connection_error", "http_500", "fail_body", "empty_body",
                "wrong_label", "hang", "die_halfway", "wrong_weights", "refuse", "broken",
-               "unlabelled", "late", "drop")
+               "unlabelled", "late", "drop", "miscompute")
 #: Faults that strike after the engine carried the operation out (its reply is lost).
 AFTER_KINDS = frozenset({"late", "drop"})
 OPS = ("read_state", "pause", "resume", "mutate", "reset_prefix", "reset_encoder",
@@ -379,7 +383,8 @@ class SimAdapter:
         try:
             self.engine.load(
                 "some-other-checkpoint" if kind == "wrong_weights" else target.source,
-                fail_halfway=kind == "die_halfway", broken=kind == "broken")
+                fail_halfway=kind == "die_halfway", broken=kind == "broken",
+                miscompute=kind == "miscompute")
         except (RuntimeError, EngineDead) as e:
             return MutationEvidence(MutationOutcome.AMBIGUOUS, f"load failed: {e}",
                                     time.perf_counter() - t0)

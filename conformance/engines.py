@@ -119,6 +119,7 @@ class HarnessEngine(abc.ABC):
 
     kind: str
     adapter: LifecycleAdapter
+    initial_label: str = INITIAL_LABEL  # what the engine reports before any update
     probe_tokens: int  # greedy tokens of the probe prompt (the targets' probe)
     rollout_tokens: int  # tokens of a long rollout
 
@@ -129,7 +130,7 @@ class HarnessEngine(abc.ABC):
         ``generation``; its probe is the cacheable probe prompt."""
 
     def initial_target(self) -> WeightTarget:
-        return self.target(1, "v1", label=INITIAL_LABEL)
+        return self.target(1, "v1", label=self.initial_label)
 
     @abc.abstractmethod
     def prompt(self, name: str) -> tuple[int, ...]:
@@ -216,9 +217,12 @@ class HarnessEngine(abc.ABC):
         ...
 
     @abc.abstractmethod
-    def restore(self) -> None:
-        """Back to a freshly started engine's state (initial weights, label, clean
-        prefix cache, running): a test fixture step, outside RolloutCore."""
+    def restore(self, initial: str = "v1") -> None:
+        """Back to a freshly started engine's state (checkpoint ``initial``, the startup
+        label, clean prefix cache, running): a test fixture step, outside RolloutCore."""
+
+    def disarm(self) -> None:  # noqa: B027 - engines without armed mutations
+        """Mutations install what their target declares again (undo ``arm_*``)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the engine owns (stop a server it started)."""
@@ -235,16 +239,19 @@ INJECTABLE: dict[str, str] = {
     "empty_body": "the engine does it; the reply comes back with an empty body",
     "fail_body": 'the engine does it; the reply says {"success": false}',
 }
-#: Adapter operations and the request on the wire each one starts with.
-WIRE_OPS: dict[str, tuple[str, str, str | None]] = {  # op -> (method, path, body marker)
-    "pause": ("POST", "/pause", None),
-    "resume": ("POST", "/resume", None),
-    "reset_prefix": ("POST", "/reset_prefix_cache", None),
-    "reset_encoder": ("POST", "/reset_encoder_cache", None),
-    "reset_mm": ("POST", "/reset_mm_cache", None),
-    "read_state": ("GET", "/weight_info", None),
-    "probe": ("POST", "/v1/completions", "rolloutcore:probe"),
-    "mutate": ("POST", "/collective_rpc", "reload_weights"),
+Wire = tuple[str, str, str | None]  # (method, path, body marker)
+#: Adapter operations and the requests on the wire a fault on each one strikes (the fence
+#: pauses and relabels: a fault on it strikes both, so that nothing of it happens).
+WIRE_OPS: dict[str, tuple[Wire, ...]] = {
+    "pause": (("POST", "/pause", None),),
+    "resume": (("POST", "/resume", None),),
+    "reset_prefix": (("POST", "/reset_prefix_cache", None),),
+    "reset_encoder": (("POST", "/reset_encoder_cache", None),),
+    "reset_mm": (("POST", "/reset_mm_cache", None),),
+    "read_state": (("GET", "/weight_info", None),),
+    "probe": (("POST", "/v1/completions", "rolloutcore:probe"),),
+    "mutate": (("POST", "/collective_rpc", "reload_weights"),),
+    "fence": (("POST", "/pause", None), ("POST", "/update_weight_version", None)),
 }
 
 
@@ -270,8 +277,8 @@ class SimHarnessEngine(HarnessEngine):
         self.rollout_tokens = rollout_tokens
         self._fresh()
 
-    def _fresh(self) -> None:
-        self.engine = self._sim.SimEngine("v1", token_seconds=self.token_seconds,
+    def _fresh(self, initial: str = "v1") -> None:
+        self.engine = self._sim.SimEngine(initial, token_seconds=self.token_seconds,
                                           label=INITIAL_LABEL)
         self.sim_adapter = self._sim.SimAdapter(self.engine)
         self.adapter = self.sim_adapter
@@ -355,11 +362,17 @@ class SimHarnessEngine(HarnessEngine):
 
     def clear_faults(self) -> None:
         self.sim_adapter.faults.faults.clear()
+        self.sim_adapter.faults.sticky.clear()
         self.sim_adapter.release_hangs()
 
-    def restore(self) -> None:
+    def restore(self, initial: str = "v1") -> None:
         self.sim_adapter.release_hangs()
-        self._fresh()
+        self._fresh(initial)
+
+    def inject_sim(self, op: str, kind: str) -> None:
+        """A simulator-only fault (a buggy adapter's or loader's behaviour that the real
+        engine cannot be made to show without patching it): ``unlabelled``, ``broken``."""
+        self.sim_adapter.faults.add(op, kind, 1)
 
 
 class EngineDied(RuntimeError):
@@ -382,7 +395,7 @@ class VllmHarnessEngine(HarnessEngine):
     kind = "vllm"
 
     def __init__(self, server: Any, models: Mapping[str, Path], *, work_dir: Path,
-                 own_server: bool = False) -> None:
+                 own_server: bool = False, token: str | None = None) -> None:
         from rolloutcore.adapters.http import HttpAdapter
         from rolloutcore.conformance.fault_proxy import FaultProxy
         from rolloutcore.conformance.tiny_model import LONG_ROLLOUT_TOKENS, SHORT_MAX_TOKENS
@@ -394,8 +407,9 @@ class VllmHarnessEngine(HarnessEngine):
         # The runner's adapter talks through a fault proxy (controlled causes); the
         # harness's own reads and raw operations go straight to the server.
         self.proxy = FaultProxy(server.url).start()
-        self.http = HttpAdapter(self.proxy.url, model=server.served_model_name)
-        self.direct = HttpAdapter(server.url, model=server.served_model_name)
+        self.http = HttpAdapter(self.proxy.url, model=server.served_model_name, token=token)
+        self.direct = HttpAdapter(server.url, model=server.served_model_name, token=token,
+                                  allow_insecure_remote=True)
         self.adapter = self.http
         self.probe_tokens = SHORT_MAX_TOKENS
         self.rollout_tokens = LONG_ROLLOUT_TOKENS
@@ -414,6 +428,16 @@ class VllmHarnessEngine(HarnessEngine):
                          log_path=work_dir / f"vllm-{int(time.time() * 1000)}.log")
         srv.start()
         return cls(srv, models, work_dir=work_dir, own_server=True)
+
+    @classmethod
+    def attach(cls, server: Any, models: Mapping[str, Path], work_dir: Path, *,
+               token: str | None = None) -> VllmHarnessEngine:
+        """A server someone else started (see :mod:`rolloutcore.conformance.remote`): its
+        current label is its startup label, restored after every run."""
+        work_dir.mkdir(parents=True, exist_ok=True)
+        engine = cls(server, models, work_dir=work_dir, token=token)
+        engine.initial_label = engine.direct.read_label()
+        return engine
 
     # ---- references and targets
 
@@ -581,14 +605,17 @@ class VllmHarnessEngine(HarnessEngine):
         except Exception:
             return False
 
-    def restore(self) -> None:
-        self.clear_faults()
+    def disarm(self) -> None:
         self.http.mutation_method = "rc_reload_weights"
+
+    def restore(self, initial: str = "v1") -> None:
+        self.clear_faults()
+        self.disarm()
         if self.is_paused_raw():
             self.resume_raw()
-        self._reload(self.models["v1"])
+        self._reload(self.models[initial])
         r = self.direct.request("POST", "/update_weight_version", op="harness_label",
-                              idempotent=True, json_body={"new_version": INITIAL_LABEL})
+                              idempotent=True, json_body={"new_version": self.initial_label})
         if r.status != 200:
             raise RuntimeError(f"restore: label: HTTP {r.status}")
         r = self.direct.request("POST", "/reset_prefix_cache", op="harness_reset",
@@ -599,18 +626,18 @@ class VllmHarnessEngine(HarnessEngine):
     def inject(self, op: str, fault: str, *, times: int | None = 1) -> None:
         from rolloutcore.conformance.fault_proxy import Fault
 
-        method, path, marker = WIRE_OPS[op]
-        makers: dict[str, Callable[[], Fault]] = {
-            "late": lambda: Fault.hang_after(method, path, times=times),
-            "hang": lambda: Fault.hang_before(method, path, times=times),
-            "drop": lambda: Fault.drop_after(method, path, times=times),
-            "refuse": lambda: Fault.drop_before(method, path, times=times),
-            "http_500": lambda: Fault.status(method, path, 500, times=times),
-            "empty_body": lambda: Fault.empty_body(method, path, times=times),
-            "fail_body": lambda: Fault.replace_body(method, path, {"success": False},
-                                                    times=times)}
-        f = makers[fault]()
-        self.proxy.add(f.when_body(marker) if marker else f)
+        makers: dict[str, Callable[[str, str], Fault]] = {
+            "late": lambda m, p: Fault.hang_after(m, p, times=times),
+            "hang": lambda m, p: Fault.hang_before(m, p, times=times),
+            "drop": lambda m, p: Fault.drop_after(m, p, times=times),
+            "refuse": lambda m, p: Fault.drop_before(m, p, times=times),
+            "http_500": lambda m, p: Fault.status(m, p, 500, times=times),
+            "empty_body": lambda m, p: Fault.empty_body(m, p, times=times),
+            "fail_body": lambda m, p: Fault.replace_body(m, p, {"success": False},
+                                                         times=times)}
+        for method, path, marker in WIRE_OPS[op]:
+            f = makers[fault](method, path)
+            self.proxy.add(f.when_body(marker) if marker else f)
 
     def clear_faults(self) -> None:
         self.proxy.clear()

@@ -10,7 +10,6 @@ from typing import Any
 
 from rolloutcore import postconditions as post
 from rolloutcore.adapters.contract import PauseEvidence, PauseMode, ProbeEvidence, WeightTarget
-from rolloutcore.conformance.engines import INITIAL_LABEL
 from rolloutcore.conformance.harness import (
     Scenario,
     ScenarioContext,
@@ -57,7 +56,7 @@ def s_bootstrap(ctx: ScenarioContext) -> None:
     initial = e.initial_target()
     label, ident = e.label(), e.identity()
     ctx.check("the label read from the fresh engine is its startup label",
-              label == INITIAL_LABEL, label)
+              label == e.initial_label, label)
     ctx.check("the identity the engine reports is the initial checkpoint's content digest",
               ident == initial.identity, (ident or "")[:16])
     probes = ctx.probes()

@@ -347,10 +347,55 @@ def _demo(args: argparse.Namespace) -> int:
     return demo_main(as_json=args.json)
 
 
+def _remote(args: argparse.Namespace) -> Any:
+    """The ``--url`` server (None: the harness starts its own); raises ValueError on bad
+    options."""
+    from rolloutcore.conformance.cli import Remote
+    from rolloutcore.conformance.remote import parse_checkpoints
+
+    if args.url is None:
+        if args.checkpoint or args.token:
+            raise ValueError("--checkpoint and --token go with --url")
+        return None
+    return Remote(args.url, args.model, args.token, parse_checkpoints(args.checkpoint))
+
+
 def _conformance_run(args: argparse.Namespace) -> int:
     from rolloutcore.conformance.cli import cli_run
 
-    return cli_run(args.engine, args.scenario, as_json=args.json)
+    try:
+        remote = _remote(args)
+    except ValueError as e:
+        return _bad_input(args, str(e))
+    if remote is not None and args.engine != "vllm":
+        return _bad_input(args, "--url runs on the real engine: use --engine vllm")
+    return cli_run(args.engine, args.scenario, as_json=args.json, remote=remote,
+                   safe=args.safe)
+
+
+def _conformance_tour(args: argparse.Namespace) -> int:
+    from rolloutcore.conformance.cli import cli_tour
+
+    try:
+        remote = _remote(args)
+    except ValueError as e:
+        return _bad_input(args, str(e))
+    engine = "vllm" if remote is not None else args.engine
+    return cli_tour(engine, as_json=args.json, walks=args.walks, seed=args.seed,
+                    safe=args.safe, walk=args.walk, remote=remote)
+
+
+def _add_remote_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", help="run against this existing vLLM server instead of starting "
+                   "one (it must run in dev mode with the RolloutCore worker extension, on "
+                   "checkpoint v1)")
+    p.add_argument("--model", default="tiny", help="the served model name (with --url)")
+    p.add_argument("--token", help="bearer token of the server (with --url)")
+    p.add_argument("--checkpoint", action="append", metavar="NAME=PATH",
+                   help="a checkpoint the server may load, v1, v2 and v1neg (with --url; "
+                   "paths both the server and this machine read)")
+    p.add_argument("--safe", action="store_true", help="only what leaves the server as it "
+                   "found it: no signals, no broken checkpoint")
 
 
 def _add_demo_conformance_parsers(sub: Any) -> None:
@@ -368,7 +413,19 @@ def _add_demo_conformance_parsers(sub: Any) -> None:
     run.add_argument("--scenario", action="append", help="a scenario name (repeatable; "
                      "default: all)")
     run.add_argument("--json", action="store_true")
+    _add_remote_args(run)
     run.set_defaults(func=_conformance_run)
+    tour = csub.add_parser("tour", help="spec-generated schedules covering every edge class "
+                           "(action x source phase), each replayed with the faults its "
+                           "outcomes need; coverage per class; seeded random walks")
+    tour.add_argument("--engine", choices=("sim", "vllm"), default="sim")
+    tour.add_argument("--walks", type=int, default=10, help="random walks after the cover "
+                      "(default 10; a failing one is shrunk and printed as a command)")
+    tour.add_argument("--seed", type=int, default=0)
+    tour.add_argument("--walk", help="replay one walk: its comma-separated choices")
+    tour.add_argument("--json", action="store_true")
+    _add_remote_args(tour)
+    tour.set_defaults(func=_conformance_tour)
 
 
 # ---------------------------------------------------------------------------- records
