@@ -10,6 +10,10 @@ server at a time on this machine.
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +29,13 @@ from rolloutcore.conformance.engines import SimHarnessEngine, VllmHarnessEngine 
 from rolloutcore.conformance.harness import EnginePool, compare, run_scenario  # noqa: E402
 from rolloutcore.conformance.scenarios import SCENARIOS  # noqa: E402
 from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models  # noqa: E402
+from rolloutcore.conformance.tour import (  # noqa: E402
+    Capability,
+    TourGraph,
+    class_name,
+    plan,
+    tour,
+)
 
 # Non-destructive first, in corpus order; the destructive ones last.
 ORDER = sorted(SCENARIOS, key=lambda n: SCENARIOS[n].destructive)
@@ -77,6 +88,58 @@ def test_worker_extension_reports_identity_and_unreadable_params(pool: EnginePoo
                         weights_path="/nonexistent/dir")
     assert r.body["results"][0]["loaded"] is False
     assert engine.http.read_identity() == engine.checkpoint_identity("v1")
+
+
+def test_tour_on_real_vllm_realises_every_realisable_class(pool: EnginePool,
+                                                          tmp_path: Path) -> None:
+    """The spec-generated cover, replayed on the real server (faults through the proxy),
+    then seeded random walks; what it cannot realise is exactly what the plan says."""
+    graph = TourGraph()
+    report = tour(pool.get(), tmp_path, graph=graph, walks=4, seed=0, printer=print)
+    failed = [(r.schedule.labels(), r.message) for r in report.schedules if not r.passed]
+    assert failed == []
+    assert report.walk_failure is None
+    _, reasons = plan(graph, Capability("vllm"))
+    assert report.unrealisable == reasons
+    assert {class_name(c) for c in reasons} == {
+        "mutate_ok_unlabelled@UPDATING", "mutate_ok_broken@UPDATING", "probe_mismatch@RESUMING"}
+    assert report.realised == set(graph.classes()) - set(reasons)
+    assert report.passed
+
+
+def _cli(*args: str, env_dir: Path, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "ROLLOUTCORE_ARTIFACTS": str(env_dir)}
+    return subprocess.run([sys.executable, "-m", "rolloutcore.cli", *args],
+                          capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def test_tour_against_an_existing_server(pool: EnginePool, models: dict[str, Path],
+                                         tmp_path: Path) -> None:
+    """--url: the harness attaches to a server it did not start (here the pool's), checks
+    it first, runs the --safe tour, and leaves it as it found it."""
+    engine = pool.get()
+    assert isinstance(engine, VllmHarnessEngine)
+    engine.restore()
+    url = engine.server.url
+    ckpts = [f"--checkpoint={k}={models[k]}" for k in ("v1", "v2", "v1neg")]
+    r = _cli("conformance", "tour", "--url", url, *ckpts, "--safe", "--walks", "2", "--json",
+             env_dir=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = json.loads(r.stdout)
+    assert rep["safe"] and rep["passed"] and rep["walks"]["failure"] is None
+    assert rep["classes"]["mutate_refused@UPDATING"].startswith("--safe")
+    assert engine.label() == "default" and engine.identity() == engine.checkpoint_identity("v1")
+    assert not engine.is_paused_raw()
+    # The preflight refuses, with one line naming what is missing, before touching it.
+    for args, words in (
+        (["--url", url, "--model", "nope", *ckpts], "not --model nope"),
+        (["--url", url, *ckpts[:2]], "checkpoint v1neg is not given"),
+        (["--url", "http://127.0.0.1:9", *ckpts], "cannot reach"),
+        (["--url", url, f"--checkpoint=v1={models['v2']}", *ckpts[1:]], "must serve"),
+    ):
+        r = _cli("conformance", "tour", *args, env_dir=tmp_path, timeout=120)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 3 and len(lines) == 1 and words in lines[0], (args, r.stderr)
 
 
 @pytest.mark.parametrize("name", PARAMS)
