@@ -41,9 +41,17 @@ from rolloutcore.controller import (
 from rolloutcore.journal import HEADER, SCHEMA, Journal, JournalReader, apply_record, restart_step
 from rolloutcore.postconditions import Outcome
 from rolloutcore.runner import CycleReport, LifecycleRunner, RunnerPolicy
-from rolloutcore.spec.fleet import FLEET, FleetPhase, serving, settled, validated
-from rolloutcore.spec.lifecycle import Phase
-from rolloutcore.spec.triggers import Trigger
+from rolloutcore.spec.fleet import (
+    FLEET,
+    FLEET_ACTIONS,
+    MEMBER_GUARDS,
+    FleetPhase,
+    held_back,
+    serving,
+    validated,
+)
+from rolloutcore.spec.lifecycle import Phase, Result
+from rolloutcore.spec.triggers import OUTCOMES, Trigger
 
 UNINITIALIZED = "UNINITIALIZED"
 TRANSFERS = ("reload", "gloo", "nccl")
@@ -51,6 +59,17 @@ TRANSFERS = ("reload", "gloo", "nccl")
 
 class FleetError(Exception):
     """A fleet operation that cannot be carried out as asked (nothing was changed)."""
+
+
+_FLEET_STEP = {a.name: a for a in FLEET_ACTIONS}
+_OK_OUTCOMES = frozenset({o[Result.OK] for o in OUTCOMES.values()} | {"drained"})
+
+
+def _failures(report: CycleReport) -> str:
+    """The steps of a member's cycle that did not succeed, in words."""
+    bad = [f"{s.step}: {s.outcome} ({s.reason})" for s in report.steps
+           if s.outcome not in _OK_OUTCOMES]
+    return "; ".join(bad) or "no step failed"
 
 
 class FleetFileError(ValueError):
@@ -360,6 +379,23 @@ class Fleet:
         return SimpleNamespace(fphase=self.phase, fcommitted=self.committed,
                                ftarget=self.target)
 
+    def _fleet_state(self) -> Any:
+        """The fleet's state as the fleet spec's predicates read it, members included."""
+        f = self._fleet()
+        f.eng = tuple(m.view() for m in self.members.values())
+        return f
+
+    def _enabled(self, step: str) -> bool:
+        """Whether the fleet spec takes fleet step ``step`` from the fleet's state now."""
+        fa = _FLEET_STEP[step]
+        bounds: Any = SimpleNamespace(min_serving=self.min_serving)
+        return self.phase in fa.sources and fa.when(self._fleet_state(), bounds)
+
+    def _member_may(self, step: str, m: Member) -> bool:
+        """Whether the fleet spec's guard lets member ``m`` take ``step`` now."""
+        guard = MEMBER_GUARDS.get(step)
+        return guard is None or guard[0](self._fleet(), m.view())
+
     def _serving(self) -> list[Member]:
         f = self._fleet()
         return [m for m in self.members.values() if serving(f, m.view())]
@@ -428,17 +464,19 @@ class Fleet:
             with self._lock:
                 f = self._fleet()
                 views = {m.name: m.view() for m in self.members.values()}
-                if not all(settled(f, v) for v in views.values()):
-                    raise AssertionError(f"a member did not settle: {views}")  # runner bug
                 ok = [n for n, v in views.items() if validated(f, v)]
                 report.quarantined = [n for n, v in views.items()
                                       if v.phase is Phase.TAINTED]
-                if len(ok) >= self.min_serving:
+                if self._enabled("fleet_publish"):
                     self._publish(report, ok)
-                else:
+                elif self._enabled("fleet_abort"):
                     self.phase = FleetPhase.ABORTING
-                    self._step("fleet_abort", validated=ok, needed=self.min_serving)
+                    held = [n for n, v in views.items() if held_back(f, v)]
+                    self._step("fleet_abort", validated=ok, needed=self.min_serving,
+                               **({"held_back": held} if held else {}))
                     report.aborted = True
+                else:  # every member's cycle ends settled or held back: a runner bug
+                    raise AssertionError(f"no fleet decision the spec allows: {views}")
             if report.aborted:
                 for name in ok:  # the engine holds the target: withdraw it, then roll back
                     m = self.members[name]
@@ -467,8 +505,7 @@ class Fleet:
         self._changed.notify_all()
 
     def _reopen_if_quorum(self) -> None:
-        if self.phase == FleetPhase.ABORTING and len(self._serving()) >= self.min_serving \
-                and all(m.controller.control.pending == "none" for m in self.members.values()):
+        if self._enabled("fleet_reopen"):
             self.phase, self.target = FleetPhase.READY, 0
             self._step("fleet_reopen", serving=[m.name for m in self._serving()])
 
@@ -477,35 +514,82 @@ class Fleet:
     def readmit(self, name: str, *, who: str,
                 target: WeightTarget | None = None) -> Outcome:
         """Bring member ``name`` back to serve the fleet's committed generation: a
-        quarantined member by verified re-admission onto its committed generation, then
-        (if the fleet moved on meanwhile) a catch-up update of its own. ``target``
-        describes the fleet's committed generation for this member (default: what the
-        member last committed, or the fleet's last target of that generation)."""
+        quarantined member by verified re-admission onto its committed generation, then,
+        if the fleet moved on meanwhile, catch-up updates of its own, one verified update
+        per missing generation (while the fleet is READY or ABORTING: the fleet spec's
+        guard). ``target`` describes the fleet's committed generation for this member
+        (default: what the fleet last committed); the generations between come from the
+        checkpoints the fleet knows.
+
+        Raises :class:`FleetError`, changing nothing, if the member is serving already,
+        in the middle of something else (an update), or a checkpoint is missing. Returns
+        the outcome: ``readmit_ok`` only if the member serves the fleet's generation, or
+        (its catch-up deferred by the fleet's phase) its own verified generation; else
+        what failed, with what was done before it."""
         m = self.members.get(name)
         if m is None:
             raise FleetError(f"no member named {name!r}; members: {sorted(self.members)}")
         with self._update_lock:
             c = m.controller.control
+            if c.phase is Phase.READY and c.committed >= self.committed:
+                raise FleetError(f"{name} is serving generation {c.committed}: there is "
+                                 "nothing to re-admit (nothing was changed)")
+            if c.phase not in (Phase.TAINTED, Phase.READY) or c.pending != "none":
+                raise FleetError(f"{name} is {c.phase.value}: only a quarantined member or "
+                                 "one behind the fleet is re-admitted (nothing was changed)")
+            plan = self._catch_up_plan(c.committed, target)  # FleetError before any change
+            done: list[str] = []
             if c.phase is Phase.TAINTED:
                 own = m.runner.targets.get(c.committed) or self._known_target(c.committed)
                 if own is None:
-                    raise FleetError(f"no checkpoint known for generation {c.committed}")
+                    raise FleetError(f"no checkpoint known for generation {c.committed} "
+                                     "(nothing was changed)")
                 out = m.runner.readmit(self._retarget(own, c.committed), who=who)
                 if out.trigger != Trigger.READMIT_OK:
                     return out
-            c = m.controller.control
-            if c.phase is Phase.READY and c.committed < self.committed:
-                catch_up = target or self._known_target(self.committed)
-                if catch_up is None or c.committed + 1 != self.committed:
-                    raise FleetError(f"{name} is on generation {c.committed}, the fleet on "
-                                     f"{self.committed}: no catch-up target")
-                rep = m.runner.update(catch_up)
+                done.append(f"re-admitted onto generation {c.committed}")
+            for t in plan:
+                if not self._member_may(Trigger.REQUEST_UPDATE, m):
+                    if not done:
+                        raise FleetError(f"{name} is behind the fleet (generation "
+                                         f"{c.committed} of {self.committed}) and the fleet "
+                                         f"is {self.phase}: no catch-up now (nothing was "
+                                         "changed)")
+                    self._settled_readmission()
+                    return Outcome(Trigger.READMIT_OK, f"{name}: {'; '.join(done)}; behind "
+                                   f"the fleet (generation {self.committed}, {self.phase}): "
+                                   "its catch-up waits until the fleet allows it")
+                rep = m.runner.update(t)
                 if not rep.published:
-                    return Outcome(Trigger.READMIT_FAILED, f"catch-up: {rep.final_phase}")
-            with self._lock:
-                self._reopen_if_quorum()
-                self._changed.notify_all()
-            return Outcome(Trigger.READMIT_OK, f"{name} serves generation {self.committed}")
+                    self._settled_readmission()
+                    return Outcome(Trigger.READMIT_FAILED, f"{name}: {'; '.join(done) or '-'}; "
+                                   f"catch-up to generation {t.generation} ended "
+                                   f"{rep.final_phase.value} ({_failures(rep)})")
+                done.append(f"caught up to generation {t.generation}")
+            self._settled_readmission()
+            return Outcome(Trigger.READMIT_OK, f"{name} serves generation {self.committed} "
+                           f"({'; '.join(done)})")
+
+    def _catch_up_plan(self, committed: int, target: WeightTarget | None) -> list[WeightTarget]:
+        """The targets of the generations after ``committed`` up to the fleet's, in order
+        (``target`` for the last); FleetError if the fleet knows no checkpoint of one."""
+        plan: list[WeightTarget] = []
+        for g in range(committed + 1, self.committed + 1):
+            t = target if target is not None and g == self.committed else self._known_target(g)
+            if t is None:
+                raise FleetError(f"no checkpoint known for generation {g}, needed to catch "
+                                 f"up from {committed} to {self.committed} (nothing was "
+                                 "changed)")
+            if t.generation != g:
+                raise FleetError(f"the target given describes generation {t.generation}, not "
+                                 f"the fleet's {g} (nothing was changed)")
+            plan.append(t)
+        return plan
+
+    def _settled_readmission(self) -> None:
+        with self._lock:
+            self._reopen_if_quorum()
+            self._changed.notify_all()
 
     def _known_target(self, generation: int) -> WeightTarget | None:
         for m in self.members.values():
@@ -553,13 +637,14 @@ class Fleet:
             return Lease(rollout_id, m.name, m.url, b.generation, b.identity, label, b.seq)
 
     def release(self, lease: Lease, detail: Mapping[str, Any] | None = None) -> Binding:
+        """Release a lease; IllegalTransition (the count untouched) if the member refuses
+        it (released already, or bound by a controller that has since restarted)."""
         m = self.members[lease.engine]
-        try:
-            return m.controller.release(lease.rollout_id, detail)
-        finally:
-            with self._lock:
-                m.outstanding -= 1
-                self._changed.notify_all()
+        binding = m.controller.release(lease.rollout_id, detail)
+        with self._lock:
+            m.outstanding -= 1
+            self._changed.notify_all()
+        return binding
 
     @contextmanager
     def rollout(self, rollout_id: str, *, wait: float = 0.0,

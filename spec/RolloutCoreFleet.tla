@@ -68,7 +68,7 @@ MRequestUpdate(n) ==
     /\ e.phase \in {"READY"}
     /\ e.pending = "none"
     /\ \/ (fphase = "UPDATING" /\ e.committed = fcommitted)
-       \/ (fphase = "READY" /\ e.committed + 1 = fcommitted)
+       \/ (fphase \in {"ABORTING", "READY"} /\ e.committed < fcommitted)
     /\ Scheduled(n)
     /\ e.committed < MaxGen
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "DRAINING", !.target = e.committed + 1]]
@@ -366,7 +366,7 @@ MPublish(n) ==
     LET e == eng[n] IN
     /\ e.phase \in {"RESUMING"}
     /\ e.pending = "none" /\ e.target # 0 /\ e.evidence = AllEvidence
-    /\ e.target = fcommitted
+    /\ e.target <= fcommitted
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "READY", !.committed = e.target, !.target = 0]]
     /\ faults' = faults
     /\ UNCHANGED <<fphase, fcommitted, ftarget>>
@@ -478,10 +478,11 @@ FleetPublish ==
     /\ eng' = [n \in Engines |-> LET e == eng[n] IN IF e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none" THEN [e EXCEPT !.phase = "READY", !.committed = e.target, !.target = 0] ELSE e]
     /\ UNCHANGED <<faults>>
 
-\* fleet_abort [fleet]: Every member has settled and fewer than min_serving validated: the fleet stays on its generation; validated members give up and are re-admitted onto it.
+\* fleet_abort [fleet]: Every member has settled or is held back (READY with rollouts bound: its drain timed out), and fewer than min_serving validated or a member is held back: the fleet stays on its generation; validated members give up and are re-admitted onto it, held-back members keep serving it.
 FleetAbort ==
     /\ fphase \in {"UPDATING"}
-    /\ (\A n \in Engines : LET e == eng[n] IN (e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none") \/ (e.pending = "none" /\ (e.phase = "TAINTED" \/ (e.phase = "READY" /\ \A i \in Slots : e.bind[i] = 0)))) /\ Cardinality({n \in Engines : LET e == eng[n] IN e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none"}) < MinServing
+    /\ (\A n \in Engines : Settled(eng[n]) \/ (eng[n].phase = "READY" /\ eng[n].pending = "none" /\ eng[n].committed = fcommitted /\ \E i \in Slots : eng[n].bind[i] # 0))
+    /\ (Cardinality({n \in Engines : LET e == eng[n] IN e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none"}) < MinServing \/ \E n \in Engines : eng[n].phase = "READY" /\ eng[n].pending = "none" /\ eng[n].committed = fcommitted /\ \E i \in Slots : eng[n].bind[i] # 0)
     /\ fphase' = "ABORTING"
     /\ UNCHANGED <<fcommitted, ftarget, eng, faults>>
 

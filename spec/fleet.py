@@ -20,12 +20,20 @@ commits the target on every validated member at once, if there are at least
 validated members give up (TAINTED, quarantined) and are brought back to the committed
 generation by verified re-admission, members whose mutation was refused reopen on it.
 
+A member that cannot take part stops the publish: one still READY on the fleet's
+generation with rollouts bound (its drain timed out and it cancelled its own update) is
+*held back*; once every member has settled or is held back, ``fleet_abort`` may end the
+update (publishing would leave those rollouts on a member that no longer serves), and the
+held-back member simply keeps serving the committed generation.
+
 Quarantine is the member's TAINTED: it gets no rollout and takes no part in an update
 until it is re-admitted (``readmit``, an explicit operation that verifies label,
 identity and a probe against the member's committed generation). A member that is READY
 on an older generation than the fleet's (it was quarantined, or refused, during an
-update) is not serving; it catches up by an update of its own onto the fleet's
-generation, which it may publish alone because nobody is bound to it.
+update) is not serving; it catches up by updates of its own, one generation at a time,
+up to the fleet's generation, publishing each alone because nobody is bound to it. It may
+catch up while the fleet is READY or ABORTING (an aborted fleet may need it to regain its
+quorum), never during the fleet's own update.
 
 Not modelled here: the members' bootstrap (the fleet starts with every member serving
 generation 1, as the single-engine bootstrap leaves it), the drain policy's abort path,
@@ -75,6 +83,11 @@ class FleetPhase:
     ABORTING = "ABORTING"
 
 
+#: Fleet phases in which a member behind the fleet may catch up (not during the fleet's
+#: own update, whose decision waits for every member to settle).
+CATCH_UP_PHASES = frozenset({FleetPhase.READY, FleetPhase.ABORTING})
+
+
 @dataclass(frozen=True)
 class FleetBounds:
     engines: int = 2
@@ -112,6 +125,14 @@ def validated(f: FleetState, s: State) -> bool:
             and s.evidence == ALL_EVIDENCE and s.pending == "none")
 
 
+def held_back(f: FleetState, s: State) -> bool:
+    """A member still READY on the fleet's generation with rollouts bound (its drain timed
+    out and it cancelled its own update, or it has not started it): the fleet cannot
+    publish while it holds them, but may abort the update around it."""
+    return (s.phase is Phase.READY and s.pending == "none" and s.committed == f.fcommitted
+            and any(s.bind))
+
+
 def settled(f: FleetState, s: State) -> bool:
     """A member the fleet's decision can go ahead without: validated; quarantined; or READY
     with nothing bound (its update refused, or behind the fleet). A READY member still
@@ -130,15 +151,17 @@ MEMBER_GUARDS: Mapping[str, MemberGuard] = {
     # Rollouts only on serving members of a READY fleet.
     "admit": (lambda f, s: f.fphase == FleetPhase.READY and s.committed == f.fcommitted,
               'fphase = "READY" /\\ e.committed = fcommitted'),
-    # A serving member joins the fleet's update; a member behind catches up alone.
+    # A serving member joins the fleet's update; a member behind catches up alone, one
+    # generation per update, outside the fleet's own update.
     "request_update": (
         lambda f, s: (f.fphase == FleetPhase.UPDATING and s.committed == f.fcommitted)
-        or (f.fphase == FleetPhase.READY and s.committed + 1 == f.fcommitted),
+        or (f.fphase in CATCH_UP_PHASES and s.committed < f.fcommitted),
         '\\/ (fphase = "UPDATING" /\\ e.committed = fcommitted)\n'
-        '       \\/ (fphase = "READY" /\\ e.committed + 1 = fcommitted)'),
-    # A member publishes alone only when it catches up (nobody is bound to it): the
-    # fleet's target is committed by fleet_publish, on every validated member at once.
-    "publish": (lambda f, s: s.target == f.fcommitted, "e.target = fcommitted"),
+        '       \\/ (fphase \\in {"ABORTING", "READY"} /\\ e.committed < fcommitted)'),
+    # A member publishes alone only a generation the fleet has published (it catches up:
+    # nobody is bound to it); the fleet's target is committed by fleet_publish, on every
+    # validated member at once.
+    "publish": (lambda f, s: s.target <= f.fcommitted, "e.target <= fcommitted"),
     # The fleet runner resets the tiers in their order; the model follows it.
     "reset_begin": (lambda _f, _s: True, "TRUE"),
 }
@@ -181,7 +204,14 @@ _VALIDATED_TLA = ('e.phase = "RESUMING" /\\ ftarget # 0 /\\ e.target = ftarget '
 _SETTLED_TLA = (f'\\A n \\in Engines : LET e == eng[n] IN ({_VALIDATED_TLA}) '
                 '\\/ (e.pending = "none" /\\ (e.phase = "TAINTED" \\/ (e.phase = "READY" '
                 '/\\ \\A i \\in Slots : e.bind[i] = 0)))')
+_HELD_BACK_TLA = ('eng[n].phase = "READY" /\\ eng[n].pending = "none" '
+                  '/\\ eng[n].committed = fcommitted /\\ \\E i \\in Slots : eng[n].bind[i] # 0')
 N_VALIDATED_TLA = f"Cardinality({{n \\in Engines : LET e == eng[n] IN {_VALIDATED_TLA}}})"
+#: Every member settled or held back, and no publish possible: fewer than min_serving
+#: validated, or a member held back.
+FLEET_ABORT_WHEN_TLA = (
+    f"(\\A n \\in Engines : Settled(eng[n]) \\/ ({_HELD_BACK_TLA}))\n"
+    f"    /\\ ({N_VALIDATED_TLA} < MinServing \\/ \\E n \\in Engines : {_HELD_BACK_TLA})")
 _N_SERVING_TLA = ('Cardinality({n \\in Engines : eng[n].phase = "READY" '
                   '/\\ eng[n].committed = fcommitted})')
 FLEET_PUBLISH_WHEN_TLA = f"({_SETTLED_TLA}) /\\ {N_VALIDATED_TLA} >= MinServing"
@@ -210,11 +240,14 @@ FLEET_ACTIONS: tuple[FleetAction, ...] = (
                 'ELSE e]'}),
     FleetAction(
         "fleet_abort",
-        "Every member has settled and fewer than min_serving validated: the fleet stays on "
-        "its generation; validated members give up and are re-admitted onto it.",
+        "Every member has settled or is held back (READY with rollouts bound: its drain "
+        "timed out), and fewer than min_serving validated or a member is held back: the "
+        "fleet stays on its generation; validated members give up and are re-admitted onto "
+        "it, held-back members keep serving it.",
         frozenset({FleetPhase.UPDATING}), FleetPhase.ABORTING,
-        lambda f, b: all(settled(f, s) for s in f.eng) and _count(f, validated) < b.min_serving,
-        f"({_SETTLED_TLA}) /\\ {N_VALIDATED_TLA} < MinServing",
+        lambda f, b: all(settled(f, s) or held_back(f, s) for s in f.eng)
+        and (_count(f, validated) < b.min_serving or _count(f, held_back) > 0),
+        FLEET_ABORT_WHEN_TLA,
         lambda f: f._replace(fphase=FleetPhase.ABORTING), {"fphase": '"ABORTING"'}),
     FleetAction(
         "fleet_reopen",
@@ -473,7 +506,7 @@ def explore_fleet(spec: FleetSpec = FLEET, *, max_states: int = 3_000_000,
 
 
 __all__ = ["FLEET", "FleetAction", "FleetBounds", "FleetExploration", "FleetSpec",
-           "FleetState", "explore_fleet", "serving", "settled", "validated"]
+           "FleetState", "explore_fleet", "held_back", "serving", "settled", "validated"]
 
 
 

@@ -340,6 +340,16 @@ class FleetMachine(RuleBasedStateMachine):
         self.held[lease.rollout_id] = lease
         self.say(f"  {lease.rollout_id} stays open")
 
+    @precondition(lambda self: bool(self.serving()))
+    @rule(data=st.data())
+    def readmit_refused_on_a_serving_member(self, data: st.DataObject) -> None:
+        name = data.draw(st.sampled_from(self.serving()), label="member")
+        self.say(f"readmit {name}, which serves: refused, nothing changes")
+        before = len(read_journal(self.path)[1])
+        with pytest.raises(FleetError, match="nothing was changed"):
+            self.f.readmit(name, who="operator")
+        assert len(read_journal(self.path)[1]) == before
+
     @precondition(lambda self: self.fphase != FleetPhase.READY)
     @rule()
     def admission_refused_while_closed(self) -> None:
@@ -452,18 +462,10 @@ class FleetMachine(RuleBasedStateMachine):
 
     # --------------------------------------------------------------- quarantine
 
-    def readmittable(self) -> list[str]:
-        """Members not serving, less those whose re-admission needs a catch-up while the
-        fleet is ABORTING: the controller journals that catch-up although the fleet spec
-        forbids it (a known bug, see test_catch_up_while_aborting_conforms_to_the_spec)."""
-        return [n for n in self.not_serving()
-                if not (self.fphase == FleetPhase.ABORTING and self.gen[n] < self.committed
-                        and n not in self.dead)]
-
-    @precondition(lambda self: bool(self.readmittable()))
+    @precondition(lambda self: bool(self.not_serving()))
     @rule(data=st.data(), explicit=st.booleans())
     def readmit(self, data: st.DataObject, explicit: bool) -> None:
-        name = data.draw(st.sampled_from(self.readmittable()), label="member")
+        name = data.draw(st.sampled_from(self.not_serving()), label="member")
         for a in self.adapters.values():
             a.faults = FaultPlan()
         phase, own, g = self.phase[name], self.gen[name], self.committed
@@ -476,13 +478,7 @@ class FleetMachine(RuleBasedStateMachine):
             out = self.f.readmit(name, who="operator", target=tgt)
             self.say(f"  -> {out.trigger}: a dead engine cannot be re-admitted")
             assert out.trigger != Trigger.READMIT_OK
-        elif own + 1 < g:  # the spec's catch-up is one generation: it stays behind
-            with pytest.raises(FleetError, match="no catch-up target"):
-                self.f.readmit(name, who="operator", target=tgt)
-            self.say(f"  -> refused: {name} is {g - own} generations behind (stranded)")
-            self.phase[name] = Phase.READY
-            assert self.engine(name).weights == ckpt(own)
-        else:
+        else:  # re-admitted onto its own generation, then caught up one by one
             out = self.f.readmit(name, who="operator", target=tgt)
             self.say(f"  -> {out.trigger}")
             assert out.trigger == Trigger.READMIT_OK, out
@@ -752,16 +748,31 @@ def test_engine_restarted_out_of_band_is_never_admitted(fleet3: Any) -> None:
             f"which holds {ad[lease.engine].engine.weights}")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "production bug: Fleet.readmit of a member the controller believes serving returns "
-    "readmit_ok ('serves generation N') without a single engine call or journal record"))
 def test_readmission_of_an_out_of_band_engine_is_verified(fleet3: Any, tmp_path: Path) -> None:
+    """Re-admitting a member the controller believes serving is refused, saying so and
+    changing nothing: it is no re-admission, and never reported as one."""
     fleet, ad, a = _rogue(fleet3)
     records = len(read_journal(tmp_path / "f.jsonl")[1])
-    out = fleet.readmit(a, who="operator")
-    assert out.trigger != Trigger.READMIT_OK or ad[a].engine.weights == "ckpt-1", (
-        f"{out.trigger} ({out.reason}) with the engine on {ad[a].engine.weights}; "
-        f"{len(read_journal(tmp_path / 'f.jsonl')[1]) - records} journal records")
+    with pytest.raises(FleetError, match=r"serving generation 1.*nothing was changed"):
+        fleet.readmit(a, who="operator")
+    assert len(read_journal(tmp_path / "f.jsonl")[1]) == records
+    assert ad[a].engine.weights == "ckpt-9"
+
+
+def test_member_in_the_middle_of_an_update_is_not_readmitted(fleet3: Any,
+                                                             tmp_path: Path) -> None:
+    """A member waiting in RESUMING (validated, not published) is no quarantined member:
+    re-admission refuses it and changes nothing."""
+    fleet, _ad = fleet3(2)
+    c = NAMES[2]
+    m = fleet.members[c]
+    rep = m.runner.prepare(target(2))  # behind the fleet's back: it waits in RESUMING
+    assert rep.prepared and m.controller.phase is Phase.RESUMING
+    records = len(read_journal(tmp_path / "f.jsonl")[1])
+    with pytest.raises(FleetError, match=r"RESUMING.*nothing was changed"):
+        fleet.readmit(c, who="operator")
+    assert len(read_journal(tmp_path / "f.jsonl")[1]) == records
+    assert m.controller.phase is Phase.RESUMING
 
 
 def test_next_update_overwrites_out_of_band_weights(fleet3: Any, tmp_path: Path) -> None:
@@ -778,48 +789,70 @@ def test_next_update_overwrites_out_of_band_weights(fleet3: Any, tmp_path: Path)
     journal_ok(tmp_path / "f.jsonl")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "production bug: a member whose drain times out (a rollout held past drain_timeout_s, "
-    "drain policy wait) cancels its update and stays READY with the rollout bound, which "
-    "the fleet does not count as settled: Fleet.update raises AssertionError('a member did "
-    "not settle') and leaves the fleet UPDATING for good (the validated members wait in "
-    "RESUMING on the new weights, admissions and updates are refused, Fleet.readmit "
-    "answers readmit_ok without acting); only a restart of the controller gets out"))
-def test_drain_timeout_does_not_wedge_the_fleet(fleet3: Any) -> None:
-    fleet, _ad = fleet3(2, replace(RELAXED, drain_policy=DrainPolicy.WAIT,
-                                   drain_timeout_s=0.05))
+def test_drain_timeout_does_not_wedge_the_fleet(fleet3: Any, tmp_path: Path) -> None:
+    """A member whose drain times out (drain policy wait) cancels its update and keeps
+    serving with the rollout bound: the fleet aborts the update around it (the members
+    that validated withdraw and are rolled back by verified re-admission) and reopens."""
+    fleet, ad = fleet3(2, replace(RELAXED, drain_policy=DrainPolicy.WAIT,
+                                  drain_timeout_s=0.05))
     lease = fleet.admit("long")  # held past the drain timeout: the test is the cause
-    raised: str | None = None
-    try:
-        fleet.update(target(2))
-    except AssertionError as e:  # raised by Fleet.update itself
-        raised = str(e)[:60]
-    fleet.release(lease)
-    assert raised is None and fleet.phase != FleetPhase.UPDATING, (
-        raised, fleet.phase, [(s.name, s.phase, s.committed) for s in fleet.status()])
+    report = fleet.update(target(2))
+    assert report.aborted and not report.published and fleet.committed == 1
+    held = lease.engine
+    others = sorted(set(NAMES[:3]) - {held})
+    assert report.members[held].final_phase is Phase.READY
+    assert [s.outcome for s in report.members[held].steps] == ["timeout"]  # the drain
+    assert report.rolled_back == dict.fromkeys(others, Trigger.READMIT_OK)
+    assert fleet.phase == FleetPhase.READY
+    assert [ad[n].engine.weights for n in NAMES[:3]] == ["ckpt-1"] * 3
+    fleet_invariants(fleet, {})
+    binding = fleet.release(lease)
+    assert binding.generation == 1 and not binding.aborted
+    assert fleet.update(target(2)).published
+    journal_ok(tmp_path / "f.jsonl")
 
 
-@pytest.mark.xfail(strict=True, raises=FleetError, reason=(
-    "production limitation (spec and controller): a catch-up is one generation "
-    "(request_update's guard committed + 1 = fcommitted), so a member quarantined while "
-    "the fleet published twice can never serve again; Fleet.readmit re-admits it onto its "
-    "old generation, then raises FleetError ('nothing was changed' per its docstring)"))
-def test_member_two_generations_behind_can_rejoin(fleet3: Any) -> None:
+def test_member_two_generations_behind_can_rejoin(fleet3: Any, tmp_path: Path) -> None:
     fleet, ad = fleet3(2)
     c = NAMES[2]
     ad[c].faults = FaultPlan({"mutate": ["die_halfway"]})
     assert fleet.update(target(2)).quarantined == [c]
     assert fleet.update(target(3)).published
     out = fleet.readmit(c, who="operator", target=target(3))
-    assert out.trigger == Trigger.READMIT_OK
+    assert out.trigger == Trigger.READMIT_OK, out
+    assert "generation 1" in out.reason and "caught up to generation 3" in out.reason
     assert {s.name: s.serving for s in fleet.status()}[c]
+    assert member_steps(tmp_path / "f.jsonl", c, "fleet_publish").count(Trigger.PUBLISH) == 2
+    assert ad[c].engine.weights == "ckpt-3"
+    fleet_invariants(fleet, {})
+    journal_ok(tmp_path / "f.jsonl")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "production bug: Fleet.release decrements the member's outstanding count in a "
-    "finally, also when the controller refuses the release (a lease released twice, or "
-    "one of a crashed controller): the count goes negative and admission's least-loaded "
-    "choice favours that member"))
+def test_catch_up_failure_says_what_changed(fleet3: Any, tmp_path: Path) -> None:
+    """A catch-up that fails half-way reports what it did before: the member stays on the
+    generation it reached, quarantined or behind, and the journal says the same."""
+    fleet, ad = fleet3(2)
+    c = NAMES[2]
+    ad[c].faults = FaultPlan({"mutate": ["die_halfway"]})
+    assert fleet.update(target(2)).quarantined == [c]
+    assert fleet.update(target(3)).published
+
+
+    def on_step(member: str, step: str, _outcome: str, _seconds: float) -> None:
+        if (member, step) == (c, "mutate"):  # the first catch-up's: refuse the next one
+            ad[c].faults.add("mutate", "refuse")
+
+    fleet.on_step = on_step
+    out = fleet.readmit(c, who="operator")
+    assert out.trigger == Trigger.READMIT_FAILED, out
+    assert "re-admitted onto generation 1; caught up to generation 2" in out.reason
+    assert "catch-up to generation 3 ended READY (mutate: mutate_refused" in out.reason
+    status = {s.name: s for s in fleet.status()}[c]
+    assert (status.committed, status.phase, status.serving) == (2, "READY", False)
+    fleet_invariants(fleet, {})
+    journal_ok(tmp_path / "f.jsonl")
+
+
 def test_refused_release_keeps_the_load_count(fleet3: Any) -> None:
     fleet, _ad = fleet3(2)
     lease = fleet.admit("r1")
@@ -829,13 +862,11 @@ def test_refused_release_keeps_the_load_count(fleet3: Any) -> None:
     assert {s.name: s.outstanding for s in fleet.status()}[lease.engine] == 0
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "production bug: Fleet.readmit runs a quarantined member's catch-up update while the "
-    "fleet is ABORTING, which the fleet spec forbids (request_update catches up only in a "
-    "READY fleet): the fleet's own journal then fails check_fleet_file (FleetGuard). Found "
-    "by the state machine (fleet of 3, min_serving 1: a member quarantined at gen 1, the "
-    "next update aborted, the member re-admitted)"))
 def test_catch_up_while_aborting_conforms_to_the_spec(fleet3: Any, tmp_path: Path) -> None:
+    """An aborted fleet may need a member behind it to regain its quorum: the fleet spec
+    lets a member catch up while the fleet is ABORTING (never during its update), and the
+    runtime takes exactly the steps the spec's guards allow (found by the state machine:
+    fleet of 3, min_serving 1, a member quarantined at gen 1, the next update aborted)."""
     fleet, ad = fleet3(1)
     a, b, c = NAMES[:3]
     ad[b].faults = FaultPlan({"mutate": ["refuse"]})

@@ -14,7 +14,9 @@ from rolloutcore.spec.fleet import (
     FleetBounds,
     FleetExploration,
     FleetPhase,
+    FleetState,
     explore_fleet,
+    held_back,
     lift_tla,
     serving,
 )
@@ -61,6 +63,39 @@ def test_partial_quorum_leaves_a_member_behind_and_it_catches_up() -> None:
     assert behind, "a member must be able to fall behind the fleet"
     caught_up = {name for f, name, _g in ex.graph if name == "publish"}
     assert caught_up == {"publish"}, "and catch up on its own"
+
+
+#: A partial quorum over three generations: a member can fall two generations behind.
+CATCH_UP = FleetBounds(engines=2, min_serving=1, generations=3, faults=1, rollouts=0)
+
+
+def _changed(f: FleetState, g: FleetState) -> list[int]:
+    return [n for n, (a, b) in enumerate(zip(f.eng, g.eng, strict=True)) if a != b]
+
+
+def test_a_member_two_generations_behind_catches_up_one_at_a_time() -> None:
+    ex = explored(CATCH_UP)
+    assert ex.violations == {}
+    lone = [(f.eng[n].committed, f.fcommitted, f.fphase) for f, name, g in ex.graph
+            if name == "publish" for n in _changed(f, g)]
+    assert (1, 3, FleetPhase.READY) in lone, "from two generations behind"
+    assert all(c < fc for c, fc, _p in lone)  # only onto a generation the fleet published
+    starts = {f.fphase for f, name, g in ex.graph if name == "request_update"
+              for n in _changed(f, g) if f.eng[n].committed < f.fcommitted}
+    assert starts == {FleetPhase.READY, FleetPhase.ABORTING}  # never in the fleet's update
+
+
+def test_a_held_back_member_aborts_the_update_and_keeps_serving() -> None:
+    """A member whose drain timed out cancels its update with rollouts bound: the fleet
+    cannot publish around it, but may abort, and it serves on."""
+    ex = explored(FLEET.bounds)
+    aborts = [(f, g) for f, name, g in ex.graph
+              if name == "fleet_abort" and any(held_back(f, s) for s in f.eng)]
+    assert aborts
+    assert not [f for f, name, _g in ex.graph
+                if name == "fleet_publish" and any(held_back(f, s) for s in f.eng)]
+    for f, g in aborts:
+        assert all(serving(g, s) for s in g.eng if held_back(f, s))
 
 
 def test_lift_tla_rewrites_variables_not_strings() -> None:
