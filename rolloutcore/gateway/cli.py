@@ -42,6 +42,16 @@ def _read_token(path: str) -> str:
     return token
 
 
+def _log_to_stderr() -> None:
+    """The gateway's own log lines (refusals, updates) on stderr; other libraries' INFO
+    (httpx logs every request, transitions every callback) stays off."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
+    log = logging.getLogger("rolloutcore")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+
+
 def serve(args: argparse.Namespace) -> int:
     from rolloutcore.adapters.http import is_loopback
     from rolloutcore.fleet import FleetError, FleetFileError, load_fleet_file
@@ -82,7 +92,7 @@ def serve(args: argparse.Namespace) -> int:
     except (FleetFileError, TargetError, ValueError) as e:
         return _fail(str(e))
     with contextlib.closing(sock):
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+        _log_to_stderr()
         try:
             fleet = open_fleet(cfg, args.fleet)
         except (FleetError, ValueError) as e:
@@ -100,7 +110,7 @@ def serve(args: argparse.Namespace) -> int:
         except (TargetError, FleetError) as e:
             fleet.close()
             return _fail(str(e))
-        server = GatewayServer(uvicorn_config(gateway, access_log=True), gateway)
+        server = GatewayServer(uvicorn_config(gateway, access_log=args.access_log), gateway)
         auth = ("admin API: bearer token from " + args.admin_token_file if token else
                 "admin API has no token: listening on loopback only")
         print(f"rolloutcore gateway on http://{args.host}:{sock.getsockname()[1]} for model "
@@ -159,6 +169,7 @@ def add_serve_parser(sub: Any) -> None:
                    "generation: wait in the queue, or refuse it with 409")
     p.add_argument("--max-body-bytes", type=_at_least(1, int), default=16 << 20)
     p.add_argument("--records", help="append a trajectory record per answered request")
+    p.add_argument("--access-log", action="store_true", help="log every request line")
     p.add_argument("--initial", help="a new fleet: the checkpoint the engines started with")
     p.add_argument("--initial-label", default="default",
                    help="the label the engines report at start (vLLM: default)")

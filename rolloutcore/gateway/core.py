@@ -91,6 +91,15 @@ class Refusal(Exception):
         return out
 
 
+@dataclass(frozen=True)
+class Queued:
+    """A place in the admission queue, taken by :meth:`Gateway.admit_now`."""
+
+    rollout_id: str
+    endpoint: str
+    floor: int
+
+
 class Busy(Exception):
     """An admin operation is already running (one at a time)."""
 
@@ -116,6 +125,12 @@ class Gateway:
         self._prefix = uuid.uuid4().hex[:12]
         self._ids = itertools.count(1)
         self._admin = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-admin")
+        # Admissions and releases (quick: a lock, a journal line, a shared fsync) and
+        # queued waits (up to the queue depth) on pools of their own: a full queue can
+        # never hold up the releases an update's drain is waiting for.
+        self.quick = ThreadPoolExecutor(max_workers=32, thread_name_prefix="gateway")
+        self.waits = ThreadPoolExecutor(max_workers=max(1, config.queue_depth),
+                                        thread_name_prefix="gateway-queue")
         self._busy: str | None = None  # the admin operation running, if any
         self.last_report: FleetCycleReport | None = None
         self.last_error: str | None = None
@@ -133,15 +148,23 @@ class Gateway:
               cancel: threading.Event) -> Lease:
         """Admit now, or wait in the bounded queue; raise :class:`Refusal` otherwise.
         Returns once the admission is durable in the journal."""
+        first = self.admit_now(rollout_id, endpoint, min_generation)
+        return first if isinstance(first, Lease) else self.admit_queued(first, cancel)
+
+    def admit_now(self, rollout_id: str, endpoint: str, min_generation: int
+                  ) -> Lease | Queued:
+        """Admit at once if admissions are open (durably: returns once journalled), or
+        take a place in the queue (then :meth:`admit_queued`, always), or refuse. Never
+        waits for admissions: the ASGI half runs this on a pool of its own, so that
+        queued requests cannot starve admissions and releases of threads."""
         floor = max(min_generation, self.floor)
-        detail = {"via": "gateway", "endpoint": endpoint}
-        journal = self.fleet.journal
         if self._closing:
             raise Refusal(503, "the gateway is shutting down", type="server_error",
                           code="shutting_down", retry_after=self.config.retry_after_s)
         try:
-            with journal.deferred():
-                return self.fleet.admit(rollout_id, min_generation=floor, detail=detail)
+            with self.fleet.journal.deferred():
+                return self.fleet.admit(rollout_id, min_generation=floor,
+                                        detail={"via": "gateway", "endpoint": endpoint})
         except AdmissionTimeout:
             pass  # closed for an update, or below the floor: queue (or refuse)
         committed = self.fleet.committed
@@ -159,18 +182,27 @@ class Gateway:
                               type="server_error", code="queue_full",
                               retry_after=self.config.retry_after_s)
             self._queued += 1
-            self._waiting.add(cancel)
             self.metrics.queue_depth.set(self._queued)
+        return Queued(rollout_id, endpoint, floor)
+
+    def admit_queued(self, q: Queued, cancel: threading.Event) -> Lease:
+        """Wait in the queue place ``q`` (bounded by the configured wait; ``cancel`` ends
+        it: the client left, or shutdown). Frees the place, whatever happens."""
         t0 = time.monotonic()
         outcome = "admitted"
+        with self._lock:
+            self._waiting.add(cancel)
+            if self._closing:
+                cancel.set()
         try:
-            with journal.deferred():
-                return self.fleet.admit(rollout_id, wait=self.config.queue_wait_s,
-                                        min_generation=floor, cancel=cancel, detail=detail)
+            with self.fleet.journal.deferred():
+                return self.fleet.admit(q.rollout_id, wait=self.config.queue_wait_s,
+                                        min_generation=q.floor, cancel=cancel,
+                                        detail={"via": "gateway", "endpoint": q.endpoint})
         except AdmissionTimeout:
             outcome = "timeout"
             self.metrics.queue_rejections.labels("timeout").inc()
-            raise Refusal(503, f"admissions stayed closed ({self._why(floor)}) for "
+            raise Refusal(503, f"admissions stayed closed ({self._why(q.floor)}) for "
                           f"{self.config.queue_wait_s:g} s", type="server_error",
                           code="queue_timeout", retry_after=self.config.retry_after_s
                           ) from None
@@ -318,9 +350,11 @@ class Gateway:
         closed mid-way would leave the fleet to recovery), then close the fleet."""
         self.begin_shutdown()
         self._admin.shutdown(wait=True)
+        self.waits.shutdown(wait=True)
+        self.quick.shutdown(wait=True)
         if self.records is not None:
             self.records.close()
         self.fleet.close()
 
 
-__all__ = ["Busy", "Gateway", "GatewayConfig", "Refusal", "StaleMode"]
+__all__ = ["Busy", "Gateway", "GatewayConfig", "Queued", "Refusal", "StaleMode"]

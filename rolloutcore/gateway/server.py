@@ -68,10 +68,12 @@ def bind(host: str, port: int) -> socket.socket:
 
 def uvicorn_config(gateway: Gateway, *, access_log: bool = False) -> uvicorn.Config:
     """The access log (request lines, never headers) only when asked: the CLI's."""
+    # Keep-alive outlasting clients' idle expiry (httpx: 5 s) so that a client, not the
+    # server, closes an idle connection: no request is sent on a socket being closed.
     return uvicorn.Config(GatewayApp(gateway).app, lifespan="on",
                           log_level="info" if access_log else "warning",
                           access_log=access_log, timeout_graceful_shutdown=30,
-                          backlog=2048)
+                          timeout_keep_alive=65, backlog=2048)
 
 
 class ServerThread:
