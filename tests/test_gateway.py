@@ -102,8 +102,9 @@ class FakeEngine:
 
 class FakeUpstream:
     """Engines at ``/e/<name>/v1/...``. ``x-test-hold: KEY`` holds an answer (after the
-    first stream chunk) until the test opens gate KEY; ``x-test-fail: STATUS`` answers
-    that status with an OpenAI error."""
+    first stream chunk) until the test opens gate KEY, ``x-test-hold-end: KEY`` a stream
+    after its last event; ``x-test-fail: STATUS`` answers that status with an OpenAI
+    error."""
 
     def __init__(self) -> None:
         self.engines: dict[str, FakeEngine] = {}
@@ -118,8 +119,8 @@ class FakeUpstream:
         for g in list(self.gates.values()):
             g.set()
 
-    async def _hold(self, request: Request) -> None:
-        key = request.headers.get("x-test-hold")
+    async def _hold(self, request: Request, header: str = "x-test-hold") -> None:
+        key = request.headers.get(header)
         if key:
             await anyio.to_thread.run_sync(self.gates[key].wait, 3 * BOUND,
                                            abandon_on_cancel=True)
@@ -190,6 +191,7 @@ class FakeUpstream:
                         await self._hold(request)
                 yield b"data: [DONE]\n\n"
                 ok = True
+                await self._hold(request, "x-test-hold-end")
             finally:
                 fe.end(weights, ok)
 
@@ -595,6 +597,30 @@ def test_client_disconnect_mid_stream_aborts_then_releases(
         assert r.metric("rolloutcore_gateway_requests_total", code="499",
                         endpoint="completions", generation="1") == 1
         assert not r.records.exists() or r.records.read_text() == ""  # partial: no record
+        r.check()
+
+
+def test_client_leaving_after_the_last_event_lost_nothing(
+        tmp_path: Path, upstream: FakeUpstream) -> None:
+    """The openai client closes its stream at ``data: [DONE]``; the engine may not have
+    ended its stream yet: the answer is complete, recorded, and not a disconnect."""
+    with rig(tmp_path, upstream) as r:
+        with httpx.stream("POST", f"{r.url}/v1/completions", headers={
+                "x-test-hold-end": "e"}, json={"model": MODEL, "prompt": PROMPT,
+                                               "max_tokens": 3, "stream": True},
+                timeout=BOUND) as resp:
+            for line in resp.iter_lines():  # up to the last event, as the openai client
+                if line == "data: [DONE]":
+                    break
+            else:
+                raise AssertionError("no [DONE]")
+            wait_until(lambda: r.fakes["a"].completed == 1, "the engine to send it all")
+        # the client left while the engine's stream was still open
+        wait_until(lambda: r.bound() == 0, "the release")
+        release = [x for x in r.journal_records() if x["step"] == "release"][-1]
+        assert release["detail"] == {"status": 200}
+        assert r.metric("rolloutcore_gateway_client_disconnects_total") == 0
+        assert len(r.records.read_text().splitlines()) == 1
         r.check()
 
 
