@@ -239,6 +239,12 @@ class SimEngine:
             self.identity_reads_as = sim_identity(checkpoint)
             self._broken_load = broken
 
+    def kill(self) -> None:
+        """The process dies (SIGKILL): every call from now on fails, nothing runs."""
+        with self._cv:
+            self.dead = True
+            self._cv.notify_all()
+
     def set_label(self, label: str) -> None:
         with self._cv:
             self.label = label
@@ -248,7 +254,7 @@ class SimEngine:
 
 FAULT_KINDS = ("timeout", "connection_error", "http_500", "fail_body", "empty_body",
                "wrong_label", "hang", "die_halfway", "wrong_weights", "refuse", "broken",
-               "unlabelled", "late", "drop", "miscompute")
+               "unlabelled", "late", "drop", "miscompute", "crash")
 #: Faults that strike after the engine carried the operation out (its reply is lost).
 AFTER_KINDS = frozenset({"late", "drop"})
 OPS = ("read_state", "pause", "resume", "mutate", "reset_prefix", "reset_encoder",
@@ -320,6 +326,14 @@ class SimAdapter:
         """Let calls stuck in an injected hang return (test clean-up)."""
         self._release_hangs.set()
 
+    def reconnect(self, engine: SimEngine) -> None:
+        """Talk to a new engine (its process was replaced at the same address): calls held
+        by the old one are let go, faults dropped."""
+        self._release_hangs.set()
+        self._release_hangs = threading.Event()
+        self.engine = engine
+        self.faults = FaultPlan()
+
     def _after(self, op: str, kind: str | None, deadline: float | None) -> None:
         """The engine has done it; the reply is lost (drop) or held past the deadline."""
         if kind == "drop":
@@ -380,6 +394,9 @@ class SimAdapter:
             raise AdapterError("mutate: refused before any byte moved", proven_no_effect=True)
         if kind == "http_500":
             raise AdapterError("mutate: HTTP 500 from the engine")
+        if kind == "crash":  # the engine process is killed in the middle of the load
+            self.engine.kill()
+            raise ConnectionResetError("mutate: connection reset (the engine died)")
         try:
             self.engine.load(
                 "some-other-checkpoint" if kind == "wrong_weights" else target.source,

@@ -213,6 +213,11 @@ class HarnessEngine(abc.ABC):
         """Drop pending faults and let go of anything they hold."""
 
     @abc.abstractmethod
+    def restart_process(self, initial: str = "v1") -> None:
+        """Replace the engine's process by a fresh one on checkpoint ``initial`` (outside
+        RolloutCore): same address, new process, startup label."""
+
+    @abc.abstractmethod
     def alive(self) -> bool:
         ...
 
@@ -369,6 +374,13 @@ class SimHarnessEngine(HarnessEngine):
         self.sim_adapter.release_hangs()
         self._fresh(initial)
 
+    def restart_process(self, initial: str = "v1") -> None:
+        """A new engine process on checkpoint ``initial`` (the adapter object stays, as a
+        client's would; it now talks to the new engine)."""
+        self.engine = self._sim.SimEngine(initial, token_seconds=self.token_seconds,
+                                          label=INITIAL_LABEL)
+        self.sim_adapter.reconnect(self.engine)
+
     def inject_sim(self, op: str, kind: str) -> None:
         """A simulator-only fault (a buggy adapter's or loader's behaviour that the real
         engine cannot be made to show without patching it): ``unlabelled``, ``broken``."""
@@ -417,17 +429,26 @@ class VllmHarnessEngine(HarnessEngine):
         self._identity: dict[str, str] = {}
 
     @classmethod
-    def start(cls, models: Mapping[str, Path], work_dir: Path, *,
-              initial: str = "v1") -> VllmHarnessEngine:
-        """Start a server on ``models[initial]`` with the worker extension."""
+    def start(cls, models: Mapping[str, Path], work_dir: Path, *, initial: str = "v1",
+              server_args: list[str] | None = None) -> VllmHarnessEngine:
+        """Start a server on ``models[initial]`` with the worker extension (or
+        ``server_args``: e.g. a weight-transfer backend's)."""
         from rolloutcore.adapters.vllm_worker import SERVER_ARGS
         from rolloutcore.conformance.server import VllmServer
 
         work_dir.mkdir(parents=True, exist_ok=True)
-        srv = VllmServer(Path(models[initial]).resolve(), extra_args=list(SERVER_ARGS),
-                         log_path=work_dir / f"vllm-{int(time.time() * 1000)}.log")
+        srv = VllmServer(Path(models[initial]).resolve(),
+                         extra_args=list(SERVER_ARGS if server_args is None else server_args),
+                         log_path=work_dir / f"vllm-{time.monotonic_ns()}.log")
         srv.start()
         return cls(srv, models, work_dir=work_dir, own_server=True)
+
+    def restart_process(self, initial: str = "v1") -> None:
+        """The server process is replaced (an operator, a supervisor): a new PID on
+        checkpoint ``initial``, the startup label; nothing RolloutCore did survives."""
+        self.clear_faults()
+        self.disarm()
+        self.server.restart(self.models[initial])
 
     @classmethod
     def attach(cls, server: Any, models: Mapping[str, Path], work_dir: Path, *,

@@ -294,6 +294,17 @@ class VllmServer:
             self._proc.wait(10.0)
         self.stop()
 
+    def restart(self, model: Path | str | None = None) -> VllmServer:
+        """Stop the process (if it runs) and start a new one on the same port, on
+        ``model`` if given: what an operator (or a crash-looping supervisor) does."""
+        self.stop()
+        if model is not None:
+            self.model = Path(model)
+        self._proc = None
+        self.returncode = None
+        self.group_exited_cleanly = None
+        return self.start()
+
     def freeze(self) -> None:
         """SIGSTOP the process group: the server stops answering, sockets stay open."""
         self._signal_group(signal.SIGSTOP)

@@ -1,0 +1,507 @@
+"""Fleet scenarios: one transactional update across three engines, quarantine, verified
+re-admission. Each runs unchanged on three real vLLM servers and on a simulated fleet;
+the members' step sequences (from the one fleet journal) must be identical, the journal
+must pass the fleet trace checker, and every rollout's tokens must equal the reference
+of the generation it was bound to.
+
+The rig's servers run the gloo weight-transfer worker extension (a superset of the
+RolloutCore one), so the same three servers serve the reload path (every engine loads
+the checkpoint from its own path) and the transfer path (this process broadcasts to each
+engine through vLLM's trainer-side API).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rolloutcore.adapters.contract import LifecycleAdapter, WeightTarget
+from rolloutcore.conformance.engines import HarnessEngine, SimHarnessEngine
+from rolloutcore.conformance.harness import Check, wait_until
+from rolloutcore.controller import IllegalTransition
+from rolloutcore.fleet import Fleet, FleetCycleReport, Lease
+from rolloutcore.fleet_check import check_fleet_file
+from rolloutcore.journal import JournalReader
+from rolloutcore.runner import RunnerPolicy
+from rolloutcore.spec.fleet import FleetPhase
+from rolloutcore.spec.lifecycle import Phase
+from rolloutcore.spec.triggers import Trigger
+
+NAMES = ("a", "b", "c")
+VERSION = {1: "v1", 2: "v2"}  # generation -> checkpoint
+#: The transfer scenario's deadlines: the transfer's own, and the runner's mutation
+#: deadline just above it (the adapter's evidence is what the runner sees).
+TRANSFER_BASE_S = 5.0
+TAINT_MARGIN_S = 1.0
+
+
+# --------------------------------------------------------------------------- the rig
+
+
+class FleetRig:
+    """Three engines of one kind, the fleets built over them, their restarts."""
+
+    def __init__(self, engines: Mapping[str, HarnessEngine], work: Path) -> None:
+        if len(engines) < 2:
+            raise ValueError("a fleet rig needs at least two engines")
+        self.engines = dict(engines)
+        self.work = work
+        self.kind = next(iter(self.engines.values())).kind
+        self.names = list(self.engines)
+        self.victim = self.names[-1]  # the member the fault scenarios break
+        self.others = self.names[:-1]
+
+    @staticmethod
+    def member_names(n: int) -> tuple[str, ...]:
+        return NAMES if n == len(NAMES) else tuple(f"e{i}" for i in range(n))
+
+    @classmethod
+    def sim(cls, work: Path, n: int = 3) -> FleetRig:
+        return cls({name: SimHarnessEngine() for name in cls.member_names(n)}, work)
+
+    @classmethod
+    def vllm(cls, models: Mapping[str, Path], work: Path, n: int = 3) -> FleetRig:
+        """``n`` servers started in parallel, with the gloo transfer extension."""
+        from rolloutcore.conformance.engines import VllmHarnessEngine
+        from rolloutcore.conformance.transfer_scenarios import GLOO
+
+        names = cls.member_names(n)
+        with ThreadPoolExecutor(n) as pool:
+            futures = {name: pool.submit(VllmHarnessEngine.start, models, work / name,
+                                         server_args=GLOO.server_args()) for name in names}
+            engines: dict[str, HarnessEngine] = {}
+            try:
+                for name, f in futures.items():
+                    engines[name] = f.result()
+            except BaseException:
+                for e in engines.values():
+                    e.close()
+                raise
+        return cls(engines, work)
+
+    def close(self) -> None:
+        for e in self.engines.values():
+            e.close()
+
+    def restore(self) -> None:
+        """Every engine back to v1, startup label, running (between scenarios)."""
+        for e in self.engines.values():
+            if not e.alive():
+                e.restart_process("v1")
+            e.restore()
+            e.disarm()
+
+    def targets(self, generation: int) -> dict[str, WeightTarget]:
+        return {n: (e.initial_target() if generation == 1 else
+                    e.target(generation, VERSION[generation]))
+                for n, e in self.engines.items()}
+
+    def adapters(self) -> dict[str, LifecycleAdapter]:
+        return {n: e.adapter for n, e in self.engines.items()}
+
+    def transfer_adapters(self) -> dict[str, LifecycleAdapter]:
+        """Each member's mutation a weight transfer from this process (vLLM: gloo; the
+        simulator has no transfer: its reload stands in, faults injected the same way)."""
+        if self.kind == "sim":
+            return self.adapters()
+        from rolloutcore.adapters.weight_transfer import TransferAdapter, TransferPolicy
+
+        out: dict[str, LifecycleAdapter] = {}
+        for n, e in self.engines.items():
+            http = e.http  # type: ignore[attr-defined]
+            out[n] = TransferAdapter(http, base_url=e.server.url,  # type: ignore[attr-defined]
+                                     policy=TransferPolicy(base_s=TRANSFER_BASE_S),
+                                     http_timeout_s=120.0)
+        return out
+
+    def open(self, name: str, *, min_serving: int, policy: RunnerPolicy | None = None,
+             adapters: Mapping[str, LifecycleAdapter] | None = None) -> Fleet:
+        ads = adapters or self.adapters()
+        journal = self.work / f"{name}-{self.kind}.jsonl"
+        journal.unlink(missing_ok=True)
+        members = [(n, ads[n], getattr(getattr(e, "server", None), "url", None))
+                   for n, e in self.engines.items()]
+        return Fleet(members, journal=journal, min_serving=min_serving,
+                     policy=policy or POLICY, fsync=False)
+
+
+#: Deadlines generous enough never to decide an outcome (faults decide them).
+POLICY = RunnerPolicy(step_timeout_s=60.0, pause_timeout_s=120.0, drain_timeout_s=300.0,
+                      mutation_base_s=120.0)
+
+
+# -------------------------------------------------------------------------- results
+
+
+@dataclass
+class FleetResult:
+    name: str
+    kind: str
+    checks: list[Check] = field(default_factory=list)
+    evidence: dict[str, Any] = field(default_factory=dict)
+    member_steps: dict[str, list[str]] = field(default_factory=dict)
+    journal: str | None = None
+    trace: str | None = None
+    error: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and bool(self.checks) and all(c.ok for c in self.checks)
+
+    def failures(self) -> list[str]:
+        out = [f"{c.description}: observed {c.observed!r}" for c in self.checks if not c.ok]
+        return out + ([f"error: {self.error}"] if self.error else [])
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "engine": self.kind, "passed": self.passed,
+                "checks": [c.as_json() for c in self.checks], "evidence": self.evidence,
+                "member_steps": self.member_steps, "journal": self.journal,
+                "trace": self.trace, "error": self.error, "seconds": round(self.seconds, 2)}
+
+
+class FleetContext:
+    def __init__(self, rig: FleetRig, result: FleetResult) -> None:
+        self.rig = rig
+        self.result = result
+        self.fleet: Fleet | None = None
+
+    def check(self, description: str, ok: bool, observed: Any = None) -> bool:
+        self.result.checks.append(Check(description, bool(ok), observed))
+        return bool(ok)
+
+    def open(self, *, min_serving: int, policy: RunnerPolicy | None = None,
+             adapters: Mapping[str, LifecycleAdapter] | None = None) -> Fleet:
+        self.fleet = self.rig.open(self.result.name, min_serving=min_serving, policy=policy,
+                                   adapters=adapters)
+        self.result.journal = str(self.fleet.journal.path)
+        return self.fleet
+
+    def bootstrap(self, fleet: Fleet) -> None:
+        out = fleet.bootstrap(self.rig.targets(1))
+        self.check("every member bootstraps on v1 and the fleet opens",
+                   all(o.trigger == Trigger.BOOTSTRAP_OK for o in out.values())
+                   and fleet.phase == FleetPhase.READY,
+                   {n: o.trigger for n, o in out.items()})
+
+    def rollout(self, fleet: Fleet, rid: str) -> tuple[Lease, bool]:
+        """Admit, generate on the lease's engine (directly: the rollout's own client),
+        release; whether the tokens are the bound generation's reference."""
+        lease = fleet.admit(rid, wait=60.0)
+        e = self.rig.engines[lease.engine]
+        try:
+            out = e.raw_generate(e.prompt("rollout"), e.rollout_tokens)
+        finally:
+            fleet.release(lease)
+        return lease, out.tokens == e.reference(VERSION[lease.generation], "rollout")
+
+    def spread(self, fleet: Fleet, prefix: str, n: int) -> list[tuple[Lease, bool]]:
+        """``n`` rollouts admitted together (least loaded first), generated in parallel."""
+        leases = [fleet.admit(f"{prefix}-{i}", wait=60.0) for i in range(n)]
+
+        def gen(lease: Lease) -> tuple[Lease, bool]:
+            e = self.rig.engines[lease.engine]
+            try:
+                out = e.raw_generate(e.prompt("rollout"), e.rollout_tokens)
+            finally:
+                fleet.release(lease)
+            return lease, out.tokens == e.reference(VERSION[lease.generation], "rollout")
+
+        with ThreadPoolExecutor(n) as pool:
+            return list(pool.map(gen, leases))
+
+    def members_serve(self, fleet: Fleet, names: list[str], generation: int) -> None:
+        want = self.rig.targets(generation)
+        seen = {}
+        for n in names:
+            e = self.rig.engines[n]
+            seen[n] = {"label": e.label(), "identity_ok": e.identity() == want[n].identity,
+                       "paused": e.is_paused_raw(),
+                       "phase": fleet.members[n].controller.phase.value,
+                       "committed": fleet.members[n].controller.control.committed}
+        self.check(f"{', '.join(names)} serve generation {generation}: READY, label, "
+                   "identity, running", all(
+                       s["label"] == want[n].label and s["identity_ok"] and not s["paused"]
+                       and s["phase"] == Phase.READY.value and s["committed"] == generation
+                       for n, s in seen.items()), seen)
+
+    def report(self, key: str, rep: FleetCycleReport) -> None:
+        self.result.evidence[key] = {
+            "published": rep.published, "aborted": rep.aborted,
+            "committed_on": rep.committed_on, "quarantined": rep.quarantined,
+            "rolled_back": rep.rolled_back, "phase": rep.phase,
+            "total_s": round(rep.total_s, 3),
+            "members": {n: [f"{s.step}:{s.outcome}" for s in r.steps]
+                        for n, r in rep.members.items()}}
+
+
+Scenario = Callable[[FleetContext], None]
+
+
+# -------------------------------------------------------------------------- scenarios
+
+
+def _seen(leases: list[tuple[Lease, bool]]) -> list[tuple[str, int, bool]]:
+    return [(lease.engine, lease.generation, ok) for lease, ok in leases]
+
+
+def _all_on(leases: list[tuple[Lease, bool]], generation: int) -> bool:
+    """Every rollout bound to ``generation``, with that generation's tokens."""
+    return all(lease.generation == generation and ok for lease, ok in leases)
+
+
+def s_clean_update_live(ctx: FleetContext) -> None:
+    """Live rollouts on every server while the fleet updates: the drain holds, each
+    finishes on v1 bound to generation 1; after the publish every server serves v2."""
+    names = ctx.rig.names
+    fleet = ctx.open(min_serving=len(names))
+    ctx.bootstrap(fleet)
+    with ThreadPoolExecutor(len(names)) as pool:
+        futs = [pool.submit(ctx.rollout, fleet, f"live-{i}") for i in range(len(names))]
+        ctx.check("a rollout is running on every server when the update is requested",
+                  wait_until(lambda: sum(m.outstanding for m in fleet.members.values())
+                             == len(names) and all(e.running_requests() >= 1
+                                                   for e in ctx.rig.engines.values()), 120.0),
+                  {n: m.outstanding for n, m in fleet.members.items()})
+        rep = fleet.update(ctx.rig.targets(2))
+        live = [f.result() for f in futs]
+    ctx.report("update", rep)
+    ctx.check("published on every member at once", rep.published and
+              sorted(rep.committed_on) == sorted(names), rep.committed_on)
+    ctx.check("every live rollout: bound to generation 1, one per server, v1's tokens",
+              _all_on(live, 1) and {lease.engine for lease, _ in live} == set(names),
+              _seen(live))
+    after = ctx.spread(fleet, "after", len(names))
+    ctx.check("rollouts after the publish: generation 2 on every server, v2's tokens",
+              _all_on(after, 2) and {lease.engine for lease, _ in after} == set(names),
+              _seen(after))
+    ctx.members_serve(fleet, names, 2)
+
+
+def s_one_refuses(ctx: FleetContext) -> None:
+    """The last member refuses the load (min_serving: all): the fleet aborts; the others,
+    which validated v2, are rolled back to v1 by verified re-admission; everything
+    serves v1 again."""
+    rig, v = ctx.rig, ctx.rig.victim
+    fleet = ctx.open(min_serving=len(rig.names))
+    ctx.bootstrap(fleet)
+    targets = rig.targets(2)
+    targets[v] = rig.engines[v].arm_refused_mutation(targets[v])
+    rep = fleet.update(targets)
+    rig.engines[v].disarm()
+    ctx.report("update", rep)
+    ctx.check("not published: the fleet aborted and reopened on generation 1",
+              rep.aborted and not rep.published and fleet.phase == FleetPhase.READY
+              and fleet.committed == 1, {"phase": fleet.phase, "committed": fleet.committed})
+    steps = [f"{s.step}:{s.outcome}" for s in rep.members[v].steps]
+    ctx.check(f"{v}'s load was refused with proof of no effect; it resumed v1",
+              f"mutate:{Trigger.MUTATE_REFUSED}" in steps
+              and steps[-1] == f"resume:{Trigger.RESUME_OK}", steps)
+    ctx.check(f"{', '.join(rig.others)} re-admitted onto generation 1, verified",
+              rep.rolled_back == dict.fromkeys(rig.others, Trigger.READMIT_OK),
+              rep.rolled_back)
+    ctx.members_serve(fleet, rig.names, 1)
+    after = ctx.spread(fleet, "after", len(rig.names))
+    ctx.check("rollouts: generation 1, v1's tokens", _all_on(after, 1), _seen(after))
+
+
+def _dies_halfway(ctx: FleetContext, min_serving: int) -> tuple[Fleet, FleetCycleReport]:
+    rig, v = ctx.rig, ctx.rig.victim
+    fleet = ctx.open(min_serving=min_serving)
+    ctx.bootstrap(fleet)
+    targets = rig.targets(2)
+    targets[v] = rig.engines[v].arm_failing_mutation(targets[v])
+    rep = fleet.update(targets)
+    rig.engines[v].disarm()
+    ctx.report("update", rep)
+    c = rep.members[v]
+    ctx.check(f"{v}'s load died halfway: ambiguous, quarantined (TAINTED), fenced",
+              v in rep.quarantined and c.final_phase is Phase.TAINTED and bool(c.fenced)
+              and any(s.outcome == Trigger.MUTATE_AMBIGUOUS for s in c.steps),
+              {"quarantined": rep.quarantined, "fenced": c.fenced})
+    e = rig.engines[v]
+    label, paused = e.label(), e.is_paused_raw()
+    ctx.check(f"{v}'s engine is paused under the taint label", paused and bool(label)
+              and str(label).startswith("tainted:"), {"label": label, "paused": paused})
+    return fleet, rep
+
+
+def _restart_and_readmit(ctx: FleetContext, fleet: Fleet, generation: int) -> None:
+    """The operator restarts the quarantined server (a new process on v1) and asks for
+    its re-admission: label, identity and probe verified, then catch-up if the fleet
+    moved on meanwhile."""
+    v = ctx.rig.victim
+    e = ctx.rig.engines[v]
+    pid = e.pid()
+    e.restart_process("v1")
+    ctx.check(f"{v}'s server is a new process on v1", e.alive() and (
+        e.kind == "sim" or e.pid() != pid), {"pid_before": pid, "pid_after": e.pid()})
+    out = fleet.readmit(v, who=f"operator: after restarting {v}")
+    ctx.result.evidence[f"readmit_{v}"] = out.trigger
+    ctx.check(f"{v} re-admitted (verified) and serving generation {generation}",
+              out.trigger == Trigger.READMIT_OK and
+              fleet.members[v].controller.control.committed == generation, out.reason)
+
+
+def s_dies_halfway_quorum(ctx: FleetContext) -> None:
+    """min_serving N-1: the last member's load dies halfway; the fleet publishes v2 on
+    the others, it serves nothing; after a restart it is re-admitted, catches up, and
+    takes rollouts on v2."""
+    rig, v = ctx.rig, ctx.rig.victim
+    fleet, rep = _dies_halfway(ctx, len(rig.names) - 1)
+    ctx.check(f"published on {', '.join(rig.others)}", rep.published
+              and sorted(rep.committed_on) == sorted(rig.others), rep.committed_on)
+    during = ctx.spread(fleet, "quarantined", 2 * len(rig.names))
+    ctx.check(f"no rollout on {v} while it is quarantined; v2's tokens on the others",
+              _all_on(during, 2) and all(lease.engine != v for lease, _ in during),
+              _seen(during))
+    _restart_and_readmit(ctx, fleet, 2)
+    ctx.members_serve(fleet, rig.names, 2)
+    after = ctx.spread(fleet, "after", len(rig.names))
+    ctx.check(f"after re-admission {v} takes rollouts: generation 2, v2's tokens",
+              _all_on(after, 2) and any(lease.engine == v for lease, _ in after),
+              _seen(after))
+
+
+def s_dies_halfway_no_quorum(ctx: FleetContext) -> None:
+    """min_serving N: the last member's load dies halfway; the fleet aborts; the others
+    are rolled back to v1, verified; without a quorum the fleet admits nothing until the
+    broken member is re-admitted."""
+    rig = ctx.rig
+    fleet, rep = _dies_halfway(ctx, len(rig.names))
+    ctx.check(f"aborted: {', '.join(rig.others)} rolled back to generation 1, verified",
+              rep.aborted and not rep.published
+              and rep.rolled_back == dict.fromkeys(rig.others, Trigger.READMIT_OK),
+              rep.rolled_back)
+    ctx.members_serve(fleet, rig.others, 1)
+    try:
+        fleet.admit("no-quorum")
+        admitted = True
+    except IllegalTransition:
+        admitted = False
+    ctx.check("no quorum: the fleet admits nothing", not admitted and fleet.phase ==
+              FleetPhase.ABORTING, fleet.phase)
+    _restart_and_readmit(ctx, fleet, 1)
+    ctx.check("with the member back the fleet reopens on generation 1",
+              fleet.phase == FleetPhase.READY and fleet.committed == 1, fleet.phase)
+    after = ctx.spread(fleet, "after", len(rig.names))
+    ctx.check("rollouts: generation 1 on every server, v1's tokens", _all_on(after, 1)
+              and {lease.engine for lease, _ in after} == set(rig.names), _seen(after))
+
+
+def s_killed_mid_broadcast(ctx: FleetContext) -> None:
+    """Weights broadcast from this process to every server; the last one is SIGKILLed
+    midway (the simulated one dies in the middle of its load). It is quarantined within
+    the transfer deadline, the others do not wait for it and publish; restarted, it is
+    re-admitted and catches up."""
+    rig, v = ctx.rig, ctx.rig.victim
+    adapters = rig.transfer_adapters()
+    policy = RunnerPolicy(step_timeout_s=60.0, pause_timeout_s=120.0, drain_timeout_s=300.0,
+                          mutation_base_s=TRANSFER_BASE_S + 1.0)
+    fleet = ctx.open(min_serving=len(rig.names) - 1, policy=policy, adapters=adapters)
+    ctx.bootstrap(fleet)
+    e = rig.engines[v]
+    box: dict[str, float] = {}
+    killer = None
+    if isinstance(e, SimHarnessEngine):
+        e.inject_sim("mutate", "crash")  # the simulated process dies mid-load
+    else:
+        killer = threading.Thread(target=_kill_midway, args=(adapters[v], e, box),
+                                  daemon=True)
+        killer.start()
+    t0 = time.monotonic()
+    rep = fleet.update(rig.targets(2))
+    ctx.report("update", rep)
+    if killer is not None:
+        killer.join(60.0)
+        ctx.check(f"{v}'s server was killed midway through its broadcast", "at" in box, box)
+    c = rep.members[v]
+    deadline = policy.mutation_deadline(rig.targets(2)[v])
+    to_taint = c.tainted_after_s
+    ctx.result.evidence.update(mutation_deadline_s=round(deadline, 3),
+                               victim_tainted_after_s=to_taint,
+                               update_s=round(time.monotonic() - t0, 3))
+    ctx.check(f"{v}: ambiguous, TAINTED within the mutation deadline plus a margin",
+              c.final_phase is Phase.TAINTED and to_taint is not None
+              and to_taint <= deadline + TAINT_MARGIN_S
+              and any(s.outcome == Trigger.MUTATE_AMBIGUOUS for s in c.steps),
+              {"tainted_after_s": to_taint, "deadline_s": deadline})
+    ctx.check(f"{', '.join(rig.others)} did not wait for {v}: published", rep.published
+              and sorted(rep.committed_on) == sorted(rig.others), rep.committed_on)
+    ctx.members_serve(fleet, rig.others, 2)
+    _restart_and_readmit(ctx, fleet, 2)
+    after = ctx.spread(fleet, "after", len(rig.names))
+    ctx.check("rollouts: generation 2 on every server, v2's tokens", _all_on(after, 2)
+              and {lease.engine for lease, _ in after} == set(rig.names), _seen(after))
+
+
+def _kill_midway(adapter: Any, engine: Any, box: dict[str, float]) -> None:
+    """Once bytes are on their way to c, SIGKILL its server."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        eng = adapter.active_engine
+        sent = getattr(eng, "bytes_sent", None)
+        if adapter.client.pending is not None and eng is not None and (sent or 0) > 0:
+            box["sent"] = float(sent or 0)
+            box["at"] = time.monotonic()
+            engine.server.kill()
+            return
+        time.sleep(0.0005)
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "clean_update_live": s_clean_update_live,
+    "one_refuses": s_one_refuses,
+    "dies_halfway_quorum": s_dies_halfway_quorum,
+    "dies_halfway_no_quorum": s_dies_halfway_no_quorum,
+    "killed_mid_broadcast": s_killed_mid_broadcast,
+}
+
+
+# --------------------------------------------------------------------------- running
+
+
+def member_steps(journal: Path) -> dict[str, list[str]]:
+    """Each member's steps, in journal order (the fleet's own steps under ``fleet``)."""
+    out: dict[str, list[str]] = {}
+    for _, rec in JournalReader(journal):
+        if rec.get("type") == "header":
+            continue
+        out.setdefault(str(rec.get("engine", "fleet")), []).append(str(rec["step"]))
+    return out
+
+
+def run_fleet_scenario(name: str, rig: FleetRig, *,
+                       printer: Callable[[str], None] | None = None) -> FleetResult:
+    result = FleetResult(name, rig.kind)
+    ctx = FleetContext(rig, result)
+    t0 = time.perf_counter()
+    try:
+        rig.restore()
+        SCENARIOS[name](ctx)
+    except Exception as e:  # a scenario's own bug or an engine gone: reported, not raised
+        result.error = f"{type(e).__name__}: {e}"
+    finally:
+        if ctx.fleet is not None:
+            ctx.fleet.close()
+        result.seconds = time.perf_counter() - t0
+    if result.journal is not None:
+        path = Path(result.journal)
+        result.member_steps = member_steps(path)
+        verdict = check_fleet_file(path)
+        result.trace = verdict.message
+        ctx.check("the fleet journal passes the fleet trace checker", verdict.accepted,
+                  verdict.message)
+    if printer is not None:
+        printer(f"fleet {name} [{rig.kind}] {'PASS' if result.passed else 'FAIL'} "
+                f"{result.seconds:.1f}s" + "".join(f"\n    {f}" for f in result.failures()))
+    return result
+
+
+__all__ = ["NAMES", "SCENARIOS", "FleetResult", "FleetRig", "member_steps",
+           "run_fleet_scenario"]
