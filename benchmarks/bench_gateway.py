@@ -1,0 +1,284 @@
+"""The gateway against direct requests, and the journal's group commit, in one run over
+the same two vLLM CPU servers (tiny model v1, the test fixture's flags).
+
+* Added latency: sequential greedy completions (concurrency 1, 4 tokens), direct to an
+  engine and through ``rolloutcore serve`` (its own process, as deployed: a fleet of the
+  two servers, its fleet journal fsynced with group commit), interleaved pair by pair so
+  that drift hits both alike; p50 and p99 of each, and the difference.
+* Throughput at concurrency 64: the same greedy requests (16 tokens), direct (the
+  client spreads them over the two engines, round robin) and through the gateway (it
+  chooses, least outstanding first); requests per second, three rounds alternated (the
+  machine is shared: one run is noisy), the median of each; the ratio gateway / direct
+  (goal: at least 0.9). Both paths share two cores with the engines, so the gateway's
+  own CPU per request comes straight out of the engines' share.
+* Durable journal records per second, 64 writer threads: one fsync per record (the
+  default) against group commit; and the gateway's own path (admit + release of a
+  fleet, each awaited durable outside the fleet's locks) with group commit against the
+  same fleet calls with one fsync per record.
+
+Run: ``.venv/bin/python benchmarks/bench_gateway.py [--requests N] [--json]`` (about four
+minutes on the 2-core machine: two server starts, then six throughput runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from rolloutcore.adapters.contract import WeightTarget
+from rolloutcore.adapters.sim import SimAdapter, SimEngine, sim_target
+from rolloutcore.adapters.vllm_worker import SERVER_ARGS
+from rolloutcore.conformance.server import VllmServer, free_port
+from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models
+from rolloutcore.controller import TraceRecord
+from rolloutcore.fleet import Fleet
+from rolloutcore.gateway.core import Gateway, GatewayConfig
+from rolloutcore.journal import Journal
+from rolloutcore.targets import load_references
+
+CONCURRENCY = 64
+ROUNDS = 3  # throughput runs per path: the machine is shared, one run is noisy
+REPO = Path(__file__).resolve().parents[1]
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
+
+
+def request(prompt: list[int], n: int) -> dict[str, Any]:
+    return {"model": "tiny", "prompt": prompt, "max_tokens": n, "min_tokens": n,
+            "temperature": 0}
+
+
+def added_latency(direct: str, gateway: str, prompt: list[int], pairs: int) -> dict[str, Any]:
+    lat: dict[str, list[float]] = {"direct": [], "gateway": []}
+    with httpx.Client(timeout=60) as c:
+        for url in (direct, gateway):  # warm both paths (connections, first requests)
+            for _ in range(5):
+                c.post(f"{url}/v1/completions", json=request(prompt, 4)).raise_for_status()
+        for i in range(pairs):
+            order = (("direct", direct), ("gateway", gateway))
+            for name, url in order if i % 2 == 0 else order[::-1]:
+                t0 = time.perf_counter()
+                c.post(f"{url}/v1/completions", json=request(prompt, 4)).raise_for_status()
+                lat[name].append(time.perf_counter() - t0)
+    out: dict[str, Any] = {"pairs": pairs}
+    for q in ("p50", "p99"):
+        f = 0.5 if q == "p50" else 0.99
+        d, g = pct(lat["direct"], f), pct(lat["gateway"], f)
+        out[q] = {"direct_ms": d * 1e3, "gateway_ms": g * 1e3, "added_ms": (g - d) * 1e3}
+    return out
+
+
+async def _throughput(urls: list[str], prompts: list[list[int]], total: int) -> float:
+    done = 0
+    # idle connections expire before a server (vLLM's uvicorn: 5 s) closes them
+    limits = httpx.Limits(max_connections=CONCURRENCY * 2, keepalive_expiry=2.0)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as c:
+        async def worker(i: int) -> None:
+            nonlocal done
+            k = i
+            while k < total:
+                r = await c.post(f"{urls[k % len(urls)]}/v1/completions",
+                                 json=request(prompts[k % len(prompts)], 16))
+                r.raise_for_status()
+                done += 1
+                k += CONCURRENCY
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(i) for i in range(CONCURRENCY)))
+        seconds = time.perf_counter() - t0
+    assert done == total
+    return total / seconds
+
+
+def throughput(direct: list[str], gateway: str, prompts: list[list[int]], total: int
+               ) -> dict[str, Any]:
+    runs: dict[str, list[float]] = {"direct": [], "gateway": []}
+    asyncio.run(_throughput(direct, prompts, CONCURRENCY))  # warm-up
+    for i in range(ROUNDS):  # alternated, the order swapped each round
+        order = [("direct", direct), ("gateway", [gateway])]
+        for name, urls in order if i % 2 == 0 else order[::-1]:
+            runs[name].append(asyncio.run(_throughput(urls, prompts, total)))
+    d, g = statistics.median(runs["direct"]), statistics.median(runs["gateway"])
+    return {"concurrency": CONCURRENCY, "requests": total, "direct_rps": d,
+            "gateway_rps": g, "ratio": g / d, "rounds": ROUNDS, "runs": runs,
+            "pair_ratios": [b / a for a, b in zip(runs["direct"], runs["gateway"],
+                                                  strict=True)]}
+
+
+def _threads(n: int, fn: Any) -> float:
+    start = threading.Barrier(n + 1)
+
+    def run(i: int) -> None:
+        start.wait()
+        fn(i)
+
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in ts:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in ts:
+        t.join()
+    return time.perf_counter() - t0
+
+
+def _no_updates(checkpoint: str, generation: int, label: str) -> WeightTarget:
+    raise ValueError("no updates in this benchmark")
+
+
+def journal_rates(tmp: Path, per_thread: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"threads": CONCURRENCY}
+    for mode in ("fsync_per_record", "group_commit"):
+        j = Journal(tmp / f"{mode}.jsonl", spec_name="RolloutCoreFleet",
+                    group_commit=mode == "group_commit")
+        sink = j.member("a")
+
+        def write(i: int, sink: Any = sink) -> None:
+            for k in range(per_thread):
+                sink(TraceRecord(0, "admit", f"r{i}-{k}", "READY", 1, 0, "none", None))
+
+        seconds = _threads(CONCURRENCY, write)
+        n = CONCURRENCY * per_thread
+        out[mode] = {"records_per_s": n / seconds, "fsyncs": j.fsyncs or n}
+        j.close()
+    out["ratio"] = out["group_commit"]["records_per_s"] / out["fsync_per_record"][
+        "records_per_s"]
+    # The gateway's path: admit and release through a fleet (of simulated engines).
+    for mode in ("fleet_fsync_per_record", "fleet_group_commit"):
+        engines = {n: SimEngine("ckpt-1") for n in ("a", "b")}
+        fleet = Fleet([(n, SimAdapter(e), None) for n, e in engines.items()],
+                      journal=tmp / f"{mode}.jsonl")
+        fleet.bootstrap(sim_target(1, "ckpt-1", label="default"))
+        if mode == "fleet_group_commit":
+            gw = Gateway(fleet, GatewayConfig(model="tiny"), target_of=_no_updates)
+
+            def rollouts(i: int, gw: Gateway = gw) -> None:
+                cancel = threading.Event()
+                for k in range(per_thread // 2):
+                    gw.release(gw.admit(f"r{i}-{k}", "completions", 0, cancel))
+        else:
+            def rollouts(i: int, fleet: Fleet = fleet) -> None:
+                for k in range(per_thread // 2):
+                    fleet.release(fleet.admit(f"r{i}-{k}"))
+
+        seconds = _threads(CONCURRENCY, rollouts)
+        n = CONCURRENCY * (per_thread // 2) * 2
+        out[mode] = {"records_per_s": n / seconds, "fsyncs": fleet.journal.fsyncs or n}
+        fleet.close()
+    out["fleet_ratio"] = out["fleet_group_commit"]["records_per_s"] / out[
+        "fleet_fsync_per_record"]["records_per_s"]
+    return out
+
+
+def serve(fleet_file: Path, port: int, initial: Path, log: Path) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rolloutcore.cli", "serve", "--fleet", str(fleet_file),
+         "--port", str(port), "--initial", str(initial), "--queue-depth", "1024"],
+        cwd=REPO, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"serve exited with {proc.returncode}: {log.read_text()}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("serve did not start")
+        time.sleep(0.2)
+
+
+def run(tmp: Path, requests: int, pairs: int, records: int) -> dict[str, Any]:
+    models = build_models(DEFAULT_OUT)
+    probes = {p["name"]: p["prompt_token_ids"] for p in
+              load_references(models["v1"])["probes"]}
+    prompts = [probes[n] for n in ("short", "medium", "numbers", "long")]
+    result: dict[str, Any] = {"journal": journal_rates(tmp, records)}
+    servers = [VllmServer(models["v1"], extra_args=SERVER_ARGS,
+                          log_path=tmp / f"vllm-{i}.log") for i in range(2)]
+    starters = [threading.Thread(target=s.start) for s in servers]
+    for t in starters:
+        t.start()
+    for t in starters:
+        t.join()
+    proc = None
+    try:
+        fleet_file = tmp / "fleet.toml"
+        fleet_file.write_text("".join(f'[[engine]]\nname = "e{i}"\nurl = "{s.url}"\n'
+                                      for i, s in enumerate(servers)))
+        port = free_port()
+        proc = serve(fleet_file, port, models["v1"], tmp / "serve.log")
+        gateway = f"http://127.0.0.1:{port}"
+        result["latency"] = added_latency(servers[0].url, gateway, probes["short"], pairs)
+        result["throughput"] = throughput([s.url for s in servers], gateway, prompts,
+                                          requests)
+        status = httpx.get(f"{gateway}/admin/status", timeout=10).json()["journal"]
+        result["gateway_journal"] = {"records": status["last_seq"],
+                                     "fsyncs": status["fsyncs"]}
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(60)
+        for s in servers:
+            s.stop()
+    return result
+
+
+def render(r: dict[str, Any]) -> str:
+    lat, thr, j = r["latency"], r["throughput"], r["journal"]
+    lines = [f"added latency per request (concurrency 1, {lat['pairs']} interleaved pairs, "
+             "4 tokens):"]
+    for q in ("p50", "p99"):
+        x = lat[q]
+        lines.append(f"  {q}: direct {x['direct_ms']:7.2f} ms, gateway {x['gateway_ms']:7.2f}"
+                     f" ms, added {x['added_ms']:6.2f} ms")
+    lines.append(f"throughput at concurrency {thr['concurrency']} ({thr['requests']} requests"
+                 f", 16 tokens, median of {thr['rounds']}): direct {thr['direct_rps']:.1f} "
+                 f"req/s, gateway {thr['gateway_rps']:.1f} req/s, ratio {thr['ratio']:.3f}x "
+                 "(goal >= 0.9); per round: "
+                 + ", ".join(f"{x:.2f}" for x in thr["pair_ratios"]))
+    lines.append(f"durable journal records/s, {j['threads']} threads:")
+    for k in ("fsync_per_record", "group_commit", "fleet_fsync_per_record",
+              "fleet_group_commit"):
+        lines.append(f"  {k:<24} {j[k]['records_per_s']:10.0f} records/s "
+                     f"({j[k]['fsyncs']} fsyncs)")
+    lines.append(f"  group commit ratio: {j['ratio']:.1f}x (journal), "
+                 f"{j['fleet_ratio']:.1f}x (fleet admit+release)")
+    g = r["gateway_journal"]
+    lines.append(f"the gateway's own journal in this run: {g['records']} records, "
+                 f"{g['fsyncs']} fsyncs")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--requests", type=int, default=640, help="per throughput run")
+    ap.add_argument("--pairs", type=int, default=200, help="latency pairs")
+    ap.add_argument("--records", type=int, default=64, help="journal records per thread")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
+        result = run(Path(tmp), args.requests, args.pairs, args.records)
+    print(json.dumps(result, indent=2, sort_keys=True) if args.json else render(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
