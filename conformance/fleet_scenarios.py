@@ -96,6 +96,10 @@ class FleetRig:
             e.restore()
             e.disarm()
 
+    def urls(self) -> dict[str, str | None]:
+        return {n: getattr(getattr(e, "server", None), "url", None)
+                for n, e in self.engines.items()}
+
     def targets(self, generation: int) -> dict[str, WeightTarget]:
         return {n: (e.initial_target() if generation == 1 else
                     e.target(generation, VERSION[generation]))
@@ -124,8 +128,8 @@ class FleetRig:
         ads = adapters or self.adapters()
         journal = self.work / f"{name}-{self.kind}.jsonl"
         journal.unlink(missing_ok=True)
-        members = [(n, ads[n], getattr(getattr(e, "server", None), "url", None))
-                   for n, e in self.engines.items()]
+        urls = self.urls()
+        members = [(n, ads[n], urls[n]) for n in self.engines]
         return Fleet(members, journal=journal, min_serving=min_serving,
                      policy=policy or POLICY, fsync=False)
 
@@ -166,13 +170,18 @@ class FleetResult:
 
 
 class FleetContext:
-    def __init__(self, rig: FleetRig, result: FleetResult) -> None:
+    def __init__(self, rig: FleetRig, result: FleetResult,
+                 say: Callable[[str], None] | None = None) -> None:
         self.rig = rig
         self.result = result
         self.fleet: Fleet | None = None
+        self.say = say
 
     def check(self, description: str, ok: bool, observed: Any = None) -> bool:
         self.result.checks.append(Check(description, bool(ok), observed))
+        if self.say is not None:
+            self.say(f"  [{'ok' if ok else 'FAIL'}] {description}"
+                     + ("" if ok or observed is None else f": {observed!r}"[:400]))
         return bool(ok)
 
     def open(self, *, min_serving: int, policy: RunnerPolicy | None = None,
@@ -477,9 +486,11 @@ def member_steps(journal: Path) -> dict[str, list[str]]:
 
 
 def run_fleet_scenario(name: str, rig: FleetRig, *,
-                       printer: Callable[[str], None] | None = None) -> FleetResult:
+                       printer: Callable[[str], None] | None = None,
+                       narrate: bool = False) -> FleetResult:
+    """Run one scenario on ``rig``; with ``narrate`` every check is printed as it is made."""
     result = FleetResult(name, rig.kind)
-    ctx = FleetContext(rig, result)
+    ctx = FleetContext(rig, result, printer if narrate else None)
     t0 = time.perf_counter()
     try:
         rig.restore()

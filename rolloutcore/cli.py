@@ -342,6 +342,12 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    if args.fleet is not None:
+        if args.fleet < 2:
+            return _bad_input(args, f"--fleet needs at least 2 servers, got {args.fleet}")
+        from rolloutcore.conformance.fleet_demo import main as fleet_demo_main
+
+        return fleet_demo_main(args.fleet, as_json=args.json)
     from rolloutcore.conformance.demo import main as demo_main
 
     return demo_main(as_json=args.json)
@@ -402,6 +408,9 @@ def _add_demo_conformance_parsers(sub: Any) -> None:
     demo = sub.add_parser("demo", help="live updates of a real vLLM CPU server through "
                           "RolloutCore, verified end to end (exit 0 only if all checks pass)")
     demo.add_argument("--json", action="store_true")
+    demo.add_argument("--fleet", type=int, metavar="N", help="a fleet of N servers (about "
+                      "2 GiB each): one transactional update, a failing server quarantined "
+                      "and re-admitted")
     demo.set_defaults(func=_demo)
     conf = sub.add_parser("conformance", help="the scenario corpus against real vLLM and the "
                           "simulator")
