@@ -110,7 +110,9 @@ class Gateway:
     def __init__(self, fleet: Fleet, config: GatewayConfig, *, target_of: TargetFactory,
                  clock: Callable[[], float] = time.monotonic) -> None:
         """``target_of(checkpoint, generation, label)`` describes an update's target and
-        raises ValueError for a checkpoint it cannot (the admin API's 400)."""
+        raises ValueError for a checkpoint it cannot (the admin API's 400). Build the
+        gateway before the fleet is used from other threads: it switches the fleet's
+        journal to group commit (the Fleet builds its journal itself)."""
         self.fleet = fleet
         self.config = config
         self.target_of = target_of
