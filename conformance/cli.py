@@ -30,8 +30,16 @@ class Remote:
         self.checkpoints = checkpoints
         self.token = token
 
-    def check(self) -> None:
-        preflight(self.server, self.checkpoints)
+    def passes_preflight(self) -> bool:
+        """Check the server before touching it; say in one line what it lacks."""
+        import sys
+
+        try:
+            preflight(self.server, self.checkpoints)
+        except PreflightError as e:
+            print(f"error: preflight: {e}", file=sys.stderr)
+            return False
+        return True
 
     def factory(self, out: Path) -> EngineFactory:
         return lambda: VllmHarnessEngine.attach(self.server, self.checkpoints, out / "remote",
@@ -70,12 +78,8 @@ def cli_run(engine: str, names: list[str] | None, *, as_json: bool,
         print(f"--safe: leaving out {', '.join(n for n in SCENARIOS if n not in names)} "
               "(they kill the engine or load a broken checkpoint)", file=stream)
     out = out_dir or artifacts_dir() / time.strftime("conformance-%Y%m%d-%H%M%S")
-    if remote is not None:
-        try:
-            remote.check()
-        except PreflightError as e:
-            print(f"error: preflight: {e}", file=sys.stderr)
-            return 3
+    if remote is not None and not remote.passes_preflight():
+        return 3
 
     def printer(text: str) -> None:
         print(text, file=stream, flush=True)
@@ -164,12 +168,8 @@ def cli_tour(engine: str, *, as_json: bool, walks: int, seed: int, safe: bool,
         print("error: vllm is not installed (pip install -e '.[vllm]'); or run against an "
               "existing server with --url", file=sys.stderr)
         return 3
-    if remote is not None:
-        try:
-            remote.check()
-        except PreflightError as e:
-            print(f"error: preflight: {e}", file=sys.stderr)
-            return 3
+    if remote is not None and not remote.passes_preflight():
+        return 3
     out = out_dir or artifacts_dir() / time.strftime("tour-%Y%m%d-%H%M%S")
     graph = t.TourGraph()
     eng: HarnessEngine

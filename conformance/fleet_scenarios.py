@@ -198,10 +198,9 @@ class FleetContext:
                    and fleet.phase == FleetPhase.READY,
                    {n: o.trigger for n, o in out.items()})
 
-    def rollout(self, fleet: Fleet, rid: str) -> tuple[Lease, bool]:
-        """Admit, generate on the lease's engine (directly: the rollout's own client),
-        release; whether the tokens are the bound generation's reference."""
-        lease = fleet.admit(rid, wait=60.0)
+    def _generate(self, fleet: Fleet, lease: Lease) -> tuple[Lease, bool]:
+        """Generate on the lease's engine (directly: the rollout's own client), release;
+        whether the tokens are the bound generation's reference."""
         e = self.rig.engines[lease.engine]
         try:
             out = e.raw_generate(e.prompt("rollout"), e.rollout_tokens)
@@ -209,20 +208,14 @@ class FleetContext:
             fleet.release(lease)
         return lease, out.tokens == e.reference(VERSION[lease.generation], "rollout")
 
+    def rollout(self, fleet: Fleet, rid: str) -> tuple[Lease, bool]:
+        return self._generate(fleet, fleet.admit(rid, wait=60.0))
+
     def spread(self, fleet: Fleet, prefix: str, n: int) -> list[tuple[Lease, bool]]:
         """``n`` rollouts admitted together (least loaded first), generated in parallel."""
         leases = [fleet.admit(f"{prefix}-{i}", wait=60.0) for i in range(n)]
-
-        def gen(lease: Lease) -> tuple[Lease, bool]:
-            e = self.rig.engines[lease.engine]
-            try:
-                out = e.raw_generate(e.prompt("rollout"), e.rollout_tokens)
-            finally:
-                fleet.release(lease)
-            return lease, out.tokens == e.reference(VERSION[lease.generation], "rollout")
-
         with ThreadPoolExecutor(n) as pool:
-            return list(pool.map(gen, leases))
+            return list(pool.map(lambda lease: self._generate(fleet, lease), leases))
 
     def members_serve(self, fleet: Fleet, names: list[str], generation: int) -> None:
         want = self.rig.targets(generation)
@@ -297,13 +290,7 @@ def s_one_refuses(ctx: FleetContext) -> None:
     which validated v2, are rolled back to v1 by verified re-admission; everything
     serves v1 again."""
     rig, v = ctx.rig, ctx.rig.victim
-    fleet = ctx.open(min_serving=len(rig.names))
-    ctx.bootstrap(fleet)
-    targets = rig.targets(2)
-    targets[v] = rig.engines[v].arm_refused_mutation(targets[v])
-    rep = fleet.update(targets)
-    rig.engines[v].disarm()
-    ctx.report("update", rep)
+    fleet, rep = _update_with_victim(ctx, len(rig.names), rig.engines[v].arm_refused_mutation)
     ctx.check("not published: the fleet aborted and reopened on generation 1",
               rep.aborted and not rep.published and fleet.phase == FleetPhase.READY
               and fleet.committed == 1, {"phase": fleet.phase, "committed": fleet.committed})
@@ -319,15 +306,24 @@ def s_one_refuses(ctx: FleetContext) -> None:
     ctx.check("rollouts: generation 1, v1's tokens", _all_on(after, 1), _seen(after))
 
 
-def _dies_halfway(ctx: FleetContext, min_serving: int) -> tuple[Fleet, FleetCycleReport]:
+def _update_with_victim(ctx: FleetContext, min_serving: int,
+                        arm: Callable[[WeightTarget], WeightTarget]) -> tuple[
+                            Fleet, FleetCycleReport]:
+    """Bootstrap a fleet and update it to v2, the victim's target armed by ``arm``."""
     rig, v = ctx.rig, ctx.rig.victim
     fleet = ctx.open(min_serving=min_serving)
     ctx.bootstrap(fleet)
     targets = rig.targets(2)
-    targets[v] = rig.engines[v].arm_failing_mutation(targets[v])
+    targets[v] = arm(targets[v])
     rep = fleet.update(targets)
     rig.engines[v].disarm()
     ctx.report("update", rep)
+    return fleet, rep
+
+
+def _dies_halfway(ctx: FleetContext, min_serving: int) -> tuple[Fleet, FleetCycleReport]:
+    rig, v = ctx.rig, ctx.rig.victim
+    fleet, rep = _update_with_victim(ctx, min_serving, rig.engines[v].arm_failing_mutation)
     c = rep.members[v]
     ctx.check(f"{v}'s load died halfway: ambiguous, quarantined (TAINTED), fenced",
               v in rep.quarantined and c.final_phase is Phase.TAINTED and bool(c.fenced)
