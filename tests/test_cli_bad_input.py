@@ -90,6 +90,14 @@ CASES: list[Case] = [
     C("conformance run", "--engine bogus", 2, "unknown engine"),
     C("conformance run", "--engine sim --scenario nope", 2, "unknown scenario"),
     C("conformance run", "--bogus", 2, "unknown option"),
+    C("conformance run", "--checkpoint v1=/x", 2, "checkpoint without url"),
+    C("conformance run", "--url http://127.0.0.1:9 --checkpoint v9=/x", 2, "unknown role"),
+    C("conformance tour", "--engine bogus", 2, "unknown engine"),
+    C("conformance tour", "--walk a,b", 2, "walk not integers"),
+    C("conformance tour", "--walk -1", 2, "negative choice"),
+    C("conformance tour", "--walks -1", 2, "negative walks"),
+    C("conformance tour", "--token t", 2, "token without url"),
+    C("demo", "--fleet 1", 2, "fleet of one"),
     # records show: strict and streaming
     *(C(SHOW, f"{{{f}}}", 2, f) for f in (
         "notjson", "empty", "binary", "dir", "missing", "deep", "records_torn",
