@@ -46,9 +46,13 @@ from rolloutcore.identity import CheckpointError, IdentityHasher, checkpoint_ent
 
 EXTENSION_CLS = "rolloutcore.adapters.vllm_worker.RolloutCoreWorkerExtension"
 LOAD_FORMAT = "rolloutcore"  # = rolloutcore.adapters.vllm_loader.LOAD_FORMAT (no vLLM import)
-#: What a vLLM server needs on its command line for this extension to vouch for weights.
+#: What a vLLM server needs on its command line for this extension to vouch for weights;
+#: ``--enable-prompt-tokens-details`` makes every completion report the prompt tokens it
+#: took from the prefix cache (``usage.prompt_tokens_details.cached_tokens``): the probe's
+#: own stale-cache evidence, without reading the counters around it.
 SERVER_ARGS: tuple[str, ...] = ("--worker-extension-cls", EXTENSION_CLS,
-                                "--load-format", LOAD_FORMAT)
+                                "--load-format", LOAD_FORMAT,
+                                "--enable-prompt-tokens-details")
 
 
 def _register_loader() -> None:

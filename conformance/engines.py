@@ -217,6 +217,11 @@ class HarnessEngine(abc.ABC):
         """Replace the engine's process by a fresh one on checkpoint ``initial`` (outside
         RolloutCore): same address, new process, startup label."""
 
+    def replace_out_of_band(self, initial: str) -> None:
+        """What a replaced process looks like to RolloutCore (checkpoint ``initial``, the
+        startup label, empty caches, running, nothing in flight), made outside it."""
+        self.restart_process(initial)
+
     @abc.abstractmethod
     def alive(self) -> bool:
         ...
@@ -246,17 +251,19 @@ INJECTABLE: dict[str, str] = {
 }
 Wire = tuple[str, str, str | None]  # (method, path, body marker)
 #: Adapter operations and the requests on the wire a fault on each one strikes (the fence
-#: pauses and relabels: a fault on it strikes both, so that nothing of it happens).
+#: pauses and relabels: a fault on it strikes both, so that nothing of it happens; pause
+#: and resume go through either route of ``HttpAdapter.pause_route``).
 WIRE_OPS: dict[str, tuple[Wire, ...]] = {
-    "pause": (("POST", "/pause", None),),
-    "resume": (("POST", "/resume", None),),
+    "pause": (("POST", "/pause", None), ("POST", "/sleep", None)),
+    "resume": (("POST", "/resume", None), ("POST", "/wake_up", None)),
     "reset_prefix": (("POST", "/reset_prefix_cache", None),),
     "reset_encoder": (("POST", "/reset_encoder_cache", None),),
     "reset_mm": (("POST", "/reset_mm_cache", None),),
     "read_state": (("GET", "/weight_info", None),),
     "probe": (("POST", "/v1/completions", "rolloutcore:probe"),),
     "mutate": (("POST", "/collective_rpc", "reload_weights"),),
-    "fence": (("POST", "/pause", None), ("POST", "/update_weight_version", None)),
+    "fence": (("POST", "/pause", None), ("POST", "/sleep", None),
+              ("POST", "/update_weight_version", None)),
 }
 
 
@@ -449,6 +456,13 @@ class VllmHarnessEngine(HarnessEngine):
         self.clear_faults()
         self.disarm()
         self.server.restart(self.models[initial])
+
+    def replace_out_of_band(self, initial: str) -> None:
+        """The state a fresh process on ``initial`` shows (weights, startup label, empty
+        prefix cache, running), installed in place: a real restart takes a minute, and a
+        server someone else runs (``--url``) cannot be restarted at all. The fleet
+        scenarios restart real processes."""
+        self.restore(initial)
 
     @classmethod
     def attach(cls, server: Any, models: Mapping[str, Path], work_dir: Path, *,

@@ -140,6 +140,14 @@ def sample_decision(c: Controller, trigger: str, param: str | None = None) -> De
             *readmitted[:5], EngineReport(_label(k), _identity(0), True, 0), *readmitted[6:]),
             _expected(k)),
         "readmit_failed": Decision(Op.READMIT, readmitted[:1], _expected(k)),
+        # A serving engine's probe may hit its prefix cache: no sign of staleness there.
+        "audit_ok": Decision(Op.AUDIT, (
+            EngineReport(_label(k), _identity(k), False, 2),
+            ProbeEvidence(PROBE_PROMPT, _reference(k), 200, "length", 3)), _expected(k)),
+        "audit_failed": Decision(Op.AUDIT, error="ConnectError: connection refused"),
+        # Relaunched out of band: the initial label and other weights.
+        "audit_mismatch": Decision(Op.AUDIT, (EngineReport(_label(1), _identity(0), False, 0),),
+                                   _expected(k)),
     }
     return table[trigger]
 
@@ -347,6 +355,34 @@ def s_probe_mismatch(c: Controller) -> None:
     fence(c)
 
 
+def s_audit(c: Controller) -> None:
+    """A serving engine audited: passes; then unreachable (no admission until an audit
+    passes again), suspected by the application, and at last found replaced out of band
+    with a rollout bound: quarantined (the rollout released as aborted), fenced and
+    re-admitted."""
+    bootstrap(c)
+    rollouts(c, "r1")
+    c.admit("r2")
+    c.fire("audit_begin")
+    out(c, "audit_ok")
+    c.release("r2")
+    c.fire("audit_begin")
+    out(c, "audit_failed")
+    c.fire("audit_begin")
+    out(c, "audit_ok")
+    c.fire("suspect", detail={"rollout": "r3", "error": "ConnectError: connection refused"})
+    c.fire("audit_begin")
+    out(c, "audit_ok")
+    c.admit("r4")
+    c.fire("audit_begin")
+    out(c, "audit_mismatch")
+    c.release("r4")  # released as aborted by the mismatch: let go, nothing journalled
+    fence(c)
+    c.fire("readmit_begin", detail={"who": "operator"})
+    out(c, "readmit_ok")
+    rollouts(c, "r5")
+
+
 def s_give_up(c: Controller) -> None:
     _to_mutation(c)
     mutate(c)
@@ -370,6 +406,7 @@ SCENARIOS: dict[str, Scenario] = {
     "validate_mismatch": s_validate_mismatch,
     "probe_mismatch": s_probe_mismatch,
     "give_up": s_give_up,
+    "audit": s_audit,
 }
 
 
@@ -486,7 +523,17 @@ def _evidence_swap(rec: Record, **changes: Any) -> Record:
 def make_bad(good: Path, bad: Path) -> None:
     g = {name: load(good / f"{name}.jsonl") for name in (
         "mutate_ambiguous", "validate_mismatch", "update_while_bound", "update_cycle",
-        "admit_release", "recover_tainted")}
+        "admit_release", "recover_tainted", "audit")}
+
+    # A rollout admitted on an engine that could not be audited, before any audit passed.
+    r = g["audit"]
+    i = find(r, "audit_failed")
+    write(bad / "NoAdmissionInDoubt__admit_after_failed_audit.jsonl",
+          renumber([*r[:i + 1], like(r[i], "admit", "step", "r9"), *r[i + 1:]]))
+    # An audit journalled as passed although the identity it read is another one.
+    i = find(r, "audit_ok")
+    write(bad / "EvidenceContradictsOutcome__audit_ok_other_identity.jsonl",
+          [*r[:i], _evidence_swap(r[i], identity="0" * 64), *r[i + 1:]])
 
     r = g["mutate_ambiguous"]
     i = find(r, "mutate_ambiguous")

@@ -178,6 +178,12 @@ MEANS: dict[str, tuple[Means, ...]] = {
         f"the reload installs {OTHER} although the committed checkpoint is declared",
         arm="wrong_checkpoint",
         world=lambda s, _t: s.weights == MIXED and s.label == s.committed),),
+    "audit_failed": (Means(f"read_state: {_HTTP_500}", (("read_state", "http_500"),)),),
+    # Not an outcome: the engine's process replaced behind the controller's back (what
+    # an audit must find), onto content no generation declares, under the startup label.
+    "engine_restart": (Means(
+        f"the engine is replaced out of band by one on {OTHER} under its startup label",
+        world=lambda s, t: t.weights == MIXED and t.label == 1 and not any(s.req)),),
     "readmit_failed": (Means(f"the probe after the reload: {_HTTP_500}",
                              (("probe", "http_500"),),
                              world=lambda s, t: _committed_weights(s, t) and not t.paused),),
@@ -208,6 +214,10 @@ def realisable(a: Action, s: State, t: State, cap: Capability) -> bool:
         return s.pending != Op.READMIT.value and _same_ghost(s, t)
     if a.name == "readmit_begin":
         return t.weights in (s.committed, MIXED) and t.label == s.committed
+    if a.kind is Kind.CONTROL and s.pending != NO_OP:
+        # The tour makes an operation's one call at once (begin, call, outcome): what the
+        # controller does meanwhile (admissions during an audit) the fleet tests exercise.
+        return False
     return means_for(a, s, t, cap) is not None
 
 
@@ -525,7 +535,7 @@ class TourRun:
         e = edges[k]
         a = e.action
         if a.kind is Kind.ENVIRONMENT:
-            self._join(e.param)
+            self._environment(e)
         elif a.kind is Kind.RESTART:
             self.journal.close()
             got = self._open()
@@ -581,6 +591,9 @@ class TourRun:
         m = means_for(nxt.action, nxt.source, nxt.dest, self.cap)
         if m is None:
             raise Diverged(f"{self.engine.kind} cannot be made to take {nxt.label()} here")
+        for mid in edges[k + 1:j]:  # a replacement happens before the call it answers
+            if mid.action.name == "engine_restart":
+                self._environment(mid)
         target = self._target_of(op, e.source)
         target = self._arm(m, target)
         for fop, cause in m.faults:  # "reset": the tier this step resets
@@ -602,14 +615,15 @@ class TourRun:
             raise Diverged(f"outcome {outcome.trigger} ({outcome.reason}); the path "
                            f"predicts {nxt.action.trigger} by {m.what}")
         for mid in edges[k + 1:j]:  # the engine's own steps the path puts in between
-            self._join(mid.param)
+            if mid.action.name != "engine_restart":
+                self._environment(mid)
         self._check(nxt.dest)
         return j + 1
 
     def _target_of(self, op: Op, s: State) -> WeightTarget | None:
         if op is Op.BOOTSTRAP:
             return self.targets[1]
-        if op is Op.READMIT:
+        if op in (Op.READMIT, Op.AUDIT):
             return self.targets[s.committed]
         if op in (Op.MUTATE, Op.VALIDATE, Op.PROBE):
             return self.targets[s.target]
@@ -652,6 +666,13 @@ class TourRun:
             e.raw_generate(e.prompt("rollout"), e.rollout_tokens)
         except Exception:  # an aborted or failed request ends it: what the tour waits for
             return
+
+    def _environment(self, e: Edge) -> None:
+        """The engine's own step: a request ends, or its process is replaced."""
+        if e.action.name == "engine_restart":
+            self.engine.replace_out_of_band(OTHER)
+        else:
+            self._join(e.param)
 
     def _join(self, slot: Param) -> None:
         t = self.rollouts.pop(slot, None) if slot is not None else None

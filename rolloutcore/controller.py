@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 from transitions import Machine
 from transitions.extensions import LockedMachine
 
-from rolloutcore.spec.lifecycle import NO_OP, SPEC, Action, Kind, Phase, Spec
+from rolloutcore.spec.lifecycle import NO_OP, SPEC, Action, Kind, Phase, Spec, frees_bindings
 from rolloutcore.spec.triggers import Trigger
 
 
@@ -137,6 +137,7 @@ class TriggerSpec:
     when: Callable[[Any, Any], bool]
     control: Callable[[Any, Any], Mapping[str, object]]
     kind: Kind
+    frees: bool = False  # drops every binding (a restart, an audit mismatch)
 
 
 #: Triggers that are not machine transitions: the hot path (admission and releases).
@@ -159,7 +160,7 @@ def triggers_of(spec: Spec) -> dict[str, TriggerSpec]:
             if not same:
                 raise ValueError(f"{a.name} is observed as {name} but its controller half differs")
         out[name] = TriggerSpec(name, tuple(acts), first.sources, first.dest, first.param,
-                                first.when, first.control, first.kind)
+                                first.when, first.control, first.kind, frees_bindings(first))
     return out
 
 
@@ -189,6 +190,9 @@ class Controller:
         self._aborted: dict[str, Binding] = {}  # released as aborted, not yet let go by the app
         self._triggers = triggers_of(self.spec)
         self._admit_phases = self._triggers[Trigger.ADMIT].sources
+        self._admit_when = self._triggers[Trigger.ADMIT].when
+        self._admit_for: ControlState | None = None  # the state _admit_ok was computed for
+        self._admit_ok = False
         self._release_phases = self._triggers[Trigger.RELEASE].sources
         self._abort_phases = self._triggers[Trigger.RELEASE_ABORTED].sources
         self._model = _Model()
@@ -231,8 +235,8 @@ class Controller:
     def _effect(self, t: TriggerSpec) -> Callable[[Any], None]:
         def effect(event: Any) -> None:
             updates = dict(t.control(self._step_view, event.kwargs.get("param")))
-            # Bindings live beside the control state; the only machine step that writes
-            # them (a restart) drops them all, which restart() does.
+            # Bindings live beside the control state; the machine steps that write them
+            # drop them all (t.frees), which _fire does once the step is journalled.
             updates.pop("bind", None)
             if t.dest is not None:
                 updates["phase"] = t.dest
@@ -264,7 +268,9 @@ class Controller:
             allowed = ", ".join(sorted(p.value for p in t.sources))
             return f"allowed only in {allowed}"
         if t.name == Trigger.ADMIT:
-            return f"rollout {param!r} is already bound" if param in self.bindings else None
+            if param in self.bindings:
+                return f"rollout {param!r} is already bound"
+            return None if self._admissible() else self._guard_refusal()
         if t.name in (Trigger.RELEASE, Trigger.RELEASE_ABORTED):
             return None if param in self.bindings else f"rollout {param!r} is not bound"
         if t.param == "tier" and param not in ("prefix", "encoder", "mm"):
@@ -322,7 +328,16 @@ class Controller:
                 self.control = before
                 self._machine.set_state(before.phase.value, model=self._model)
                 raise
-            if self.control.phase != before.phase or self.control.committed != before.committed:
+            if self._triggers[trigger].frees and self.bindings:
+                # An audit found the engine is not the one verified: its rollouts ran on
+                # it and are released as aborted (the application lets them go).
+                for rid, b in self.bindings.items():
+                    self._aborted[rid] = b._replace(aborted=True)
+                self.bindings = {}
+                self._released.notify_all()
+            c = self.control
+            if (c.phase, c.committed, c.evidence) != (before.phase, before.committed,
+                                                      before.evidence):
                 self._opened.notify_all()
             return out
 
@@ -342,6 +357,10 @@ class Controller:
             bindings = self.bindings
             if c.phase not in self._admit_phases:
                 raise IllegalTransition("admit", c.phase, "admissions are closed")
+            if not self._admissible():
+                raise IllegalTransition("admit", c.phase, "admissions wait for evidence (an "
+                                        "audit failed or the engine was suspected: an audit "
+                                        "must pass first)")
             if c.committed < min_generation:
                 raise IllegalTransition("admit", c.phase, f"committed generation {c.committed} "
                                         f"is below the required {min_generation}")
@@ -363,7 +382,18 @@ class Controller:
 
     def _open_for(self, min_generation: int) -> bool:
         c = self.control
-        return c.phase in self._admit_phases and c.committed >= min_generation
+        return c.phase in self._admit_phases and c.committed >= min_generation \
+            and self._admissible()
+
+    def _admissible(self) -> bool:
+        """The admit row's guard on the control state, for a free slot (bindings are
+        checked by rollout id); cached per control state: this is the hot path."""
+        c = self.control
+        if c is not self._admit_for:
+            self._admit_ok = bool(self._admit_when(GuardView(
+                c.phase, c.committed, c.target, c.pending, (0,), c.cleared, c.evidence), 1))
+            self._admit_for = c
+        return self._admit_ok
 
     def _wait_open(self, rollout_id: str, wait: float, min_generation: int,
                    cancel: threading.Event | None) -> None:

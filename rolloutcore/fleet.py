@@ -15,10 +15,21 @@ records follow it before anything else (the fleet's lock is held across the grou
 
 Members are addressed by URL (any launcher: Kubernetes, Ray, a shell script); a fleet
 file (TOML) names them: ``[[engine]] name, url, model, token, transfer``.
+
+An engine whose process is replaced behind the fleet's back (a new process, possibly
+other weights) looks the same to the controllers until someone looks: :meth:`Fleet.audit`
+reads every READY member again (label, identity, run state, a probe; see
+:mod:`rolloutcore.audit`), and the optional watchdog (``watchdog_s``) does so periodically.
+A member whose audit finds another engine is quarantined (fenced; served again only
+after verified re-admission), one that cannot be reached stops serving until an audit
+passes, and so does one the application reports unreachable
+(:meth:`Fleet.report_unreachable`, which also audits it at once). Between a replacement
+and the next audit nobody can know: the watchdog's period bounds that window.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import tomllib
@@ -31,6 +42,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from rolloutcore.adapters.contract import LifecycleAdapter, WeightTarget
+from rolloutcore.audit import audit as audit_engine
 from rolloutcore.controller import (
     AdmissionCancelled,
     AdmissionTimeout,
@@ -47,14 +59,18 @@ from rolloutcore.spec.fleet import (
     MEMBER_GUARDS,
     FleetPhase,
     held_back,
+    quorum,
     serving,
     validated,
 )
-from rolloutcore.spec.lifecycle import Phase, Result
+from rolloutcore.spec.lifecycle import Phase, Result, verified
 from rolloutcore.spec.triggers import OUTCOMES, Trigger
 
 UNINITIALIZED = "UNINITIALIZED"
 TRANSFERS = ("reload", "gloo", "nccl")
+#: The outcomes of an audit, as journalled.
+AUDIT_OUTCOMES = frozenset({Trigger.AUDIT_OK, Trigger.AUDIT_FAILED, Trigger.AUDIT_MISMATCH})
+log = logging.getLogger(__name__)
 
 
 class FleetError(Exception):
@@ -171,6 +187,7 @@ class Member:
     controller: Controller
     runner: LifecycleRunner
     outstanding: int = 0  # rollouts admitted and not yet released
+    last_audit: dict[str, Any] | None = None  # outcome, reason, at (wall clock), why
 
     def view(self) -> Any:
         """The member's controller state, as the fleet spec's predicates read it."""
@@ -231,6 +248,7 @@ class MemberStatus:
     serving: bool
     quarantined: bool
     outstanding: int
+    last_audit: dict[str, Any] | None = None  # outcome, reason, at, why (None: never)
 
     def as_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -249,10 +267,12 @@ class Fleet:
                  policy: RunnerPolicy | None = None, fsync: bool = True,
                  clock: Callable[[], float] = time.time,
                  on_step: StepHook | None = None,
-                 target_of: TargetFactory | None = None) -> None:
+                 target_of: TargetFactory | None = None,
+                 watchdog_s: float | None = None) -> None:
         """A fleet over ``members`` (name, adapter, URL). A new journal starts a fresh
         fleet (to bootstrap); an existing one is recovered (see :meth:`_recover`), which
-        needs ``target_of`` to describe the generations it names."""
+        needs ``target_of`` to describe the generations it names. ``watchdog_s``: audit
+        every READY member that often (see :meth:`start_watchdog`)."""
         names = [n for n, _a, _u in members]
         if not names or len(set(names)) != len(names):
             raise ValueError(f"members need distinct names: {names}")
@@ -262,6 +282,7 @@ class Fleet:
         path = Path(journal)
         existing = path.exists() and path.stat().st_size > 0
         self.policy = policy = policy or RunnerPolicy()
+        self._clock = clock
         self.on_step = on_step
         self.members: dict[str, Member] = {}
         for name, adapter, url in members:
@@ -281,10 +302,14 @@ class Fleet:
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._pool = ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="fleet")
-        self._update_lock = threading.Lock()  # one update or readmission at a time
+        self._update_lock = threading.Lock()  # one update, readmission or audit at a time
+        self._watchdog: threading.Thread | None = None
+        self._watchdog_stop = threading.Event()
         if existing:
             with self._lock:
                 self._restart()
+        if watchdog_s is not None:
+            self.start_watchdog(watchdog_s)
 
     # --------------------------------------------------------------------- recovery
 
@@ -311,6 +336,8 @@ class Fleet:
                 raise FleetError(f"{path}:{line}: {engine}: the journal does not replay "
                                  f"through the spec: {e}") from None
             self._replay_target(m, rec, target_of)
+            if rec.get("step") in AUDIT_OUTCOMES:
+                m.last_audit = _audit_record(rec)
         report = reader.report
         if not report.ok and not report.truncated:
             raise FleetError(f"{path}: chain broken at line {report.first_bad_line} "
@@ -364,6 +391,7 @@ class Fleet:
         return hook
 
     def close(self) -> None:
+        self.stop_watchdog()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.journal.close()
 
@@ -388,13 +416,15 @@ class Fleet:
     def _enabled(self, step: str) -> bool:
         """Whether the fleet spec takes fleet step ``step`` from the fleet's state now."""
         fa = _FLEET_STEP[step]
-        bounds: Any = SimpleNamespace(min_serving=self.min_serving)
-        return self.phase in fa.sources and fa.when(self._fleet_state(), bounds)
+        return self.phase in fa.sources and fa.when(self._fleet_state(), self._bounds())
 
     def _member_may(self, step: str, m: Member) -> bool:
         """Whether the fleet spec's guard lets member ``m`` take ``step`` now."""
         guard = MEMBER_GUARDS.get(step)
-        return guard is None or guard[0](self._fleet(), m.view())
+        return guard is None or guard[0](self._fleet_state(), m.view(), self._bounds())
+
+    def _bounds(self) -> Any:
+        return SimpleNamespace(min_serving=self.min_serving)
 
     def _serving(self) -> list[Member]:
         f = self._fleet()
@@ -448,6 +478,9 @@ class Fleet:
             with self._lock:
                 if self.phase != FleetPhase.READY:
                     raise FleetError(f"the fleet is {self.phase}: an update needs READY")
+                if not self._enabled("fleet_request_update"):
+                    raise FleetError(f"fewer than {self.min_serving} members serve: an update "
+                                     "needs a quorum (nothing was changed)")
                 participants = self._serving()
                 targets = self._targets_for(target, participants)
                 gens = {t.generation for t in targets.values()}
@@ -509,6 +542,12 @@ class Fleet:
             self.phase, self.target = FleetPhase.READY, 0
             self._step("fleet_reopen", serving=[m.name for m in self._serving()])
 
+    def _close_if_no_quorum(self) -> None:
+        if self._enabled("fleet_close"):
+            self.phase = FleetPhase.ABORTING
+            self._step("fleet_close", serving=[m.name for m in self._serving()],
+                       min_serving=self.min_serving)
+
     # ------------------------------------------------------------------- readmission
 
     def readmit(self, name: str, *, who: str,
@@ -521,24 +560,37 @@ class Fleet:
         (default: what the fleet last committed); the generations between come from the
         checkpoints the fleet knows.
 
-        Raises :class:`FleetError`, changing nothing, if the member is serving already,
-        in the middle of something else (an update), or a checkpoint is missing. Returns
-        the outcome: ``readmit_ok`` only if the member serves the fleet's generation, or
-        (its catch-up deferred by the fleet's phase) its own verified generation; else
-        what failed, with what was done before it."""
+        A READY member is verified first, by an audit: one that serves and passes it is
+        left as it is (``audit_ok``: nothing to re-admit); one the audit finds replaced is
+        quarantined, then re-admitted; one that cannot be reached stays out
+        (``audit_failed``).
+
+        Raises :class:`FleetError`, changing nothing, if the member is in the middle of
+        something else (an update) or a checkpoint is missing. Returns the outcome:
+        ``readmit_ok`` only if the member serves the fleet's generation, or (its catch-up
+        deferred by the fleet's phase) its own verified generation; else what failed, with
+        what was done before it."""
         m = self.members.get(name)
         if m is None:
             raise FleetError(f"no member named {name!r}; members: {sorted(self.members)}")
         with self._update_lock:
             c = m.controller.control
-            if c.phase is Phase.READY and c.committed >= self.committed:
-                raise FleetError(f"{name} is serving generation {c.committed}: there is "
-                                 "nothing to re-admit (nothing was changed)")
             if c.phase not in (Phase.TAINTED, Phase.READY) or c.pending != "none":
-                raise FleetError(f"{name} is {c.phase.value}: only a quarantined member or "
-                                 "one behind the fleet is re-admitted (nothing was changed)")
+                raise FleetError(f"{name} is {c.phase.value}: only a READY or quarantined "
+                                 "member is re-admitted (nothing was changed)")
             plan = self._catch_up_plan(c.committed, target)  # FleetError before any change
             done: list[str] = []
+            if c.phase is Phase.READY and (c.committed >= self.committed or not verified(c)):
+                out = self._audit_members([m], f"re-admission asked by {who}")[name]
+                c = m.controller.control
+                if out.trigger == Trigger.AUDIT_FAILED:
+                    self._settled_readmission()
+                    return out
+                if c.phase is Phase.READY and c.committed >= self.committed:
+                    self._settled_readmission()
+                    return Outcome(Trigger.AUDIT_OK, f"{name} serves generation "
+                                   f"{c.committed}: its audit passed, nothing to re-admit")
+                done.append(f"audited: {out.trigger}")
             if c.phase is Phase.TAINTED:
                 own = m.runner.targets.get(c.committed) or self._known_target(c.committed)
                 if own is None:
@@ -591,6 +643,118 @@ class Fleet:
             self._reopen_if_quorum()
             self._changed.notify_all()
 
+    # ------------------------------------------------------------------------ audits
+
+    def audit(self, names: Sequence[str] | None = None, *, why: str = "operator",
+              blocking: bool = True) -> dict[str, Outcome]:
+        """Audit members (default: every READY member the fleet spec lets audit: not
+        during the fleet's update), in parallel, each bounded by the policy's
+        ``step_timeout_s``, journalled; a mismatch quarantines and fences the member, a
+        failure stops it serving until an audit passes. The fleet closes if fewer than
+        min_serving serve after it, and reopens if a closed fleet has a quorum again.
+        ``blocking=False``: return ``{}`` at once if an update or re-admission runs."""
+        if names is not None:
+            unknown = sorted(set(names) - set(self.members))
+            if unknown:
+                raise FleetError(f"no member named {unknown}; members: {sorted(self.members)}")
+        if not self._update_lock.acquire(blocking=blocking):
+            return {}
+        try:
+            chosen = [self.members[n] for n in names] if names is not None else [
+                m for m in self.members.values() if m.controller.phase is Phase.READY]
+            out = self._audit_members(chosen, why)
+            with self._lock:
+                self._reopen_if_quorum()
+            return out
+        finally:
+            self._update_lock.release()
+
+    def _audit_members(self, members: Sequence[Member], why: str) -> dict[str, Outcome]:
+        """Audit ``members`` (update lock held) where the spec allows it now; FleetError,
+        changing nothing, for one that is not READY and idle or not auditable now."""
+        for m in members:
+            c = m.controller.control
+            if c.phase is not Phase.READY or c.pending != "none" \
+                    or not self._member_may(Trigger.AUDIT_BEGIN, m):
+                raise FleetError(f"{m.name} is {c.phase.value} (fleet {self.phase}): only a "
+                                 "READY member is audited, outside the fleet's update "
+                                 "(nothing was changed)")
+            if self._audit_target(m) is None:
+                raise FleetError(f"no checkpoint known for generation {c.committed} of "
+                                 f"{m.name} (nothing was changed)")
+
+        def one(m: Member) -> Outcome:
+            out = audit_engine(m.runner, self._audit_target(m), why=why)
+            m.last_audit = {"outcome": str(out.trigger), "reason": out.reason,
+                            "at": self._clock(), "why": why}
+            return out
+
+        out = self._parallel(one, members)
+        with self._lock:
+            self._close_if_no_quorum()
+            self._changed.notify_all()
+        return out
+
+    def _audit_target(self, m: Member) -> WeightTarget | None:
+        g = m.controller.control.committed
+        t = m.runner.targets.get(g) or self._known_target(g)
+        return None if t is None else self._retarget(t, g)
+
+    def report_unreachable(self, lease: Lease, error: str, *, audit: bool = True) -> bool:
+        """The application could not reach the engine of ``lease`` (a connection error):
+        the member stops serving (its evidence is dropped: the spec's ``suspect``) until an
+        audit passes; with ``audit``, one is started at once in the background. Returns
+        whether the member was serving until now (a later report changes nothing)."""
+        m = self.members[lease.engine]
+        if m.controller.enabled(Trigger.SUSPECT) is not None:
+            return False
+        try:
+            m.controller.fire(Trigger.SUSPECT, None, {"rollout": lease.rollout_id,
+                                                     "error": error[:500]})
+        except IllegalTransition:  # lost a race with another report or an audit
+            return False
+        with self._lock:
+            self._close_if_no_quorum()
+            self._changed.notify_all()
+        if audit:
+            threading.Thread(target=self._audit_quietly, args=([m.name], "unreachable"),
+                             name=f"fleet-audit-{m.name}", daemon=True).start()
+        return True
+
+    def _audit_quietly(self, names: list[str] | None, why: str) -> None:
+        try:
+            self.audit(names, why=why)
+        except FleetError as e:  # the member moved on (an update, a re-admission)
+            log.info("audit (%s) skipped: %s", why, e)
+        except Exception:  # a background audit must not die silently
+            log.exception("audit (%s) failed", why)
+
+    def start_watchdog(self, period_s: float) -> None:
+        """Audit every READY member every ``period_s`` seconds in a background thread
+        (skipping a round while an update or re-admission runs): the period bounds how
+        long an engine replaced out of band can go unnoticed. Its outcomes are journalled
+        and kept per member (:meth:`status`)."""
+        if not period_s > 0:
+            raise ValueError(f"watchdog period must be positive, not {period_s}")
+        self.stop_watchdog()
+        self._watchdog_stop = stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.wait(period_s):
+                try:
+                    self.audit(why="watchdog", blocking=False)
+                except Exception:  # keep watching: the next round may succeed
+                    log.exception("watchdog audit failed")
+
+        self._watchdog = threading.Thread(target=loop, name="fleet-watchdog", daemon=True)
+        self._watchdog.start()
+
+    def stop_watchdog(self) -> None:
+        self._watchdog_stop.set()
+        if self._watchdog is not None and self._watchdog is not threading.current_thread():
+            self._watchdog.join(timeout=60.0)
+        self._watchdog = None
+
     def _known_target(self, generation: int) -> WeightTarget | None:
         for m in self.members.values():
             t = m.runner.targets.get(generation)
@@ -615,26 +779,44 @@ class Fleet:
         against the committed generation itself), wait up to ``wait`` seconds, woken by
         the step that opens them; ``cancel`` ends the wait."""
         deadline = time.monotonic() + wait
+        refused: set[str] = set()  # members that refused this rollout (suspected meanwhile)
         with self._changed:
             while True:
-                candidates = self._serving() if self.phase == FleetPhase.READY else []
+                candidates = [m for m in self._admissible() if m.name not in refused]
                 if candidates and self.committed >= min_generation:
+                    m = min(candidates, key=lambda x: (x.outstanding, x.name))
+                    try:
+                        b = m.controller.admit(rollout_id, detail)
+                    except IllegalTransition:
+                        if rollout_id in m.controller.bindings:
+                            raise
+                        refused.add(m.name)
+                        continue
                     break
                 if cancel is not None and cancel.is_set():
                     raise AdmissionCancelled("admit", Phase.READY, f"admission of "
                                              f"{rollout_id!r} cancelled while waiting")
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    why = (f"the fleet is {self.phase}" if not candidates else
-                           f"committed generation {self.committed} is below {min_generation}")
+                    why = (f"committed generation {self.committed} is below {min_generation}"
+                           if candidates else f"the fleet is {self.phase}" if self.phase !=
+                           FleetPhase.READY else "fewer than min_serving members serve")
                     raise AdmissionTimeout("admit", Phase.READY, why)
                 self._changed.wait(left if cancel is None else min(left, 0.05))
-            m = min(candidates, key=lambda x: (x.outstanding, x.name))
-            b = m.controller.admit(rollout_id, detail)
             m.outstanding += 1
             label = m.runner.targets[b.generation].label if b.generation in m.runner.targets \
                 else str(b.generation)
             return Lease(rollout_id, m.name, m.url, b.generation, b.identity, label, b.seq)
+
+    def _admissible(self) -> list[Member]:
+        """Serving members, if the fleet admits (READY, a quorum serving: the spec's
+        admit guard)."""
+        if self.phase != FleetPhase.READY:
+            return []
+        f = self._fleet_state()
+        serving_now = [m for m, v in zip(self.members.values(), f.eng, strict=True)
+                       if serving(f, v)]
+        return serving_now if quorum(f, self._bounds()) else []
 
     def release(self, lease: Lease, detail: Mapping[str, Any] | None = None) -> Binding:
         """Release a lease; IllegalTransition (the count untouched) if the member refuses
@@ -667,11 +849,18 @@ class Fleet:
                 out.append(MemberStatus(
                     m.name, m.url, c.phase.value, c.committed, t.label if t else None,
                     m.controller.identity, serving(f, m.view()), c.phase is Phase.TAINTED,
-                    m.outstanding))
+                    m.outstanding, m.last_audit))
             return out
 
     def committed_target(self) -> WeightTarget | None:
         return self._known_target(self.committed)
+
+
+def _audit_record(rec: Mapping[str, Any]) -> dict[str, Any]:
+    """A member's last audit as its journal record states it."""
+    detail = rec.get("detail") or {}
+    return {"outcome": str(rec.get("step")), "reason": detail.get("reason"),
+            "at": rec.get("t"), "why": detail.get("why")}
 
 
 __all__ = ["EngineConfig", "Fleet", "FleetConfig", "FleetCycleReport", "FleetError",

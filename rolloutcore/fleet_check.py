@@ -50,7 +50,8 @@ FLEET_OPEN = "fleet_open"
 #: the fleet reopens only with a quorum serving, else it stays closed.
 FLEET_RECOVER = "fleet_recover"
 _FLEET_STEPS = frozenset({FLEET_OPEN, FLEET_RECOVER, *(a.name for a in FLEET_ACTIONS)})
-_CONTROL_INVARIANTS = ("NoMemberAhead", "RolloutsOnlyOnServingMembers", "OpenOnlyWithQuorum")
+_CONTROL_INVARIANTS = ("NoMemberAhead", "RolloutsOnlyOnServingMembers")
+_AUDIT_OUTCOMES = frozenset({"audit_ok", "audit_failed", "audit_mismatch"})
 
 
 @dataclass
@@ -62,6 +63,7 @@ class FleetTraceChecker:
     members: dict[str, TraceChecker] = field(default_factory=dict)
     member_seq: dict[str, int] = field(default_factory=dict)
     group: list[str] = field(default_factory=list)  # members whose publish must follow
+    last_audit: dict[str, dict[str, Any]] = field(default_factory=dict)  # member -> its last
     last_seq: int = -1
     records: int = 0
 
@@ -120,7 +122,7 @@ class FleetTraceChecker:
             self.member_seq[name] = 0
         if self.fphase != "UNINITIALIZED" and isinstance(step, str) and step in MEMBER_GUARDS:
             guard, tla = MEMBER_GUARDS[step]
-            if not guard(self._fleet(), self._view(name)):
+            if not guard(self._fleet(), self._view(name), self._bounds()):
                 return "FleetGuard", (f"{name} {step} where the fleet spec requires {tla} "
                                       f"(fleet {self.fphase}, committed {self.fcommitted}, "
                                       f"member committed {self.members[name].control.committed})")
@@ -130,6 +132,10 @@ class FleetTraceChecker:
             return bad.violated, f"member {name}: {bad.message}"
         if step == "publish" and name in self.group:
             self.group.remove(name)
+        if step in _AUDIT_OUTCOMES:
+            detail = r.get("detail") or {}
+            self.last_audit[name] = {"outcome": step, "reason": detail.get("reason"),
+                                     "at": r.get("t"), "why": detail.get("why")}
         return None if self.group else self._invariants()
 
     def _fleet_step(self, r: Mapping[str, Any]) -> tuple[str, str] | None:

@@ -1,4 +1,4 @@
-"""``rolloutcore fleet status|update|readmit``: a fleet of vLLM servers named by a fleet
+"""``rolloutcore fleet status|update|readmit|audit``: a fleet of vLLM servers named by a fleet
 file (see :func:`rolloutcore.fleet.load_fleet_file`), its state kept in one fleet journal.
 
 Every invocation is a fresh controller process: it recovers the fleet from its journal
@@ -104,9 +104,11 @@ def fleet_status(args: argparse.Namespace) -> int:
         if state is not None and e.name in state.members:
             c = state.members[e.name].control
             row.update(phase=c.phase.value, committed=c.committed,
-                       serving=state.serving(e.name), quarantined=c.phase.value == "TAINTED")
+                       serving=state.serving(e.name), quarantined=c.phase.value == "TAINTED",
+                       last_audit=state.last_audit.get(e.name))
         else:
-            row.update(phase="UNINITIALIZED", committed=0, serving=False, quarantined=False)
+            row.update(phase="UNINITIALIZED", committed=0, serving=False, quarantined=False,
+                       last_audit=None)
         try:
             with HttpAdapter(e.url, model=e.model, token=e.token,
                              timeouts=_short_timeouts()) as http:
@@ -126,10 +128,48 @@ def fleet_status(args: argparse.Namespace) -> int:
                 f"{str(r.get('engine_identity'))[:12]}, paused {r.get('engine_paused')}"
                 if "engine_error" not in r else f"engine unreachable: {r['engine_error']}")
         role = "serving" if r["serving"] else ("QUARANTINED" if r["quarantined"] else "-")
+        audited = r["last_audit"]
+        last = (f"; last audit {audited['outcome']} at {_when(audited.get('at'))}"
+                if audited else "; never audited")
         text.append(f"  {r['name']:<12} {r['phase']:<13} gen {r['committed']:<3} {role:<11} "
-                    f"{live}")
+                    f"{live}{last}")
     _emit(args, {"fleet": fleet, "members": rows}, text)
     return OK
+
+
+def _when(t: Any) -> str:
+    if not isinstance(t, int | float):
+        return "?"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def fleet_audit(args: argparse.Namespace) -> int:
+    """Audit every READY engine of the fleet now (label, identity, run state, a probe),
+    journalled: an engine found replaced is quarantined (fenced), an unreachable one
+    stops serving until an audit passes. Exit 0 only if every audit passed."""
+    from rolloutcore.targets import TargetError
+
+    try:
+        cfg = _load(args)
+        if not journal_of(cfg, args.fleet).exists():
+            raise FleetFileError(f"{args.fleet}: the fleet has no journal yet (nothing to "
+                                 "audit): run `fleet update --initial ...` first")
+        fleet = _open(args, cfg)
+    except (FleetFileError, FleetError, ValueError) as err:
+        return _fail(args, str(err))
+    try:
+        outcomes = fleet.audit(why="cli")
+        phase = fleet.phase
+    except (TargetError, FleetError) as err:
+        return _fail(args, str(err))
+    finally:
+        fleet.close()
+    ok = all(o.trigger == "audit_ok" for o in outcomes.values())
+    _emit(args, {"fleet": {"phase": phase},
+                 "audits": {n: {"outcome": o.trigger, "reason": o.reason}
+                            for n, o in outcomes.items()}},
+          [f"fleet {phase}"] + [f"  {n}: {o.trigger}: {o.reason}" for n, o in outcomes.items()])
+    return OK if ok else NEGATIVE
 
 
 def _short_timeouts() -> Any:
@@ -240,3 +280,8 @@ def add_fleet_parsers(sub: Any, int_at_least: Any) -> None:
     ra.add_argument("--engine", required=True, help="the engine's name in the fleet file")
     ra.add_argument("--json", action="store_true")
     ra.set_defaults(func=fleet_readmit)
+    au = fsub.add_parser("audit", help="audit every READY engine now: one found replaced out "
+                         "of band is quarantined (exit 0 only if every audit passed)")
+    au.add_argument("--fleet", required=True, help="the fleet file (TOML)")
+    au.add_argument("--json", action="store_true")
+    au.set_defaults(func=fleet_audit)

@@ -134,8 +134,19 @@ SECRET_SUFFIXES: tuple[str, ...] = ("password", "secret", "apikey", "credential"
 
 
 def _is_secret(key: str) -> bool:
-    k = _norm_key(key)
-    return k in SECRET_KEYS or k.endswith(SECRET_SUFFIXES)
+    hit = _SECRET_MEMO.get(key)
+    if hit is None:
+        k = _norm_key(key)
+        hit = k in SECRET_KEYS or k.endswith(SECRET_SUFFIXES)
+        if len(_SECRET_MEMO) < 4096:  # detail keys are a small fixed set; bound it anyway
+            _SECRET_MEMO[key] = hit
+    return hit
+
+
+_SECRET_MEMO: dict[str, bool] = {}
+#: Values that are returned as they are (exact types: a str or int subclass, such as an
+#: enum, takes the general path).
+_PLAIN = frozenset({int, float, bool, type(None)})
 
 
 def _looks_like_credential(value: str) -> bool:
@@ -148,16 +159,20 @@ def redact(value: Any) -> Any:
 
     Keys become strings (sorting mixed key types would fail) and sets sorted lists.
     """
+    if type(value) in _PLAIN:
+        return value
     if isinstance(value, str):
         return REDACTED if _looks_like_credential(value) else value
     if isinstance(value, Mapping):
         out: dict[str, Any] = {}
         for k, v in value.items():
             key = str(k)
-            out[key] = REDACTED if _is_secret(key) else redact(v)
+            out[key] = REDACTED if _is_secret(key) else (
+                v if type(v) in _PLAIN else redact(v))
         return out
     if isinstance(value, list | tuple):
-        return [redact(v) for v in value]
+        # Evidence carries long lists of numbers (token ids, log-probabilities).
+        return [v if type(v) in _PLAIN else redact(v) for v in value]
     if isinstance(value, set | frozenset):
         return sorted((redact(v) for v in value), key=repr)
     return value

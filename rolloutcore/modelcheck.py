@@ -86,7 +86,9 @@ def state_from_tlc(values: dict[str, object]) -> State:
         evidence=strs(values["evidence"]), weights=int(str(values["weights"])),
         label=int(str(values["label"])), paused=bool(values["paused"]), req=ints(values["req"]),
         caches=tuple(frozenset(int(str(g)) for g in caches[t]) for t in TIERS),  # type: ignore[attr-defined]
-        amb=bool(values["amb"]), stale=bool(values["stale"]), faults=int(str(values["faults"])),
+        amb=bool(values["amb"]), stale=bool(values["stale"]),
+        replaced=bool(values["replaced"]), doubt=bool(values["doubt"]),
+        faults=int(str(values["faults"])),
     )
 
 

@@ -224,6 +224,27 @@ def _readmit(d: Decision) -> Outcome:
     return _outcome(op, Result.OK, f"{v.reason}; {p.reason}")
 
 
+def _audit(d: Decision) -> Outcome:
+    """An audit of a serving engine: its label, identity and run state read as the
+    committed generation's, and a probe computes as it. A definite answer against (other
+    label or identity, paused, another computation) is a mismatch; anything unread is a
+    failure (the engine's state is unknown). Prefix hits are no sign of staleness: the
+    engine serves, its caches hold this generation's entries."""
+    op, expected = Op.AUDIT, _expected(d)
+    report, probe = _pair(d)
+    if report is None or report.paused is None:
+        return _failed(op, "the engine's state could not be read")
+    if report.paused:
+        return _outcome(op, Result.MISMATCH, "the engine reads as paused: it does not serve")
+    v = _validation(op, report, expected)
+    if v.trigger != Trigger.AUDIT_OK:
+        return v
+    p = _probe(op, probe, replace(expected, first_since_reset=False))
+    if p.trigger != Trigger.AUDIT_OK:
+        return p
+    return _outcome(op, Result.OK, f"{v.reason}, running; {p.reason}")
+
+
 def _one(d: Decision, kind: type[Any]) -> Any:
     ev = d.evidence[0] if len(d.evidence) == 1 else None
     if not isinstance(ev, kind):
@@ -249,6 +270,7 @@ _DECIDERS: dict[Op, Callable[[Decision], Outcome]] = {
     Op.FENCE: lambda d: _fence(_one(d, FenceEvidence)),
     Op.BOOTSTRAP: lambda d: _bootstrap(*_pair(d), _expected(d)),
     Op.READMIT: _readmit,
+    Op.AUDIT: _audit,
 }
 
 

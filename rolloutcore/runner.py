@@ -47,6 +47,7 @@ from rolloutcore.adapters.contract import (
     WeightTarget,
     remaining,
 )
+from rolloutcore.audit import audit_attempt
 from rolloutcore.controller import Binding, Controller, IllegalTransition
 from rolloutcore.postconditions import Decision, Expected, Outcome
 from rolloutcore.spec.lifecycle import TIERS, Phase, Result
@@ -314,7 +315,8 @@ class LifecycleRunner:
                    *, first_since_reset: bool = True) -> Callable[[float], Decision]:
         """One attempt of idempotent operation ``op``: the adapter calls and the decision
         they are judged by (``target``: what bootstrap, validate, probe and fence are
-        about; ``first_since_reset``: whether prefix hits may prove stale reuse)."""
+        about, for an audit the committed generation; ``first_since_reset``: whether prefix
+        hits may prove stale reuse)."""
         a = self.adapter
         if op in (Op.PAUSE, Op.PAUSE_ABORT):
             mode = PauseMode.ABORT if op is Op.PAUSE_ABORT else PauseMode.WAIT
@@ -338,6 +340,8 @@ class LifecycleRunner:
         if op is Op.FENCE:
             label = taint_label(t)
             return lambda d: Decision(Op.FENCE, (a.fence(label, d),))
+        if op is Op.AUDIT:
+            return audit_attempt(self, t)
         raise ValueError(f"{op} is not an idempotent operation")
 
     def perform(self, op: Op, param: str | None = None, target: WeightTarget | None = None,

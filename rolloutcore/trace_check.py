@@ -37,7 +37,11 @@ symmetry reduction that accepts exactly the traces the full slot-by-slot product
   is closed under it, so for every R it holds every subset of R (kept explicitly; R has
   a handful of generations at most). Predicates on requests are "no request runs" or
   "every running request satisfies P", so the verdict on the set is the verdict on its
-  R-projection.
+  R-projection;
+* the environment's other steps (an engine process replaced out of band) are unseen
+  too: the consistent set is closed under them after every record, so that a later
+  audit's mismatch is explained by them (the invariants they would break are stated for
+  engines not replaced since they were verified, so they hold in every such state).
 
 Hence the cost of a record does not depend on how many rollouts are bound or how many
 requests run: a journal with a thousand rollouts bound at once checks as fast per record
@@ -72,7 +76,7 @@ from rolloutcore.spec.lifecycle import (
     Spec,
     State,
 )
-from rolloutcore.spec.triggers import RESTARTS, Trigger
+from rolloutcore.spec.triggers import Trigger
 
 SPEC_VIOLATION = "spec: no state of the spec is consistent with this step"
 UNBOUNDED = 10**9
@@ -118,6 +122,8 @@ class Ghost(NamedTuple):
     caches: tuple[frozenset[int], ...]
     amb: bool
     stale: bool
+    replaced: bool
+    doubt: bool
 
 
 class Control(NamedTuple):
@@ -131,7 +137,7 @@ class Control(NamedTuple):
 
 def _ghost(s: State) -> Ghost:
     return Ghost(s.weights, s.label, s.paused, frozenset(r for r in s.req if r), s.caches,
-                 s.amb, s.stale)
+                 s.amb, s.stale, s.replaced, s.doubt)
 
 
 def _closed(g: Ghost) -> Iterator[Ghost]:
@@ -171,7 +177,11 @@ class TraceChecker:
         self.triggers = triggers_of(self.spec)
         self._actions: dict[str, tuple[Action, ...]] = {
             t: ts.actions for t, ts in self.triggers.items()}
-        self._env = tuple(a for a in self.spec.actions if a.kind is Kind.ENVIRONMENT)
+        # The engine's own unseen steps other than finishing a request (that one is the
+        # running set's closure): an out-of-band replacement of its process.
+        self._env = tuple(a for a in self.spec.actions
+                          if a.kind is Kind.ENVIRONMENT and a.param is None)
+        self._frees = frozenset(t for t, ts in self.triggers.items() if ts.frees)
         init = self.spec.initial_states()
         c0 = init[0]
         self.control = Control(c0.phase, c0.committed, c0.target, c0.pending, c0.cleared,
@@ -196,7 +206,7 @@ class TraceChecker:
         req = (*(0,) * len(binds), *sorted(g.running), 0)
         return State(c.phase, c.committed, c.target, c.pending, bind, c.cleared,
                      c.evidence, g.weights, g.label, g.paused, req, g.caches, g.amb, g.stale,
-                     0)
+                     g.replaced, g.doubt, 0)
 
     @staticmethod
     def _slot_of_generation(bk: BoundKey, gen: int) -> int:
@@ -363,7 +373,7 @@ class TraceChecker:
         elif gen is not None:
             del self.bound[param]
             self.counts[gen] -= 1
-        elif step in RESTARTS:
+        elif step in self._frees:
             self.bound.clear()
             self.counts.clear()
         return None
@@ -401,6 +411,7 @@ class TraceChecker:
                     return prop.name, f"{step} leads to a step violating {prop.name}"
             for g in _closed(_ghost(t)):
                 out.add(g)
+        out = self._unseen(out, c_after, after_bk)
         for g in out:
             rep = self._rep(g, c_after, after_bk)
             for inv in self.spec.invariants:
@@ -408,6 +419,19 @@ class TraceChecker:
                     return inv.name, (f"{step} leads to a state violating {inv.name} "
                                       f"({self._describe(rep)})")
         return frozenset(out)
+
+    def _unseen(self, ghosts: set[Ghost], c: Control, bk: BoundKey) -> set[Ghost]:
+        """``ghosts`` closed under the engine's unseen steps (see the module doc)."""
+        out, todo = set(ghosts), list(ghosts)
+        while todo:
+            s = self._rep(todo.pop(), c, bk)
+            for a in self._env:
+                for t in self.spec.step(a, s, None):
+                    for g in _closed(_ghost(t)):
+                        if g not in out:
+                            out.add(g)
+                            todo.append(g)
+        return out
 
     def _control_after(self, step: str, sparam: Any, proj: tuple[Any, ...],
                        bk: BoundKey) -> Control:
@@ -425,7 +449,7 @@ class TraceChecker:
             counts[self.control.committed] = counts.get(self.control.committed, 0) + 1
         elif step in (Trigger.RELEASE, Trigger.RELEASE_ABORTED):
             counts[int(sparam)] -= 1
-        elif step in RESTARTS:
+        elif step in self._frees:
             counts = {}
         return tuple(sorted((gen, min(n, 2)) for gen, n in counts.items() if n))
 
@@ -480,9 +504,10 @@ class TraceChecker:
         self.control = Control(Phase.TAINTED, c, t, NO_OP, frozenset(), frozenset())
         # Any engine the spec's invariants allow beside a TAINTED controller.
         self.ghosts = frozenset(
-            g for g in (Ghost(w, lab, paused, frozenset(run), empty, amb, False)
+            g for g in (Ghost(w, lab, paused, frozenset(run), empty, amb, False, swapped, doubt)
                         for w in gens for lab in labels for paused in (False, True)
-                        for run in ((), (c,)) for amb in (False, True))
+                        for run in ((), (c,)) for amb in (False, True)
+                        for swapped in (False, True) for doubt in (False, True))
             if all(inv.holds(self._rep(g, self.control, ())) for inv in self.spec.invariants))
         self.states_max = max(self.states_max, len(self.ghosts))
         self.steps += 1

@@ -16,8 +16,8 @@ MIXED == -1
 BROKEN == -2
 TAINT == -3
 
-VARIABLES phase, committed, target, pending, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults
-vars == <<phase, committed, target, pending, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+VARIABLES phase, committed, target, pending, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, replaced, doubt, faults
+vars == <<phase, committed, target, pending, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, replaced, doubt, faults>>
 
 Init ==
     /\ phase = "UNINITIALIZED"
@@ -34,6 +34,8 @@ Init ==
     /\ caches = [t \in Tiers |-> {}]
     /\ amb = FALSE
     /\ stale = FALSE
+    /\ replaced = FALSE
+    /\ doubt = FALSE
     /\ faults = 0
 
 \* The effect on the engine of an outcome of the operation in flight.
@@ -42,76 +44,76 @@ BootstrapOkEffect ==
     /\ phase \in {"UNINITIALIZED"}
     /\ pending = "bootstrap"
     /\ weights = 1 /\ label = 1 /\ ~paused
-    /\ UNCHANGED <<weights, label, paused, req, caches, amb, stale>>
+    /\ UNCHANGED <<weights, label, paused, req, caches, amb, stale, replaced, doubt>>
 
 BootstrapFailedEffect ==
     /\ phase \in {"UNINITIALIZED"}
     /\ pending = "bootstrap"
-    /\ UNCHANGED <<weights, label, paused, req, caches, amb, stale>>
+    /\ UNCHANGED <<weights, label, paused, req, caches, amb, stale, replaced, doubt>>
 
 BootstrapMismatchEffect ==
     /\ phase \in {"UNINITIALIZED"}
     /\ pending = "bootstrap"
     /\ weights # 1 \/ label # 1
-    /\ UNCHANGED <<weights, label, paused, req, caches, amb, stale>>
+    /\ UNCHANGED <<weights, label, paused, req, caches, amb, stale, replaced, doubt>>
 
 PauseOkEffect ==
     /\ phase \in {"DRAINING"}
     /\ pending = "pause"
     /\ \A j \in Slots : req[j] = 0
     /\ paused' = TRUE
-    /\ UNCHANGED <<weights, label, req, caches, amb, stale>>
+    /\ UNCHANGED <<weights, label, req, caches, amb, stale, replaced, doubt>>
 
 PauseFailedEffect ==
     /\ phase \in {"DRAINING"}
     /\ pending = "pause"
     /\ paused' \in {paused, TRUE}
-    /\ UNCHANGED <<weights, label, req, caches, amb, stale>>
+    /\ UNCHANGED <<weights, label, req, caches, amb, stale, replaced, doubt>>
 
 PauseAbortOkEffect ==
     /\ phase \in {"DRAINING"}
     /\ pending = "pause_abort"
     /\ \A j \in Slots : req[j] = 0
     /\ paused' = TRUE
-    /\ UNCHANGED <<weights, label, req, caches, amb, stale>>
+    /\ UNCHANGED <<weights, label, req, caches, amb, stale, replaced, doubt>>
 
 PauseAbortFailedEffect ==
     /\ phase \in {"DRAINING"}
     /\ pending = "pause_abort"
     /\ paused' \in {paused, TRUE}
-    /\ UNCHANGED <<weights, label, req, caches, amb, stale>>
+    /\ UNCHANGED <<weights, label, req, caches, amb, stale, replaced, doubt>>
 
 MutateOkEffect ==
     /\ phase \in {"UPDATING"}
     /\ pending = "mutate"
     /\ weights' = target
     /\ label' = target
-    /\ UNCHANGED <<paused, req, caches, amb, stale>>
+    /\ UNCHANGED <<paused, req, caches, amb, stale, replaced, doubt>>
 
 MutateOkUnlabelledEffect ==
     /\ phase \in {"UPDATING"}
     /\ pending = "mutate"
     /\ weights' = target
-    /\ UNCHANGED <<label, paused, req, caches, amb, stale>>
+    /\ UNCHANGED <<label, paused, req, caches, amb, stale, replaced, doubt>>
 
 MutateOkWrongWeightsEffect ==
     /\ phase \in {"UPDATING"}
     /\ pending = "mutate"
     /\ weights' = MIXED
     /\ label' = target
-    /\ UNCHANGED <<paused, req, caches, amb, stale>>
+    /\ UNCHANGED <<paused, req, caches, amb, stale, replaced, doubt>>
 
 MutateOkBrokenEffect ==
     /\ phase \in {"UPDATING"}
     /\ pending = "mutate"
     /\ weights' = BROKEN
     /\ label' = target
-    /\ UNCHANGED <<paused, req, caches, amb, stale>>
+    /\ UNCHANGED <<paused, req, caches, amb, stale, replaced, doubt>>
 
 MutateRefusedEffect ==
     /\ phase \in {"UPDATING"}
     /\ pending = "mutate"
-    /\ UNCHANGED <<weights, label, paused, req, caches, amb, stale>>
+    /\ UNCHANGED <<weights, label, paused, req, caches, amb, stale, replaced, doubt>>
 
 MutateAmbiguousEffect ==
     /\ phase \in {"UPDATING"}
@@ -119,48 +121,48 @@ MutateAmbiguousEffect ==
     /\ weights' \in {committed, target, MIXED}
     /\ label' \in {committed, target}
     /\ amb' = TRUE
-    /\ UNCHANGED <<paused, req, caches, stale>>
+    /\ UNCHANGED <<paused, req, caches, stale, replaced, doubt>>
 
 ResetOkEffect(t) ==
     /\ phase \in {"INVALIDATING"}
     /\ pending = "reset_" \o t
     /\ caches' = [caches EXCEPT ![t] = {}]
-    /\ UNCHANGED <<weights, label, paused, req, amb, stale>>
+    /\ UNCHANGED <<weights, label, paused, req, amb, stale, replaced, doubt>>
 
 ResetFailedEffect(t) ==
     /\ phase \in {"INVALIDATING"}
     /\ pending = "reset_" \o t
     /\ caches' \in {caches, [caches EXCEPT ![t] = {}]}
-    /\ UNCHANGED <<weights, label, paused, req, amb, stale>>
+    /\ UNCHANGED <<weights, label, paused, req, amb, stale, replaced, doubt>>
 
 ValidateOkEffect ==
     /\ phase \in {"VALIDATING"}
     /\ pending = "validate"
     /\ label = target /\ weights \in {target, BROKEN}
-    /\ UNCHANGED <<weights, label, paused, req, caches, amb, stale>>
+    /\ UNCHANGED <<weights, label, paused, req, caches, amb, stale, replaced, doubt>>
 
 ValidateFailedEffect ==
     /\ phase \in {"VALIDATING"}
     /\ pending = "validate"
-    /\ UNCHANGED <<weights, label, paused, req, caches, amb, stale>>
+    /\ UNCHANGED <<weights, label, paused, req, caches, amb, stale, replaced, doubt>>
 
 ValidateMismatchEffect ==
     /\ phase \in {"VALIDATING"}
     /\ pending = "validate"
     /\ label # target \/ weights \notin {target, BROKEN}
     /\ amb' = TRUE
-    /\ UNCHANGED <<weights, label, paused, req, caches, stale>>
+    /\ UNCHANGED <<weights, label, paused, req, caches, stale, replaced, doubt>>
 
 ResumeOkEffect ==
     /\ phase \in {"DRAINING", "RESUMING"}
     /\ pending = "resume"
     /\ paused' = FALSE
-    /\ UNCHANGED <<weights, label, req, caches, amb, stale>>
+    /\ UNCHANGED <<weights, label, req, caches, amb, stale, replaced, doubt>>
 
 ResumeFailedEffect ==
     /\ phase \in {"DRAINING", "RESUMING"}
     /\ pending = "resume"
-    /\ UNCHANGED <<weights, label, paused, req, caches, amb, stale>>
+    /\ UNCHANGED <<weights, label, paused, req, caches, amb, stale, replaced, doubt>>
 
 ProbeOkEffect ==
     /\ phase \in {"RESUMING"}
@@ -168,19 +170,19 @@ ProbeOkEffect ==
     /\ weights = target
     /\ stale' = (stale \/ \E t \in Tiers : caches[t] \ {weights} # {})
     /\ caches' = [t \in Tiers |-> caches[t] \cup {weights}]
-    /\ UNCHANGED <<weights, label, paused, req, amb>>
+    /\ UNCHANGED <<weights, label, paused, req, amb, replaced, doubt>>
 
 ProbeFailedEffect ==
     /\ phase \in {"RESUMING"}
     /\ pending = "probe"
-    /\ UNCHANGED <<weights, label, paused, req, caches, amb, stale>>
+    /\ UNCHANGED <<weights, label, paused, req, caches, amb, stale, replaced, doubt>>
 
 ProbeMismatchEffect ==
     /\ phase \in {"RESUMING"}
     /\ pending = "probe"
     /\ weights # target
     /\ amb' = TRUE
-    /\ UNCHANGED <<weights, label, paused, req, caches, stale>>
+    /\ UNCHANGED <<weights, label, paused, req, caches, stale, replaced, doubt>>
 
 FenceOkEffect ==
     /\ phase \in {"TAINTED"}
@@ -188,14 +190,14 @@ FenceOkEffect ==
     /\ \A j \in Slots : req[j] = 0
     /\ paused' = TRUE
     /\ label' = TAINT
-    /\ UNCHANGED <<weights, req, caches, amb, stale>>
+    /\ UNCHANGED <<weights, req, caches, amb, stale, replaced, doubt>>
 
 FenceFailedEffect ==
     /\ phase \in {"TAINTED"}
     /\ pending = "fence"
     /\ paused' \in {paused, TRUE}
     /\ label' \in {label, TAINT}
-    /\ UNCHANGED <<weights, req, caches, amb, stale>>
+    /\ UNCHANGED <<weights, req, caches, amb, stale, replaced, doubt>>
 
 ReadmitOkEffect ==
     /\ phase \in {"TAINTED"}
@@ -204,6 +206,8 @@ ReadmitOkEffect ==
     /\ paused' = FALSE
     /\ stale' = (stale \/ \E t \in Tiers : caches[t] \ {weights} # {})
     /\ caches' = [t \in Tiers |-> caches[t] \cup {weights}]
+    /\ replaced' = FALSE
+    /\ doubt' = FALSE
     /\ UNCHANGED <<weights, label, req, amb>>
 
 ReadmitMismatchEffect ==
@@ -211,16 +215,36 @@ ReadmitMismatchEffect ==
     /\ pending = "readmit"
     /\ weights # committed \/ label # committed
     /\ paused' = FALSE
-    /\ UNCHANGED <<weights, label, req, caches, amb, stale>>
+    /\ UNCHANGED <<weights, label, req, caches, amb, stale, replaced, doubt>>
 
 ReadmitFailedEffect ==
     /\ phase \in {"TAINTED"}
     /\ pending = "readmit"
     /\ paused' \in {paused, FALSE}
-    /\ UNCHANGED <<weights, label, req, caches, amb, stale>>
+    /\ UNCHANGED <<weights, label, req, caches, amb, stale, replaced, doubt>>
+
+AuditOkEffect ==
+    /\ phase \in {"READY"}
+    /\ pending = "audit"
+    /\ weights = committed /\ label = committed /\ ~paused
+    /\ replaced' = FALSE
+    /\ doubt' = FALSE
+    /\ UNCHANGED <<weights, label, paused, req, caches, amb, stale>>
+
+AuditMismatchEffect ==
+    /\ phase \in {"READY"}
+    /\ pending = "audit"
+    /\ ~(weights = committed /\ label = committed /\ ~paused)
+    /\ UNCHANGED <<weights, label, paused, req, caches, amb, stale, replaced, doubt>>
+
+AuditFailedEffect ==
+    /\ phase \in {"READY"}
+    /\ pending = "audit"
+    /\ doubt' = TRUE
+    /\ UNCHANGED <<weights, label, paused, req, caches, amb, stale, replaced>>
 
 InFlight ==
-    \/ UNCHANGED <<weights, label, paused, req, caches, amb, stale>>
+    \/ UNCHANGED <<weights, label, paused, req, caches, amb, stale, replaced, doubt>>
     \/ BootstrapOkEffect
     \/ BootstrapFailedEffect
     \/ BootstrapMismatchEffect
@@ -249,13 +273,16 @@ InFlight ==
     \/ ReadmitOkEffect
     \/ ReadmitMismatchEffect
     \/ ReadmitFailedEffect
+    \/ AuditOkEffect
+    \/ AuditMismatchEffect
+    \/ AuditFailedEffect
 
 \* bootstrap_begin [control]: Read the fresh engine: label, weight identity, a probe generation.
 BootstrapBegin ==
     /\ phase \in {"UNINITIALIZED"}
     /\ pending = "none"
     /\ pending' = "bootstrap"
-    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, replaced, doubt, faults>>
 
 \* bootstrap_ok [outcome]: The engine reports the initial generation's label and identity, is running, and its probe output matches: generation 1 is committed and admissions open.
 BootstrapOk ==
@@ -266,7 +293,7 @@ BootstrapOk ==
     /\ committed' = 1
     /\ evidence' = AllEvidence
     /\ pending' = "none"
-    /\ UNCHANGED <<target, bind, cleared, weights, label, paused, req, caches, amb, stale, faults>>
+    /\ UNCHANGED <<target, bind, cleared, weights, label, paused, req, caches, amb, stale, replaced, doubt, faults>>
 
 \* bootstrap_failed [outcome]: The engine could not be read; stay uninitialised (retried).
 BootstrapFailed ==
@@ -275,7 +302,7 @@ BootstrapFailed ==
     /\ faults < MaxFaults
     /\ pending' = "none"
     /\ faults' = faults + 1
-    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale>>
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, replaced, doubt>>
 
 \* bootstrap_mismatch [outcome]: The engine definitely holds other weights (or another label) than the declared initial ones: stay uninitialised; asking again cannot help.
 BootstrapMismatch ==
@@ -283,48 +310,48 @@ BootstrapMismatch ==
     /\ pending = "bootstrap"
     /\ weights # 1 \/ label # 1
     /\ pending' = "none"
-    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, replaced, doubt, faults>>
 
-\* admit [control]: Admit a rollout: bind it to the committed generation; the engine starts it.
+\* admit [control]: Admit a rollout: bind it to the committed generation; the engine starts it. Only with every piece of evidence in hand (not after a failed audit or a suspicion, until an audit passes).
 Admit(i) ==
     /\ phase \in {"READY"}
-    /\ bind[i] = 0
+    /\ bind[i] = 0 /\ evidence = AllEvidence
     /\ req[i] = 0
     /\ bind' = [bind EXCEPT ![i] = committed]
     /\ req' = [req EXCEPT ![i] = weights]
     /\ stale' = (stale \/ \E t \in Tiers : caches[t] \ {weights} # {})
     /\ caches' = [t \in Tiers |-> caches[t] \cup {weights}]
-    /\ UNCHANGED <<phase, committed, target, pending, cleared, evidence, weights, label, paused, amb, faults>>
+    /\ UNCHANGED <<phase, committed, target, pending, cleared, evidence, weights, label, paused, amb, replaced, doubt, faults>>
 
 \* engine_finish [environment]: The engine finishes a request (maybe before the application releases it); a wait-mode pause lets in-flight requests run to completion (observed on vLLM).
 EngineFinish(i) ==
     /\ phase \in {"DRAINING", "INVALIDATING", "QUIESCED", "READY", "RESUMING", "TAINTED", "UNINITIALIZED", "UPDATING", "VALIDATING"}
     /\ req[i] # 0
     /\ req' = [req EXCEPT ![i] = 0]
-    /\ UNCHANGED <<phase, committed, target, pending, bind, cleared, evidence, weights, label, paused, caches, amb, stale, faults>>
+    /\ UNCHANGED <<phase, committed, target, pending, bind, cleared, evidence, weights, label, paused, caches, amb, stale, replaced, doubt, faults>>
 
 \* release [control]: The application releases a rollout's binding. If the engine still runs the request (the client gave up), the request lives on as an orphan.
 Release(i) ==
     /\ phase \in {"DRAINING", "READY"}
     /\ bind[i] # 0
     /\ bind' = [bind EXCEPT ![i] = 0]
-    /\ UNCHANGED <<phase, committed, target, pending, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+    /\ UNCHANGED <<phase, committed, target, pending, cleared, evidence, weights, label, paused, req, caches, amb, stale, replaced, doubt, faults>>
 
 \* release_aborted [control]: Drain policy wait-then-abort: past the drain deadline a bound rollout is released as aborted (never as finished, never counted in the new generation). Its engine request lives on until the abort-mode pause ends it.
 ReleaseAborted(i) ==
     /\ phase \in {"DRAINING"}
     /\ bind[i] # 0
     /\ bind' = [bind EXCEPT ![i] = 0]
-    /\ UNCHANGED <<phase, committed, target, pending, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+    /\ UNCHANGED <<phase, committed, target, pending, cleared, evidence, weights, label, paused, req, caches, amb, stale, replaced, doubt, faults>>
 
-\* request_update [control]: The trainer asks for the next generation: admissions close, draining starts.
+\* request_update [control]: The trainer asks for the next generation: admissions close, draining starts. Only from a verified engine (an update abandoned later restores the evidence it started with).
 RequestUpdate ==
     /\ phase \in {"READY"}
-    /\ pending = "none"
+    /\ pending = "none" /\ evidence = AllEvidence
     /\ committed < MaxGen
     /\ phase' = "DRAINING"
     /\ target' = committed + 1
-    /\ UNCHANGED <<committed, pending, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+    /\ UNCHANGED <<committed, pending, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, replaced, doubt, faults>>
 
 \* cancel_update [control]: The pending update is cancelled while draining: admissions reopen, nothing moved. Only with the engine known to run (after a failed pause: resume it first).
 CancelUpdate ==
@@ -332,14 +359,14 @@ CancelUpdate ==
     /\ pending = "none" /\ "resumed" \in evidence
     /\ phase' = "READY"
     /\ target' = 0
-    /\ UNCHANGED <<committed, pending, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+    /\ UNCHANGED <<committed, pending, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, replaced, doubt, faults>>
 
 \* pause_begin [control]: Every local binding is released: pause the engine in wait mode (it returns only once its own requests, orphans included, have finished).
 PauseBegin ==
     /\ phase \in {"DRAINING"}
     /\ pending = "none" /\ \A j \in Slots : bind[j] = 0
     /\ pending' = "pause"
-    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, replaced, doubt, faults>>
 
 \* pause_ok [outcome]: The engine reports paused with no request running: quiesced.
 PauseOk ==
@@ -350,7 +377,7 @@ PauseOk ==
     /\ evidence' = evidence \ {"resumed"}
     /\ pending' = "none"
     /\ paused' = TRUE
-    /\ UNCHANGED <<committed, target, bind, cleared, weights, label, req, caches, amb, stale, faults>>
+    /\ UNCHANGED <<committed, target, bind, cleared, weights, label, req, caches, amb, stale, replaced, doubt, faults>>
 
 \* pause_failed [outcome]: The pause did not complete (timeout, requests still running): it may have taken effect, so the engine is no longer known to run: it must be resumed before admissions reopen.
 PauseFailed ==
@@ -361,14 +388,14 @@ PauseFailed ==
     /\ pending' = "none"
     /\ paused' \in {paused, TRUE}
     /\ faults' = faults + 1
-    /\ UNCHANGED <<phase, committed, target, bind, cleared, weights, label, req, caches, amb, stale>>
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, weights, label, req, caches, amb, stale, replaced, doubt>>
 
 \* pause_abort_begin [control]: Drain policy wait-then-abort: every binding is released (finished or aborted); pause the engine in abort mode, which ends the requests it still runs with partial output.
 PauseAbortBegin ==
     /\ phase \in {"DRAINING"}
     /\ pending = "none" /\ \A j \in Slots : bind[j] = 0
     /\ pending' = "pause_abort"
-    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, replaced, doubt, faults>>
 
 \* pause_abort_ok [outcome]: The engine reports paused and its running count reads 0: every aborted request is gone before anything mutates.
 PauseAbortOk ==
@@ -379,7 +406,7 @@ PauseAbortOk ==
     /\ evidence' = evidence \ {"resumed"}
     /\ pending' = "none"
     /\ paused' = TRUE
-    /\ UNCHANGED <<committed, target, bind, cleared, weights, label, req, caches, amb, stale, faults>>
+    /\ UNCHANGED <<committed, target, bind, cleared, weights, label, req, caches, amb, stale, replaced, doubt, faults>>
 
 \* pause_abort_failed [outcome]: The abort-mode pause did not complete, or requests still run: it may have paused the engine.
 PauseAbortFailed ==
@@ -390,7 +417,7 @@ PauseAbortFailed ==
     /\ pending' = "none"
     /\ paused' \in {paused, TRUE}
     /\ faults' = faults + 1
-    /\ UNCHANGED <<phase, committed, target, bind, cleared, weights, label, req, caches, amb, stale>>
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, weights, label, req, caches, amb, stale, replaced, doubt>>
 
 \* abandon_update [control]: Give up the update before any mutation: resume the committed generation.
 AbandonUpdate ==
@@ -398,7 +425,7 @@ AbandonUpdate ==
     /\ pending = "none"
     /\ phase' = "RESUMING"
     /\ target' = 0
-    /\ UNCHANGED <<committed, pending, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+    /\ UNCHANGED <<committed, pending, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, replaced, doubt, faults>>
 
 \* mutate_begin [control]: Start the weight mutation (a collective: never retried).
 MutateBegin ==
@@ -408,7 +435,7 @@ MutateBegin ==
     /\ evidence' = {}
     /\ cleared' = {}
     /\ pending' = "mutate"
-    /\ UNCHANGED <<committed, target, bind, weights, label, paused, req, caches, amb, stale, faults>>
+    /\ UNCHANGED <<committed, target, bind, weights, label, paused, req, caches, amb, stale, replaced, doubt, faults>>
 
 \* mutate_ok [outcome]: The transfer finalised with the target's label and the target's weights.
 MutateOk ==
@@ -418,7 +445,7 @@ MutateOk ==
     /\ pending' = "none"
     /\ weights' = target
     /\ label' = target
-    /\ UNCHANGED <<committed, target, bind, cleared, evidence, paused, req, caches, amb, stale, faults>>
+    /\ UNCHANGED <<committed, target, bind, cleared, evidence, paused, req, caches, amb, stale, replaced, doubt, faults>>
 
 \* mutate_ok_unlabelled [outcome]: Returned ok, weights moved, but finalised without the target label (the seed's bug): looks like mutate_ok; validation must catch it.
 MutateOkUnlabelled ==
@@ -429,7 +456,7 @@ MutateOkUnlabelled ==
     /\ pending' = "none"
     /\ weights' = target
     /\ faults' = faults + 1
-    /\ UNCHANGED <<committed, target, bind, cleared, evidence, label, paused, req, caches, amb, stale>>
+    /\ UNCHANGED <<committed, target, bind, cleared, evidence, label, paused, req, caches, amb, stale, replaced, doubt>>
 
 \* mutate_ok_wrong_weights [outcome]: Returned ok with the target label, but the engine holds other weights (a different checkpoint, a partial load): looks like mutate_ok.
 MutateOkWrongWeights ==
@@ -441,7 +468,7 @@ MutateOkWrongWeights ==
     /\ weights' = MIXED
     /\ label' = target
     /\ faults' = faults + 1
-    /\ UNCHANGED <<committed, target, bind, cleared, evidence, paused, req, caches, amb, stale>>
+    /\ UNCHANGED <<committed, target, bind, cleared, evidence, paused, req, caches, amb, stale, replaced, doubt>>
 
 \* mutate_ok_broken [outcome]: Returned ok with the target label; the weights read as the target's to the identity digest but do not compute as them: only the probe can tell.
 MutateOkBroken ==
@@ -453,7 +480,7 @@ MutateOkBroken ==
     /\ weights' = BROKEN
     /\ label' = target
     /\ faults' = faults + 1
-    /\ UNCHANGED <<committed, target, bind, cleared, evidence, paused, req, caches, amb, stale>>
+    /\ UNCHANGED <<committed, target, bind, cleared, evidence, paused, req, caches, amb, stale, replaced, doubt>>
 
 \* mutate_refused [outcome]: Refused with proof that nothing moved (identity mismatch, no headroom, init refused): the update is over, the old evidence stands again.
 MutateRefused ==
@@ -465,7 +492,7 @@ MutateRefused ==
     /\ evidence' = WeightEvidence
     /\ pending' = "none"
     /\ faults' = faults + 1
-    /\ UNCHANGED <<committed, bind, cleared, weights, label, paused, req, caches, amb, stale>>
+    /\ UNCHANGED <<committed, bind, cleared, weights, label, paused, req, caches, amb, stale, replaced, doubt>>
 
 \* mutate_ambiguous [outcome]: Timed out, died halfway or failed unclassifiably: the weights may be old, new or mixed. TAINTED, nothing retries the collective.
 MutateAmbiguous ==
@@ -478,14 +505,14 @@ MutateAmbiguous ==
     /\ label' \in {committed, target}
     /\ amb' = TRUE
     /\ faults' = faults + 1
-    /\ UNCHANGED <<committed, target, bind, cleared, evidence, paused, req, caches, stale>>
+    /\ UNCHANGED <<committed, target, bind, cleared, evidence, paused, req, caches, stale, replaced, doubt>>
 
 \* reset_begin [control]: Ask the engine to reset one cache tier.
 ResetBegin(t) ==
     /\ phase \in {"INVALIDATING"}
     /\ pending = "none" /\ t \notin cleared
     /\ pending' = "reset_" \o t
-    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, replaced, doubt, faults>>
 
 \* reset_ok [outcome]: The reset is verified (response body and, for prefix KV, the hit counters).
 ResetOk(t) ==
@@ -494,7 +521,7 @@ ResetOk(t) ==
     /\ cleared' = cleared \cup {t}
     /\ pending' = "none"
     /\ caches' = [caches EXCEPT ![t] = {}]
-    /\ UNCHANGED <<phase, committed, target, bind, evidence, weights, label, paused, req, amb, stale, faults>>
+    /\ UNCHANGED <<phase, committed, target, bind, evidence, weights, label, paused, req, amb, stale, replaced, doubt, faults>>
 
 \* reset_failed [outcome]: The reset was refused (success:false, blocks in use) or could not be verified (empty body): it may or may not have cleared; it does not count.
 ResetFailed(t) ==
@@ -504,21 +531,21 @@ ResetFailed(t) ==
     /\ pending' = "none"
     /\ caches' \in {caches, [caches EXCEPT ![t] = {}]}
     /\ faults' = faults + 1
-    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, amb, stale>>
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, amb, stale, replaced, doubt>>
 
 \* invalidated [control]: Every tier is verified clean.
 Invalidated ==
     /\ phase \in {"INVALIDATING"}
     /\ pending = "none" /\ cleared = Tiers
     /\ phase' = "VALIDATING"
-    /\ UNCHANGED <<committed, target, pending, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+    /\ UNCHANGED <<committed, target, pending, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, replaced, doubt, faults>>
 
 \* validate_begin [control]: Read the engine's label and the identity of the weights it holds (paused).
 ValidateBegin ==
     /\ phase \in {"VALIDATING"}
     /\ pending = "none"
     /\ pending' = "validate"
-    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, replaced, doubt, faults>>
 
 \* validate_ok [outcome]: Label and weight identity read as the target's (the digest cannot see BROKEN weights).
 ValidateOk ==
@@ -528,7 +555,7 @@ ValidateOk ==
     /\ phase' = "RESUMING"
     /\ evidence' = evidence \cup {"version", "identity"}
     /\ pending' = "none"
-    /\ UNCHANGED <<committed, target, bind, cleared, weights, label, paused, req, caches, amb, stale, faults>>
+    /\ UNCHANGED <<committed, target, bind, cleared, weights, label, paused, req, caches, amb, stale, replaced, doubt, faults>>
 
 \* validate_failed [outcome]: The reads failed (timeout, connection reset): retry them.
 ValidateFailed ==
@@ -537,7 +564,7 @@ ValidateFailed ==
     /\ faults < MaxFaults
     /\ pending' = "none"
     /\ faults' = faults + 1
-    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale>>
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, replaced, doubt>>
 
 \* validate_mismatch [outcome]: The engine holds something other than the target (label or identity): the mutation's outcome is ambiguous after all. TAINTED.
 ValidateMismatch ==
@@ -547,14 +574,14 @@ ValidateMismatch ==
     /\ phase' = "TAINTED"
     /\ pending' = "none"
     /\ amb' = TRUE
-    /\ UNCHANGED <<committed, target, bind, cleared, evidence, weights, label, paused, req, caches, stale, faults>>
+    /\ UNCHANGED <<committed, target, bind, cleared, evidence, weights, label, paused, req, caches, stale, replaced, doubt, faults>>
 
 \* resume_begin [control]: Resume the engine (after a failed pause, or after validation); admissions stay closed.
 ResumeBegin ==
     /\ phase \in {"DRAINING", "RESUMING"}
     /\ pending = "none" /\ "resumed" \notin evidence
     /\ pending' = "resume"
-    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, replaced, doubt, faults>>
 
 \* resume_ok [outcome]: The engine reads as running.
 ResumeOk ==
@@ -563,7 +590,7 @@ ResumeOk ==
     /\ evidence' = evidence \cup {"resumed"}
     /\ pending' = "none"
     /\ paused' = FALSE
-    /\ UNCHANGED <<phase, committed, target, bind, cleared, weights, label, req, caches, amb, stale, faults>>
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, weights, label, req, caches, amb, stale, replaced, doubt, faults>>
 
 \* resume_failed [outcome]: The resume failed and the engine reads as paused: retry.
 ResumeFailed ==
@@ -572,14 +599,14 @@ ResumeFailed ==
     /\ faults < MaxFaults
     /\ pending' = "none"
     /\ faults' = faults + 1
-    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale>>
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, replaced, doubt>>
 
 \* probe_begin [control]: Run the post-update probe (admissions still closed).
 ProbeBegin ==
     /\ phase \in {"RESUMING"}
     /\ pending = "none" /\ target # 0 /\ "resumed" \in evidence /\ "probe" \notin evidence
     /\ pending' = "probe"
-    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, replaced, doubt, faults>>
 
 \* probe_ok [outcome]: The probe's output equals the target's reference (token for token, or every scored position's log-probability within tolerance).
 ProbeOk ==
@@ -590,7 +617,7 @@ ProbeOk ==
     /\ pending' = "none"
     /\ stale' = (stale \/ \E t \in Tiers : caches[t] \ {weights} # {})
     /\ caches' = [t \in Tiers |-> caches[t] \cup {weights}]
-    /\ UNCHANGED <<phase, committed, target, bind, cleared, weights, label, paused, req, amb, faults>>
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, weights, label, paused, req, amb, replaced, doubt, faults>>
 
 \* probe_failed [outcome]: The probe request failed (timeout, 5xx): retry.
 ProbeFailed ==
@@ -599,7 +626,7 @@ ProbeFailed ==
     /\ faults < MaxFaults
     /\ pending' = "none"
     /\ faults' = faults + 1
-    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale>>
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, replaced, doubt>>
 
 \* probe_mismatch [outcome]: The probe computed something other than the target's reference: TAINTED.
 ProbeMismatch ==
@@ -609,7 +636,7 @@ ProbeMismatch ==
     /\ phase' = "TAINTED"
     /\ pending' = "none"
     /\ amb' = TRUE
-    /\ UNCHANGED <<committed, target, bind, cleared, evidence, weights, label, paused, req, caches, stale, faults>>
+    /\ UNCHANGED <<committed, target, bind, cleared, evidence, weights, label, paused, req, caches, stale, replaced, doubt, faults>>
 
 \* publish [control]: All evidence is in: commit the target and reopen admissions.
 Publish ==
@@ -618,28 +645,28 @@ Publish ==
     /\ phase' = "READY"
     /\ committed' = target
     /\ target' = 0
-    /\ UNCHANGED <<pending, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+    /\ UNCHANGED <<pending, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, replaced, doubt, faults>>
 
 \* reopen [control]: An abandoned update: the engine runs the committed generation again; reopen.
 Reopen ==
     /\ phase \in {"RESUMING"}
     /\ pending = "none" /\ target = 0 /\ evidence = AllEvidence
     /\ phase' = "READY"
-    /\ UNCHANGED <<committed, target, pending, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+    /\ UNCHANGED <<committed, target, pending, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, replaced, doubt, faults>>
 
 \* give_up [control]: Retries of an idempotent step after a mutation are exhausted: fail closed.
 GiveUp ==
     /\ phase \in {"INVALIDATING", "RESUMING", "VALIDATING"}
     /\ pending = "none" /\ target # 0
     /\ phase' = "TAINTED"
-    /\ UNCHANGED <<committed, target, pending, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+    /\ UNCHANGED <<committed, target, pending, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, replaced, doubt, faults>>
 
 \* fence_begin [control]: Fence the tainted engine: pause it in abort mode and relabel it tainted:<target>, so that no direct caller is served by or misled about weights that were never published.
 FenceBegin ==
     /\ phase \in {"TAINTED"}
     /\ pending = "none" /\ "fenced" \notin evidence
     /\ pending' = "fence"
-    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, faults>>
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, replaced, doubt, faults>>
 
 \* fence_ok [outcome]: The engine reads as paused, with no request running, under the taint label.
 FenceOk ==
@@ -650,7 +677,7 @@ FenceOk ==
     /\ pending' = "none"
     /\ paused' = TRUE
     /\ label' = TAINT
-    /\ UNCHANGED <<phase, committed, target, bind, cleared, weights, req, caches, amb, stale, faults>>
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, weights, req, caches, amb, stale, replaced, doubt, faults>>
 
 \* fence_failed [outcome]: The fence could not be confirmed (the engine may be dead, frozen or half-fenced); retried a bounded number of times, then left.
 FenceFailed ==
@@ -661,7 +688,7 @@ FenceFailed ==
     /\ paused' \in {paused, TRUE}
     /\ label' \in {label, TAINT}
     /\ faults' = faults + 1
-    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, req, caches, amb, stale>>
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, req, caches, amb, stale, replaced, doubt>>
 
 \* readmit_begin [control]: An operator (or a fleet rolling a member back) re-admits the engine: pause it in abort mode, reload the committed generation's checkpoint, reset every cache tier; the reload may or may not produce the committed weights.
 ReadmitBegin ==
@@ -675,9 +702,9 @@ ReadmitBegin ==
     /\ req' = [i \in Slots |-> 0]
     /\ caches' = [t \in Tiers |-> {}]
     /\ amb' = FALSE
-    /\ UNCHANGED <<phase, committed, target, bind, cleared, stale, faults>>
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, stale, replaced, doubt, faults>>
 
-\* readmit_ok [outcome]: Label, identity and a probe all read as the committed generation's; the engine resumed: it serves again.
+\* readmit_ok [outcome]: Label, identity and a probe all read as the committed generation's; the engine resumed: it serves again, known to be the engine verified.
 ReadmitOk ==
     /\ phase \in {"TAINTED"}
     /\ pending = "readmit"
@@ -690,6 +717,8 @@ ReadmitOk ==
     /\ paused' = FALSE
     /\ stale' = (stale \/ \E t \in Tiers : caches[t] \ {weights} # {})
     /\ caches' = [t \in Tiers |-> caches[t] \cup {weights}]
+    /\ replaced' = FALSE
+    /\ doubt' = FALSE
     /\ UNCHANGED <<committed, bind, weights, label, req, amb, faults>>
 
 \* readmit_mismatch [outcome]: The engine does not hold the committed generation (label, identity or probe): it stays quarantined, unfenced (the probe resumed it).
@@ -700,7 +729,7 @@ ReadmitMismatch ==
     /\ evidence' = {}
     /\ pending' = "none"
     /\ paused' = FALSE
-    /\ UNCHANGED <<phase, committed, target, bind, cleared, weights, label, req, caches, amb, stale, faults>>
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, weights, label, req, caches, amb, stale, replaced, doubt, faults>>
 
 \* readmit_failed [outcome]: The procedure could not be completed or verified: quarantined, state unknown (not fenced).
 ReadmitFailed ==
@@ -711,7 +740,70 @@ ReadmitFailed ==
     /\ pending' = "none"
     /\ paused' \in {paused, FALSE}
     /\ faults' = faults + 1
-    /\ UNCHANGED <<phase, committed, target, bind, cleared, weights, label, req, caches, amb, stale>>
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, weights, label, req, caches, amb, stale, replaced, doubt>>
+
+\* audit_begin [control]: Audit a serving engine (the fleet's watchdog, an operator, a suspicion): read its label, weight identity and run state, and run a probe. Admissions go on meanwhile on the evidence in hand.
+AuditBegin ==
+    /\ phase \in {"READY"}
+    /\ pending = "none"
+    /\ pending' = "audit"
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, replaced, doubt, faults>>
+
+\* audit_ok [outcome]: Label, identity, run state and probe all read as the committed generation's: every piece of evidence is (again) in hand, and the engine is known to be the one verified, whatever happened to its process before.
+AuditOk ==
+    /\ phase \in {"READY"}
+    /\ pending = "audit"
+    /\ weights = committed /\ label = committed /\ ~paused
+    /\ evidence' = AllEvidence
+    /\ pending' = "none"
+    /\ replaced' = FALSE
+    /\ doubt' = FALSE
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, weights, label, paused, req, caches, amb, stale, faults>>
+
+\* audit_mismatch [outcome]: The engine definitely is not the one verified (another label, other weights, paused): it was replaced or changed behind the controller's back. TAINTED (fenced; it serves again only after verified re-admission); its bound rollouts ran on it and are released as aborted.
+AuditMismatch ==
+    /\ phase \in {"READY"}
+    /\ pending = "audit"
+    /\ ~(weights = committed /\ label = committed /\ ~paused)
+    /\ phase' = "TAINTED"
+    /\ bind' = [i \in Slots |-> 0]
+    /\ evidence' = {}
+    /\ pending' = "none"
+    /\ UNCHANGED <<committed, target, cleared, weights, label, paused, req, caches, amb, stale, replaced, doubt, faults>>
+
+\* audit_failed [outcome]: The engine could not be reached or read (timeout, connection refused, an unreadable answer): its state is unknown, so every piece of evidence is dropped and admissions and updates wait until an audit passes. Rollouts already bound stay bound (admitted on verified evidence, their requests end on their own).
+AuditFailed ==
+    /\ phase \in {"READY"}
+    /\ pending = "audit"
+    /\ faults < MaxFaults
+    /\ evidence' = {}
+    /\ pending' = "none"
+    /\ doubt' = TRUE
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<phase, committed, target, bind, cleared, weights, label, paused, req, caches, amb, stale, replaced>>
+
+\* suspect [control]: The application reports the engine unreachable (a rollout's request could not connect): every piece of evidence is dropped, so admissions and updates wait until an audit passes.
+Suspect ==
+    /\ phase \in {"READY"}
+    /\ evidence = AllEvidence
+    /\ faults < MaxFaults
+    /\ evidence' = {}
+    /\ doubt' = TRUE
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<phase, committed, target, pending, bind, cleared, weights, label, paused, req, caches, amb, stale, replaced>>
+
+\* engine_restart [environment]: The engine's process is replaced out of band (an orchestrator's restart, a relaunch, an operator): a fresh process, running, with nothing in flight and empty caches, holding the committed weights or others and reporting the initial label, the committed one or another. The controller cannot see it: its evidence speaks of the old process until an audit (or an update's own verification) reads the new one.
+EngineRestart ==
+    /\ phase \in {"DRAINING", "INVALIDATING", "QUIESCED", "READY", "RESUMING", "TAINTED", "UPDATING", "VALIDATING"}
+    /\ faults < MaxFaults
+    /\ weights' \in {committed, MIXED}
+    /\ label' \in {1, committed, MIXED}
+    /\ paused' = FALSE
+    /\ req' = [i \in Slots |-> 0]
+    /\ caches' = [t \in Tiers |-> {}]
+    /\ replaced' = TRUE
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<phase, committed, target, pending, bind, cleared, evidence, amb, stale, doubt>>
 
 \* restart_uninitialized [restart]: Restarted before any bootstrap completed: the engine was only read.
 RestartUninitialized ==
@@ -723,22 +815,24 @@ RestartUninitialized ==
     /\ faults' = faults + 1
     /\ UNCHANGED <<committed, target, bind, cleared, evidence>>
 
-\* restart_ready [restart]: Restarted with nothing in flight and the engine known to run the committed generation (READY, or DRAINING never paused, or resumed since): READY again; the crashed process's rollouts are gone (the engine requests they left are orphans) and a pending update request is dropped.
+\* restart_ready [restart]: Restarted with nothing in flight and the engine known to run the committed generation (READY, or DRAINING never paused, or resumed since): READY again with the evidence it held; the crashed process's rollouts are gone (the engine requests they left are orphans) and a pending update request is dropped. A crash during an audit (a read and a probe) restarts READY too, but without evidence: the audit's answer is lost, so admissions wait until an audit passes.
 RestartReady ==
     /\ phase \in {"DRAINING", "READY"}
-    /\ pending = "none" /\ (phase = "READY" \/ (phase = "DRAINING" /\ "resumed" \in evidence))
+    /\ (pending = "none" /\ (phase = "READY" \/ (phase = "DRAINING" /\ "resumed" \in evidence))) \/ (phase = "READY" /\ pending = "audit")
     /\ faults < MaxFaults
     /\ phase' = "READY"
+    /\ pending' = "none"
     /\ target' = 0
     /\ bind' = [i \in Slots |-> 0]
-    /\ evidence' = AllEvidence
+    /\ evidence' = IF pending = "none" THEN evidence ELSE {}
+    /\ InFlight
     /\ faults' = faults + 1
-    /\ UNCHANGED <<committed, pending, cleared, weights, label, paused, req, caches, amb, stale>>
+    /\ UNCHANGED <<committed, cleared>>
 
 \* restart_tainted [restart]: Restarted anywhere else (a pause or mutation may have happened, or an operation was in flight, whose effect may or may not have taken place): fail closed. A fence confirmed before the crash still stands.
 RestartTainted ==
     /\ phase \in {"DRAINING", "INVALIDATING", "QUIESCED", "READY", "RESUMING", "TAINTED", "UPDATING", "VALIDATING"}
-    /\ ~(pending = "none" /\ (phase = "READY" \/ (phase = "DRAINING" /\ "resumed" \in evidence)))
+    /\ ~((pending = "none" /\ (phase = "READY" \/ (phase = "DRAINING" /\ "resumed" \in evidence))) \/ (phase = "READY" /\ pending = "audit"))
     /\ faults < MaxFaults
     /\ phase' = "TAINTED"
     /\ pending' = "none"
@@ -798,6 +892,12 @@ Next ==
     \/ ReadmitOk
     \/ ReadmitMismatch
     \/ ReadmitFailed
+    \/ AuditBegin
+    \/ AuditOk
+    \/ AuditMismatch
+    \/ AuditFailed
+    \/ Suspect
+    \/ EngineRestart
     \/ RestartUninitialized
     \/ RestartReady
     \/ RestartTainted
@@ -805,9 +905,9 @@ Next ==
 Spec == Init /\ [][Next]_vars
 
 \* ---- invariants
-\* Every rollout, from admission to release and for as long as the engine runs it, sees exactly the weights of the generation it was admitted under.
+\* Every rollout, from admission to release, sees exactly the weights of the generation it was admitted under (on an engine not replaced out of band since it was last verified: a replacement is found by the next audit, which releases the rollouts bound to it as aborted); every engine request runs to its end on the weights it started on.
 OneRolloutOnePolicy ==
-    \A i \in Slots : (bind[i] # 0 => weights = bind[i]) /\ (req[i] # 0 => weights = req[i])
+    \A i \in Slots : (bind[i] # 0 /\ ~replaced => weights = bind[i]) /\ (req[i] # 0 => weights = req[i])
 
 \* Every binding names the committed generation.
 BindingsUnderCommitted ==
@@ -821,46 +921,46 @@ BindingsOnlyWhileOpen ==
 AmbiguityLatchesTainted ==
     amb => phase = "TAINTED"
 
-\* In READY the engine runs, reports the committed label and holds exactly the committed generation's weights.
+\* In READY the engine runs, reports the committed label and holds exactly the committed generation's weights, unless its process was replaced out of band since it was last verified (nobody can know before the next audit).
 ReadyEngineServesCommitted ==
-    phase = "READY" => (weights = committed /\ label = committed /\ ~paused)
+    (phase = "READY" /\ ~replaced) => (weights = committed /\ label = committed /\ ~paused)
 
-\* In READY no cache tier holds an entry computed under another generation.
+\* In READY no cache tier holds an entry computed under another generation (on an engine not replaced since it was last verified).
 ReadyCachesCoherent ==
-    phase = "READY" => \A t \in Tiers : caches[t] \subseteq {committed}
+    (phase = "READY" /\ ~replaced) => \A t \in Tiers : caches[t] \subseteq {committed}
 
 \* No request ever reads a cache entry computed under other weights than its own.
 NoStaleCacheUse ==
     ~stale
 
-\* From QUIESCED to VALIDATING the engine is paused, runs no request and no rollout is bound: mutation happens only when quiesced.
+\* From QUIESCED to VALIDATING the engine is paused (unless its process was replaced out of band: a fresh process runs), runs no request and no rollout is bound: mutation happens only when quiesced.
 EngineQuietWhileClosed ==
-    phase \in QuietPhases => (paused /\ \A i \in Slots : bind[i] = 0 /\ req[i] = 0)
+    phase \in QuietPhases => ((paused \/ replaced) /\ \A i \in Slots : bind[i] = 0 /\ req[i] = 0)
 
 \* A tier counted as cleared holds no entry of other weights than the engine's.
 ResetCountsOnlyWhenVerified ==
     \A t \in cleared : caches[t] \subseteq {weights}
 
-\* Outside TAINTED, evidence held by the controller is true of the engine: label, weights (up to what the digest can see) and run state are those of the generation the controller believes in; a passed probe means they compute as it.
+\* Outside TAINTED, evidence held by the controller is true of the engine: label, weights (up to what the digest can see) and run state are those of the generation the controller believes in; a passed probe means they compute as it. It speaks of the engine it was gathered on: a process replaced out of band since is unknown until the next audit.
 EvidenceIsTrue ==
-    phase # "TAINTED" =>
+    (phase # "TAINTED" /\ ~replaced) =>
     LET b == IF phase \in PostMutationPhases /\ target # 0 THEN target ELSE committed
     IN /\ ("version" \in evidence => label = b)
        /\ ("identity" \in evidence => weights \in {b, BROKEN})
        /\ ("probe" \in evidence => weights = b)
        /\ ("resumed" \in evidence => ~paused)
 
-\* Admissions are open only with all evidence in hand.
+\* In READY the controller holds every piece of evidence, or none: an audit failed, the engine was suspected unreachable, or the controller restarted during an audit, and admissions and updates wait until an audit passes.
 PublishedWasVerified ==
-    phase = "READY" => evidence = AllEvidence
+    phase = "READY" => evidence \in {AllEvidence, {}}
 
 \* The target is none or the generation after the committed one; none while uninitialised or READY.
 TargetIsNext ==
     target \in {0, committed + 1} /\ (phase \in {"UNINITIALIZED", "READY"} => target = 0)
 
-\* A fenced TAINTED engine is paused, runs no request and reports the taint label: nobody calling it directly is served by, or misled about, unpublished weights.
+\* A fenced TAINTED engine is paused, runs no request and reports the taint label: nobody calling it directly is served by, or misled about, unpublished weights (until someone replaces its process out of band: a fresh process is no longer fenced, and serves again only after verified re-admission).
 FencedTaintServesNothing ==
-    (phase = "TAINTED" /\ "fenced" \in evidence) => (paused /\ label = TAINT /\ \A i \in Slots : req[i] = 0)
+    (phase = "TAINTED" /\ "fenced" \in evidence /\ ~replaced) => (paused /\ label = TAINT /\ \A i \in Slots : req[i] = 0)
 
 \* ---- action properties
 \* The committed generation never goes back and moves one step at a time.
@@ -872,6 +972,10 @@ TaintedIsAbsorbing ==
     [][phase = "TAINTED" =>
             /\ committed' = committed /\ bind' = bind
             /\ (phase' = "TAINTED" \/ pending = "readmit")]_vars
+
+\* A rollout is never admitted on an engine seen unreachable (a failed audit, a suspicion) and not verified since (a passed audit or re-admission).
+NoAdmissionInDoubt ==
+    [][(\E i \in Slots : bind[i] = 0 /\ bind'[i] # 0) => ~doubt]_vars
 
 \* A rollout is admitted only in READY.
 AdmissionOnlyInReady ==
@@ -885,7 +989,7 @@ BindingsKeepTheirGeneration ==
 NoRolloutCrossesMutation ==
     [][(pending' = "mutate" /\ pending # "mutate") => \A i \in Slots : bind[i] = 0]_vars
 
-\* The engine's weights change only in UPDATING, paused, with nothing running or bound (or by a re-admission, whose abort-mode pause ends every request first).
+\* The engine's weights change only in UPDATING, paused, with nothing running or bound (or by a re-admission, whose abort-mode pause ends every request first), unless its process is, or was since it was last verified, replaced out of band.
 WeightsChangeOnlyWhenQuiesced ==
     [][weights' # weights =>
             \/ /\ phase = "UPDATING"
@@ -893,7 +997,8 @@ WeightsChangeOnlyWhenQuiesced ==
                /\ \A i \in Slots : bind[i] = 0 /\ req[i] = 0
             \/ /\ pending' = "readmit"
                /\ paused'
-               /\ \A i \in Slots : bind[i] = 0 /\ req'[i] = 0]_vars
+               /\ \A i \in Slots : bind[i] = 0 /\ req'[i] = 0
+            \/ replaced']_vars
 
 \* History: a new generation is published only from RESUMING with every piece of evidence, every cache tier verified clean since the mutation, and no rollout bound.
 PublishOnlyVerified ==
@@ -903,10 +1008,12 @@ PublishOnlyVerified ==
             /\ cleared = Tiers
             /\ \A i \in Slots : bind[i] = 0]_vars
 
-\* Evidence about the weights is gathered only while admissions are closed and no rollout is bound (re-confirming that the engine runs is allowed while draining).
+\* Evidence about the weights is gathered only while admissions are closed and no rollout is bound (re-confirming that the engine runs is allowed while draining), or by an audit of a READY engine, which reads all of it anew.
 EvidenceOnlyWhileClosed ==
     [][(evidence' \ evidence) \ {"resumed"} # {} =>
-            /\ phase \notin {"READY", "DRAINING"}
-            /\ \A i \in Slots : bind[i] = 0]_vars
+            \/ /\ phase \notin {"READY", "DRAINING"}
+               /\ \A i \in Slots : bind[i] = 0
+            \/ /\ phase = "READY" /\ pending = "audit"
+               /\ evidence' = AllEvidence]_vars
 
 ==============================================================================

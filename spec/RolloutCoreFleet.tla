@@ -25,21 +25,22 @@ Init ==
     /\ fphase = "READY"
     /\ fcommitted = 1
     /\ ftarget = 0
-    /\ eng = [n \in Engines |-> [phase |-> "READY", committed |-> 1, target |-> 0, pending |-> "none", bind |-> [i \in Slots |-> 0], cleared |-> {}, evidence |-> AllEvidence, weights |-> 1, label |-> 1, paused |-> FALSE, req |-> [i \in Slots |-> 0], caches |-> [t \in Tiers |-> {}], amb |-> FALSE, stale |-> FALSE, faults |-> 0]]
+    /\ eng = [n \in Engines |-> [phase |-> "READY", committed |-> 1, target |-> 0, pending |-> "none", bind |-> [i \in Slots |-> 0], cleared |-> {}, evidence |-> AllEvidence, weights |-> 1, label |-> 1, paused |-> FALSE, req |-> [i \in Slots |-> 0], caches |-> [t \in Tiers |-> {}], amb |-> FALSE, stale |-> FALSE, replaced |-> FALSE, doubt |-> FALSE, faults |-> 0]]
     /\ faults = 0
 
 TierFirst(e, t) == \A k \in 1..Len(TierOrder) : TierOrder[k] = t =>
     \A j \in 1..(k - 1) : TierOrder[j] \in e.cleared
 Settled(e) == (e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none") \/ (e.pending = "none" /\ (e.phase = "TAINTED" \/ (e.phase = "READY" /\ \A i \in Slots : e.bind[i] = 0)))
 Scheduled(n) == fphase # "UPDATING" \/ \A m \in 1..(n - 1) : Settled(eng[m])
+Serving(e) == e.phase = "READY" /\ e.committed = fcommitted /\ e.evidence = AllEvidence
 
 \* admit [member, control]
 MAdmit(n, i) ==
     LET e == eng[n] IN
     /\ e.phase \in {"READY"}
-    /\ e.bind[i] = 0
+    /\ e.bind[i] = 0 /\ e.evidence = AllEvidence
     /\ e.req[i] = 0
-    /\ fphase = "READY" /\ e.committed = fcommitted
+    /\ fphase = "READY" /\ e.committed = fcommitted /\ Cardinality({m \in Engines : Serving(eng[m])}) >= MinServing
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.bind = [e.bind EXCEPT ![i] = e.committed], !.req = [e.req EXCEPT ![i] = e.weights], !.stale = (e.stale \/ \E t \in Tiers : e.caches[t] \ {e.weights} # {}), !.caches = [t \in Tiers |-> e.caches[t] \cup {e.weights}]]]
     /\ faults' = faults
     /\ UNCHANGED <<fphase, fcommitted, ftarget>>
@@ -66,7 +67,7 @@ MRelease(n, i) ==
 MRequestUpdate(n) ==
     LET e == eng[n] IN
     /\ e.phase \in {"READY"}
-    /\ e.pending = "none"
+    /\ e.pending = "none" /\ e.evidence = AllEvidence
     /\ \/ (fphase = "UPDATING" /\ e.committed = fcommitted)
        \/ (fphase \in {"ABORTING", "READY"} /\ e.committed < fcommitted)
     /\ Scheduled(n)
@@ -436,7 +437,7 @@ MReadmitOk(n) ==
     /\ e.phase \in {"TAINTED"}
     /\ e.pending = "readmit"
     /\ e.weights = e.committed /\ e.label = e.committed
-    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "READY", !.target = 0, !.evidence = AllEvidence, !.cleared = Tiers, !.pending = "none", !.paused = FALSE, !.stale = (e.stale \/ \E t \in Tiers : e.caches[t] \ {e.weights} # {}), !.caches = [t \in Tiers |-> e.caches[t] \cup {e.weights}]]]
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "READY", !.target = 0, !.evidence = AllEvidence, !.cleared = Tiers, !.pending = "none", !.paused = FALSE, !.stale = (e.stale \/ \E t \in Tiers : e.caches[t] \ {e.weights} # {}), !.caches = [t \in Tiers |-> e.caches[t] \cup {e.weights}], !.replaced = FALSE, !.doubt = FALSE]]
     /\ faults' = faults
     /\ UNCHANGED <<fphase, fcommitted, ftarget>>
 
@@ -460,9 +461,69 @@ MReadmitFailed(n) ==
     /\ faults' = faults + 1
     /\ UNCHANGED <<fphase, fcommitted, ftarget>>
 
-\* fleet_request_update [fleet]: The trainer asks for the next generation: admissions close on every member.
+\* audit_begin [member, control]
+MAuditBegin(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"READY"}
+    /\ e.pending = "none"
+    /\ fphase # "UPDATING"
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "audit"]]
+    /\ faults' = faults
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* audit_ok [member, outcome]
+MAuditOk(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"READY"}
+    /\ e.pending = "audit"
+    /\ e.weights = e.committed /\ e.label = e.committed /\ ~e.paused
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = AllEvidence, !.pending = "none", !.replaced = FALSE, !.doubt = FALSE]]
+    /\ faults' = faults
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* audit_mismatch [member, outcome]
+MAuditMismatch(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"READY"}
+    /\ e.pending = "audit"
+    /\ ~(e.weights = e.committed /\ e.label = e.committed /\ ~e.paused)
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "TAINTED", !.bind = [i \in Slots |-> 0], !.evidence = {}, !.pending = "none"]]
+    /\ faults' = faults
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* audit_failed [member, outcome]
+MAuditFailed(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"READY"}
+    /\ e.pending = "audit"
+    /\ faults < MaxFaults
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = {}, !.pending = "none", !.doubt = TRUE]]
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* suspect [member, control]
+MSuspect(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"READY"}
+    /\ e.evidence = AllEvidence
+    /\ faults < MaxFaults
+    /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = {}, !.doubt = TRUE]]
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* engine_restart [member, environment]
+MEngineRestart(n) ==
+    LET e == eng[n] IN
+    /\ e.phase \in {"READY", "DRAINING", "QUIESCED", "UPDATING", "INVALIDATING", "VALIDATING", "RESUMING", "TAINTED"}
+    /\ faults < MaxFaults
+    /\ \E w0 \in {e.committed, MIXED} : \E w1 \in {1, e.committed, MIXED} : eng' = [eng EXCEPT ![n] = [e EXCEPT !.weights = w0, !.label = w1, !.paused = FALSE, !.req = [i \in Slots |-> 0], !.caches = [t \in Tiers |-> {}], !.replaced = TRUE]]
+    /\ faults' = faults + 1
+    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+
+\* fleet_request_update [fleet]: The trainer asks for the next generation (a quorum serving): admissions close on every member.
 FleetRequestUpdate ==
     /\ fphase \in {"READY"}
+    /\ Cardinality({m \in Engines : Serving(eng[m])}) >= MinServing
     /\ fcommitted < MaxGen
     /\ fphase' = "UPDATING"
     /\ ftarget' = fcommitted + 1
@@ -486,10 +547,17 @@ FleetAbort ==
     /\ fphase' = "ABORTING"
     /\ UNCHANGED <<fcommitted, ftarget, eng, faults>>
 
-\* fleet_reopen [fleet]: The aborted update is undone: no member is left on the target, and at least min_serving members serve the committed generation again: admissions reopen.
+\* fleet_close [fleet]: Fewer than min_serving members serve (audits found members replaced or unreachable, or they were suspected): admissions close until a quorum serves again (fleet_reopen).
+FleetClose ==
+    /\ fphase \in {"READY"}
+    /\ Cardinality({m \in Engines : Serving(eng[m])}) < MinServing
+    /\ fphase' = "ABORTING"
+    /\ UNCHANGED <<fcommitted, ftarget, eng, faults>>
+
+\* fleet_reopen [fleet]: The aborted update is undone (or the fleet was closed): no member is left on the target, and at least min_serving members serve the committed generation again: admissions reopen.
 FleetReopen ==
     /\ fphase \in {"ABORTING"}
-    /\ (\A n \in Engines : eng[n].phase \in {"READY", "TAINTED"} /\ eng[n].pending = "none") /\ Cardinality({n \in Engines : eng[n].phase = "READY" /\ eng[n].committed = fcommitted}) >= MinServing
+    /\ (\A n \in Engines : eng[n].phase \in {"READY", "TAINTED"} /\ eng[n].pending = "none") /\ Cardinality({m \in Engines : Serving(eng[m])}) >= MinServing
     /\ fphase' = "READY"
     /\ ftarget' = 0
     /\ UNCHANGED <<fcommitted, eng, faults>>
@@ -536,34 +604,37 @@ Next ==
     \/ \E n \in Engines : MReadmitOk(n)
     \/ \E n \in Engines : MReadmitMismatch(n)
     \/ \E n \in Engines : MReadmitFailed(n)
+    \/ \E n \in Engines : MAuditBegin(n)
+    \/ \E n \in Engines : MAuditOk(n)
+    \/ \E n \in Engines : MAuditMismatch(n)
+    \/ \E n \in Engines : MAuditFailed(n)
+    \/ \E n \in Engines : MSuspect(n)
+    \/ \E n \in Engines : MEngineRestart(n)
     \/ FleetRequestUpdate
     \/ FleetPublish
     \/ FleetAbort
+    \/ FleetClose
     \/ FleetReopen
 
 Spec == Init /\ [][Next]_vars
 
 \* ---- fleet invariants
-\* Every serving member holds the weights of the fleet's committed generation: after a publish no two serving engines hold different generations.
+\* Every member READY on the fleet's generation holds its weights: after a publish no two serving engines hold different generations (an engine replaced out of band since it was last verified aside: the next audit finds it).
 ServingMembersAgree ==
-    \A n \in Engines : (eng[n].phase = "READY" /\ eng[n].committed = fcommitted) => eng[n].weights = fcommitted
+    \A n \in Engines : (eng[n].phase = "READY" /\ eng[n].committed = fcommitted /\ ~eng[n].replaced) => eng[n].weights = fcommitted
 
 \* No member has committed a generation the fleet has not published.
 NoMemberAhead ==
     \A n \in Engines : eng[n].committed <= fcommitted
 
-\* A rollout is bound only on a member serving the fleet's committed generation (or draining it for the fleet's update).
+\* A rollout is bound only on a member serving the fleet's committed generation (or draining it for the fleet's update, or whose audit failed after it was admitted).
 RolloutsOnlyOnServingMembers ==
     \A n \in Engines : \A i \in Slots : eng[n].bind[i] # 0 => (eng[n].bind[i] = fcommitted /\ eng[n].phase \in {"READY", "DRAINING"})
-
-\* While the fleet admits, at least min_serving members serve.
-OpenOnlyWithQuorum ==
-    fphase = "READY" => Cardinality({n \in Engines : eng[n].phase = "READY" /\ eng[n].committed = fcommitted}) >= MinServing
 
 \* ---- every member's invariants
 MemberOneRolloutOnePolicy ==
     \A n \in Engines : LET e == eng[n] IN
-        \A i \in Slots : (e.bind[i] # 0 => e.weights = e.bind[i]) /\ (e.req[i] # 0 => e.weights = e.req[i])
+        \A i \in Slots : (e.bind[i] # 0 /\ ~e.replaced => e.weights = e.bind[i]) /\ (e.req[i] # 0 => e.weights = e.req[i])
 
 MemberBindingsUnderCommitted ==
     \A n \in Engines : LET e == eng[n] IN
@@ -579,11 +650,11 @@ MemberAmbiguityLatchesTainted ==
 
 MemberReadyEngineServesCommitted ==
     \A n \in Engines : LET e == eng[n] IN
-        e.phase = "READY" => (e.weights = e.committed /\ e.label = e.committed /\ ~e.paused)
+        (e.phase = "READY" /\ ~e.replaced) => (e.weights = e.committed /\ e.label = e.committed /\ ~e.paused)
 
 MemberReadyCachesCoherent ==
     \A n \in Engines : LET e == eng[n] IN
-        e.phase = "READY" => \A t \in Tiers : e.caches[t] \subseteq {e.committed}
+        (e.phase = "READY" /\ ~e.replaced) => \A t \in Tiers : e.caches[t] \subseteq {e.committed}
 
 MemberNoStaleCacheUse ==
     \A n \in Engines : LET e == eng[n] IN
@@ -591,7 +662,7 @@ MemberNoStaleCacheUse ==
 
 MemberEngineQuietWhileClosed ==
     \A n \in Engines : LET e == eng[n] IN
-        e.phase \in QuietPhases => (e.paused /\ \A i \in Slots : e.bind[i] = 0 /\ e.req[i] = 0)
+        e.phase \in QuietPhases => ((e.paused \/ e.replaced) /\ \A i \in Slots : e.bind[i] = 0 /\ e.req[i] = 0)
 
 MemberResetCountsOnlyWhenVerified ==
     \A n \in Engines : LET e == eng[n] IN
@@ -599,7 +670,7 @@ MemberResetCountsOnlyWhenVerified ==
 
 MemberEvidenceIsTrue ==
     \A n \in Engines : LET e == eng[n] IN
-        e.phase # "TAINTED" =>
+        (e.phase # "TAINTED" /\ ~e.replaced) =>
             LET b == IF e.phase \in PostMutationPhases /\ e.target # 0 THEN e.target ELSE e.committed
             IN /\ ("version" \in e.evidence => e.label = b)
                /\ ("identity" \in e.evidence => e.weights \in {b, BROKEN})
@@ -608,7 +679,7 @@ MemberEvidenceIsTrue ==
 
 MemberPublishedWasVerified ==
     \A n \in Engines : LET e == eng[n] IN
-        e.phase = "READY" => e.evidence = AllEvidence
+        e.phase = "READY" => e.evidence \in {AllEvidence, {}}
 
 MemberTargetIsNext ==
     \A n \in Engines : LET e == eng[n] IN
@@ -616,16 +687,21 @@ MemberTargetIsNext ==
 
 MemberFencedTaintServesNothing ==
     \A n \in Engines : LET e == eng[n] IN
-        (e.phase = "TAINTED" /\ "fenced" \in e.evidence) => (e.paused /\ e.label = TAINT /\ \A i \in Slots : e.req[i] = 0)
+        (e.phase = "TAINTED" /\ "fenced" \in e.evidence /\ ~e.replaced) => (e.paused /\ e.label = TAINT /\ \A i \in Slots : e.req[i] = 0)
 
 \* ---- action properties
 \* The fleet's committed generation never goes back and moves one step at a time.
 FleetGenerationsMoveForward ==
     [][fcommitted' \in {fcommitted, fcommitted + 1}]_vars
 
+\* The fleet opens (reopens, or publishes) only with at least min_serving members serving, and admits a rollout only while they do. (A READY fleet can lose its quorum at any time, to an audit or a suspicion: it admits nothing more, and closes.)
+OpenOnlyWithQuorum ==
+    [][((fphase # "READY" /\ fphase' = "READY") => Cardinality({m \in Engines : eng'[m].phase = "READY" /\ eng'[m].committed = fcommitted' /\ eng'[m].evidence = AllEvidence}) >= MinServing)
+    /\ ((\E n \in Engines : \E i \in Slots : eng[n].bind[i] = 0 /\ eng'[n].bind[i] # 0) => (fphase = "READY" /\ Cardinality({m \in Engines : Serving(eng[m])}) >= MinServing))]_vars
+
 \* A generation is published only onto at least min_serving members at once.
 PublishOnQuorum ==
-    [][fcommitted' # fcommitted => Cardinality({n \in Engines : eng'[n].phase = "READY" /\ eng'[n].committed = fcommitted'}) >= MinServing]_vars
+    [][fcommitted' # fcommitted => Cardinality({m \in Engines : eng'[m].phase = "READY" /\ eng'[m].committed = fcommitted' /\ eng'[m].evidence = AllEvidence}) >= MinServing]_vars
 
 \* A member that had an ambiguous outcome is never published onto.
 NoPublishAfterAmbiguity ==
@@ -642,6 +718,11 @@ MemberTaintedIsAbsorbing ==
         e.phase = "TAINTED" =>
                     /\ e2.committed = e.committed /\ e2.bind = e.bind
                     /\ (e2.phase = "TAINTED" \/ e.pending = "readmit")]_vars
+
+MemberNoAdmissionInDoubt ==
+    [][\A n \in Engines : LET e == eng[n]
+                                  e2 == eng'[n] IN
+        (\E i \in Slots : e.bind[i] = 0 /\ e2.bind[i] # 0) => ~e.doubt]_vars
 
 MemberAdmissionOnlyInReady ==
     [][\A n \in Engines : LET e == eng[n]
@@ -667,7 +748,8 @@ MemberWeightsChangeOnlyWhenQuiesced ==
                        /\ \A i \in Slots : e.bind[i] = 0 /\ e.req[i] = 0
                     \/ /\ e2.pending = "readmit"
                        /\ e2.paused
-                       /\ \A i \in Slots : e.bind[i] = 0 /\ e2.req[i] = 0]_vars
+                       /\ \A i \in Slots : e.bind[i] = 0 /\ e2.req[i] = 0
+                    \/ e2.replaced]_vars
 
 MemberPublishOnlyVerified ==
     [][\A n \in Engines : LET e == eng[n]
@@ -682,7 +764,9 @@ MemberEvidenceOnlyWhileClosed ==
     [][\A n \in Engines : LET e == eng[n]
                                   e2 == eng'[n] IN
         (e2.evidence \ e.evidence) \ {"resumed"} # {} =>
-                    /\ e.phase \notin {"READY", "DRAINING"}
-                    /\ \A i \in Slots : e.bind[i] = 0]_vars
+                    \/ /\ e.phase \notin {"READY", "DRAINING"}
+                       /\ \A i \in Slots : e.bind[i] = 0
+                    \/ /\ e.phase = "READY" /\ e.pending = "audit"
+                       /\ e2.evidence = AllEvidence]_vars
 
 ==============================================================================

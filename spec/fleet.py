@@ -10,6 +10,14 @@ The state is the fleet's phase, committed generation and target, one single-engi
 fleet. A member *serves* when it is READY at the fleet's committed generation; rollouts
 are admitted only on serving members, only while the fleet is READY.
 
+A member *serves* when it is READY at the fleet's committed generation with every piece of
+evidence in hand; a member whose audit failed, or that was suspected unreachable, or
+whose audit found it replaced (quarantined), stops serving at once. Rollouts are admitted
+only on serving members, only while the fleet is READY and at least ``min_serving``
+serve; a READY fleet whose serving members fall below that closes (``fleet_close``) and
+reopens once a quorum serves again. Members are audited only outside the fleet's update
+(whose own verification reads every member anew).
+
 Two-phase commit of a generation. ``fleet_request_update`` closes admissions fleet-wide
 and names the target; every serving member then runs its own cycle (drain, quiesce,
 mutate, invalidate, validate, resume, probe), in parallel, up to RESUMING with every
@@ -55,6 +63,7 @@ from rolloutcore.spec.lifecycle import (
     SPEC,
     TIERS,
     VARIABLES,
+    VERIFIED_TLA,
     Action,
     Bounds,
     Kind,
@@ -64,6 +73,7 @@ from rolloutcore.spec.lifecycle import (
     State,
     param_domain,
     param_var,
+    verified,
 )
 from rolloutcore.spec.tla import module as tla_module
 from rolloutcore.spec.tla import tla_name
@@ -116,7 +126,13 @@ def next_tier(s: State) -> str | None:
 
 
 def serving(f: FleetState, s: State) -> bool:
-    return s.phase is Phase.READY and s.committed == f.fcommitted
+    """READY on the fleet's generation with every piece of evidence in hand."""
+    return s.phase is Phase.READY and s.committed == f.fcommitted and verified(s)
+
+
+def quorum(f: FleetState, b: FleetBounds) -> bool:
+    """At least min_serving members serve."""
+    return _count(f, serving) >= b.min_serving
 
 
 def validated(f: FleetState, s: State) -> bool:
@@ -144,26 +160,32 @@ def settled(f: FleetState, s: State) -> bool:
 
 # ---------------------------------------------------------------------- fleet guards
 
-#: Extra guard per lifted action (Python, TLA+): ``f`` the fleet, ``s`` the member.
-MemberGuard = tuple[Callable[[FleetState, State], bool], str]
-_TRUE: MemberGuard = (lambda _f, _s: True, "TRUE")
+#: Extra guard per lifted action (Python, TLA+): ``f`` the fleet, ``s`` the member, ``b``
+#: the bounds (min_serving).
+MemberGuard = tuple[Callable[[FleetState, State, FleetBounds], bool], str]
+_TRUE: MemberGuard = (lambda _f, _s, _b: True, "TRUE")
+#: TLA+: how many members serve (``Serving`` is defined in the module).
+N_SERVING_TLA = "Cardinality({m \\in Engines : Serving(eng[m])})"
 MEMBER_GUARDS: Mapping[str, MemberGuard] = {
-    # Rollouts only on serving members of a READY fleet.
-    "admit": (lambda f, s: f.fphase == FleetPhase.READY and s.committed == f.fcommitted,
-              'fphase = "READY" /\\ e.committed = fcommitted'),
+    # Rollouts only on serving members of a READY fleet, while a quorum serves.
+    "admit": (lambda f, s, b: f.fphase == FleetPhase.READY and s.committed == f.fcommitted
+              and quorum(f, b),
+              f'fphase = "READY" /\\ e.committed = fcommitted /\\ {N_SERVING_TLA} >= MinServing'),
     # A serving member joins the fleet's update; a member behind catches up alone, one
     # generation per update, outside the fleet's own update.
     "request_update": (
-        lambda f, s: (f.fphase == FleetPhase.UPDATING and s.committed == f.fcommitted)
+        lambda f, s, _b: (f.fphase == FleetPhase.UPDATING and s.committed == f.fcommitted)
         or (f.fphase in CATCH_UP_PHASES and s.committed < f.fcommitted),
         '\\/ (fphase = "UPDATING" /\\ e.committed = fcommitted)\n'
         '       \\/ (fphase \\in {"ABORTING", "READY"} /\\ e.committed < fcommitted)'),
     # A member publishes alone only a generation the fleet has published (it catches up:
     # nobody is bound to it); the fleet's target is committed by fleet_publish, on every
     # validated member at once.
-    "publish": (lambda f, s: s.target <= f.fcommitted, "e.target <= fcommitted"),
+    "publish": (lambda f, s, _b: s.target <= f.fcommitted, "e.target <= fcommitted"),
     # The fleet runner resets the tiers in their order; the model follows it.
-    "reset_begin": (lambda _f, _s: True, "TRUE"),
+    "reset_begin": _TRUE,
+    # Audits outside the fleet's update (its own verification reads every member anew).
+    "audit_begin": (lambda f, _s, _b: f.fphase != FleetPhase.UPDATING, 'fphase # "UPDATING"'),
 }
 #: Member steps that spend the fleet's fault budget although the single-engine spec does
 #: not count them: giving up follows exhausted retries, that is, failures.
@@ -199,6 +221,12 @@ def _count(f: FleetState, pred: Callable[[FleetState, State], bool]) -> int:
     return sum(1 for s in f.eng if pred(f, s))
 
 
+def _admitted(f: FleetState, g: FleetState) -> bool:
+    """Some rollout was admitted by the step from ``f`` to ``g``."""
+    return any(a == 0 and b != 0 for s, t in zip(f.eng, g.eng, strict=True)
+               for a, b in zip(s.bind, t.bind, strict=True))
+
+
 _VALIDATED_TLA = ('e.phase = "RESUMING" /\\ ftarget # 0 /\\ e.target = ftarget '
                   '/\\ e.evidence = AllEvidence /\\ e.pending = "none"')
 _SETTLED_TLA = (f'\\A n \\in Engines : LET e == eng[n] IN ({_VALIDATED_TLA}) '
@@ -212,8 +240,11 @@ N_VALIDATED_TLA = f"Cardinality({{n \\in Engines : LET e == eng[n] IN {_VALIDATE
 FLEET_ABORT_WHEN_TLA = (
     f"(\\A n \\in Engines : Settled(eng[n]) \\/ ({_HELD_BACK_TLA}))\n"
     f"    /\\ ({N_VALIDATED_TLA} < MinServing \\/ \\E n \\in Engines : {_HELD_BACK_TLA})")
-_N_SERVING_TLA = ('Cardinality({n \\in Engines : eng[n].phase = "READY" '
-                  '/\\ eng[n].committed = fcommitted})')
+_N_SERVING_TLA = N_SERVING_TLA
+#: How many members serve after the step (TLA+, inside an action property).
+_N_SERVING_AFTER_TLA = ("Cardinality({m \\in Engines : eng'[m].phase = \"READY\" "
+                        "/\\ eng'[m].committed = fcommitted' /\\ "
+                        + VERIFIED_TLA.replace("evidence", "eng'[m].evidence") + "})")
 FLEET_PUBLISH_WHEN_TLA = f"({_SETTLED_TLA}) /\\ {N_VALIDATED_TLA} >= MinServing"
 FLEET_REOPEN_WHEN_TLA = ('(\\A n \\in Engines : eng[n].phase \\in {"READY", "TAINTED"} '
                          '/\\ eng[n].pending = "none") /\\ ' + _N_SERVING_TLA + ' >= MinServing')
@@ -221,9 +252,10 @@ FLEET_REOPEN_WHEN_TLA = ('(\\A n \\in Engines : eng[n].phase \\in {"READY", "TAI
 FLEET_ACTIONS: tuple[FleetAction, ...] = (
     FleetAction(
         "fleet_request_update",
-        "The trainer asks for the next generation: admissions close on every member.",
+        "The trainer asks for the next generation (a quorum serving): admissions close on "
+        "every member.",
         frozenset({FleetPhase.READY}), FleetPhase.UPDATING,
-        lambda _f, _b: True, "TRUE",
+        quorum, f"{N_SERVING_TLA} >= MinServing",
         lambda f: f._replace(fphase=FleetPhase.UPDATING, ftarget=f.fcommitted + 1),
         {"fphase": '"UPDATING"', "ftarget": "fcommitted + 1"}, needs_generation=True),
     FleetAction(
@@ -250,9 +282,18 @@ FLEET_ACTIONS: tuple[FleetAction, ...] = (
         FLEET_ABORT_WHEN_TLA,
         lambda f: f._replace(fphase=FleetPhase.ABORTING), {"fphase": '"ABORTING"'}),
     FleetAction(
+        "fleet_close",
+        "Fewer than min_serving members serve (audits found members replaced or "
+        "unreachable, or they were suspected): admissions close until a quorum serves again "
+        "(fleet_reopen).",
+        frozenset({FleetPhase.READY}), FleetPhase.ABORTING,
+        lambda f, b: not quorum(f, b), f"{_N_SERVING_TLA} < MinServing",
+        lambda f: f._replace(fphase=FleetPhase.ABORTING), {"fphase": '"ABORTING"'}),
+    FleetAction(
         "fleet_reopen",
-        "The aborted update is undone: no member is left on the target, and at least "
-        "min_serving members serve the committed generation again: admissions reopen.",
+        "The aborted update is undone (or the fleet was closed): no member is left on the "
+        "target, and at least min_serving members serve the committed generation again: "
+        "admissions reopen.",
         frozenset({FleetPhase.ABORTING}), FleetPhase.READY,
         lambda f, b: all(s.phase in (Phase.READY, Phase.TAINTED) and s.pending == "none"
                          for s in f.eng) and _count(f, serving) >= b.min_serving,
@@ -284,11 +325,14 @@ class FleetActionProperty:
 FLEET_INVARIANTS: tuple[FleetInvariant, ...] = (
     FleetInvariant(
         "ServingMembersAgree",
-        "Every serving member holds the weights of the fleet's committed generation: after "
-        "a publish no two serving engines hold different generations.",
-        "\\A n \\in Engines : (eng[n].phase = \"READY\" /\\ eng[n].committed = fcommitted) "
-        "=> eng[n].weights = fcommitted",
-        lambda f, _b: all(s.weights == f.fcommitted for s in f.eng if serving(f, s))),
+        "Every member READY on the fleet's generation holds its weights: after a publish no "
+        "two serving engines hold different generations (an engine replaced out of band "
+        "since it was last verified aside: the next audit finds it).",
+        "\\A n \\in Engines : (eng[n].phase = \"READY\" /\\ eng[n].committed = fcommitted "
+        "/\\ ~eng[n].replaced) => eng[n].weights = fcommitted",
+        lambda f, _b: all(s.weights == f.fcommitted for s in f.eng
+                          if s.phase is Phase.READY and s.committed == f.fcommitted
+                          and not s.replaced)),
     FleetInvariant(
         "NoMemberAhead",
         "No member has committed a generation the fleet has not published.",
@@ -297,18 +341,12 @@ FLEET_INVARIANTS: tuple[FleetInvariant, ...] = (
     FleetInvariant(
         "RolloutsOnlyOnServingMembers",
         "A rollout is bound only on a member serving the fleet's committed generation (or "
-        "draining it for the fleet's update).",
+        "draining it for the fleet's update, or whose audit failed after it was admitted).",
         "\\A n \\in Engines : \\A i \\in Slots : eng[n].bind[i] # 0 => "
         "(eng[n].bind[i] = fcommitted /\\ eng[n].phase \\in {\"READY\", \"DRAINING\"})",
         lambda f, _b: all(b == 0 or (b == f.fcommitted and s.phase in (Phase.READY,
                                                                        Phase.DRAINING))
                           for s in f.eng for b in s.bind)),
-    FleetInvariant(
-        "OpenOnlyWithQuorum",
-        "While the fleet admits, at least min_serving members serve.",
-        'fphase = "READY" => Cardinality({n \\in Engines : eng[n].phase = "READY" '
-        '/\\ eng[n].committed = fcommitted}) >= MinServing',
-        lambda f, b: f.fphase != FleetPhase.READY or _count(f, serving) >= b.min_serving),
 )
 
 FLEET_ACTION_PROPERTIES: tuple[FleetActionProperty, ...] = (
@@ -318,10 +356,22 @@ FLEET_ACTION_PROPERTIES: tuple[FleetActionProperty, ...] = (
         "fcommitted' \\in {fcommitted, fcommitted + 1}",
         lambda f, g, _b: g.fcommitted in (f.fcommitted, f.fcommitted + 1)),
     FleetActionProperty(
+        "OpenOnlyWithQuorum",
+        "The fleet opens (reopens, or publishes) only with at least min_serving members "
+        "serving, and admits a rollout only while they do. (A READY fleet can lose its "
+        "quorum at any time, to an audit or a suspicion: it admits nothing more, and closes.)",
+        "((fphase # \"READY\" /\\ fphase' = \"READY\") => "
+        f"{_N_SERVING_AFTER_TLA} >= MinServing)\n"
+        "    /\\ ((\\E n \\in Engines : \\E i \\in Slots : eng[n].bind[i] = 0 "
+        "/\\ eng'[n].bind[i] # 0) => (fphase = \"READY\" /\\ " + N_SERVING_TLA
+        + " >= MinServing))",
+        lambda f, g, b: (f.fphase == FleetPhase.READY or g.fphase != FleetPhase.READY
+                         or quorum(g, b))
+        and (not _admitted(f, g) or (f.fphase == FleetPhase.READY and quorum(f, b)))),
+    FleetActionProperty(
         "PublishOnQuorum",
         "A generation is published only onto at least min_serving members at once.",
-        "fcommitted' # fcommitted => Cardinality({n \\in Engines : eng'[n].phase = "
-        "\"READY\" /\\ eng'[n].committed = fcommitted'}) >= MinServing",
+        f"fcommitted' # fcommitted => {_N_SERVING_AFTER_TLA} >= MinServing",
         lambda f, g, b: g.fcommitted == f.fcommitted or _count(g, serving) >= b.min_serving),
     FleetActionProperty(
         "NoPublishAfterAmbiguity",
@@ -392,7 +442,7 @@ class FleetSpec:
             guard = self.member_guards.get(a.name, _TRUE)[0]
             fault = a.fault or a.name in FAULT_IN_FLEET
             for n, s in enumerate(f.eng):
-                if s.phase not in a.sources or not guard(f, s):
+                if s.phase not in a.sources or not guard(f, s, b):
                     continue
                 if fault and f.faults >= b.faults:
                     continue
@@ -506,7 +556,8 @@ def explore_fleet(spec: FleetSpec = FLEET, *, max_states: int = 3_000_000,
 
 
 __all__ = ["FLEET", "FleetAction", "FleetBounds", "FleetExploration", "FleetSpec",
-           "FleetState", "explore_fleet", "held_back", "serving", "settled", "validated"]
+           "FleetState", "explore_fleet", "held_back", "quorum", "serving", "settled",
+           "validated"]
 
 
 
@@ -604,7 +655,7 @@ def fleet_module(spec: FleetSpec = FLEET) -> str:
         "bind |-> [i \\in Slots |-> 0]", "cleared |-> {}", "evidence |-> AllEvidence",
         "weights |-> 1", "label |-> 1", "paused |-> FALSE", "req |-> [i \\in Slots |-> 0]",
         "caches |-> [t \\in Tiers |-> {}]", "amb |-> FALSE", "stale |-> FALSE",
-        "faults |-> 0"])
+        "replaced |-> FALSE", "doubt |-> FALSE", "faults |-> 0"])
     engine_module = tla_module(spec.engine)
     defs = engine_module[engine_module.index("Slots =="):engine_module.index("VARIABLES")]
     tiers = ", ".join(f'"{t}"' for t in TIERS)
@@ -635,6 +686,8 @@ def fleet_module(spec: FleetSpec = FLEET) -> str:
         f"Settled(e) == ({_VALIDATED_TLA}) \\/ (e.pending = \"none\" /\\ (e.phase = \"TAINTED\" "
         "\\/ (e.phase = \"READY\" /\\ \\A i \\in Slots : e.bind[i] = 0)))",
         'Scheduled(n) == fphase # "UPDATING" \\/ \\A m \\in 1..(n - 1) : Settled(eng[m])',
+        'Serving(e) == e.phase = "READY" /\\ e.committed = fcommitted /\\ '
+        + lift_tla(VERIFIED_TLA),
         "",
     ]
     parts += [_member_operator(spec, a) + "\n" for a in spec.member_actions()]

@@ -26,6 +26,17 @@ outcomes can look the same to the controller (``observed_as``): a transfer that
 "returned ok" but installed the wrong weights is observed as ``mutate_ok``; only later
 evidence tells them apart.
 
+A serving engine can change behind the controller's back: its process replaced out of
+band (an orchestrator's restart, a relaunch after a crash, an operator), with other
+weights or another label. The ``engine_restart`` environment action models it; the
+controller cannot know until it looks, so the ``audit`` operation reads the engine again
+(label, identity, run state, a probe) and a definite mismatch quarantines it, while an
+unreachable engine loses its evidence (admissions wait) until an audit passes. The ghost
+``replaced`` records a replacement not yet audited: the invariants about what a READY
+engine holds speak of engines not replaced since the controller last verified them,
+which is the strongest true statement (between a replacement and the next audit nobody
+can know).
+
 The controller's own crash is part of the spec: a *restart* action takes the controller
 from whatever its journal last recorded to the state it may assume (READY only when
 nothing was paused, mutated or in flight, otherwise TAINTED), while the operation that
@@ -145,6 +156,8 @@ class State(NamedTuple):
     caches: tuple[frozenset[int], ...]  # tier (TIERS order) -> generations of its entries
     amb: bool
     stale: bool
+    replaced: bool  # the engine process was replaced out of band since it was last verified
+    doubt: bool  # the engine was seen unreachable (or suspected) and not verified since
     faults: int
 
 
@@ -152,7 +165,8 @@ CONTROL_VARS: tuple[str, ...] = (
     "phase", "committed", "target", "pending", "bind", "cleared", "evidence",
 )
 GHOST_VARS: tuple[str, ...] = (
-    "weights", "label", "paused", "req", "caches", "amb", "stale", "faults",
+    "weights", "label", "paused", "req", "caches", "amb", "stale", "replaced", "doubt",
+    "faults",
 )
 VARIABLES: tuple[str, ...] = CONTROL_VARS + GHOST_VARS
 assert State._fields == VARIABLES
@@ -168,7 +182,8 @@ def initial_states(bounds: Bounds) -> tuple[State, ...]:
     return tuple(State(
         phase=Phase.UNINITIALIZED, committed=0, target=0, pending=NO_OP, bind=free,
         cleared=frozenset(), evidence=frozenset(), weights=w, label=1, paused=False,
-        req=free, caches=tuple(frozenset() for _ in TIERS), amb=False, stale=False, faults=0,
+        req=free, caches=tuple(frozenset() for _ in TIERS), amb=False, stale=False,
+        replaced=False, doubt=False, faults=0,
     ) for w in INITIAL_WEIGHTS)
 
 
@@ -186,6 +201,8 @@ INIT_TLA = r"""/\ phase = "UNINITIALIZED"
     /\ caches = [t \in Tiers |-> {}]
     /\ amb = FALSE
     /\ stale = FALSE
+    /\ replaced = FALSE
+    /\ doubt = FALSE
     /\ faults = 0"""
 
 
@@ -281,6 +298,15 @@ def _idle(c: Any, _p: Param) -> bool:
     return bool(c.pending == NO_OP)
 
 
+def verified(c: Any) -> bool:
+    """Every piece of evidence in hand: what admitting a rollout, and starting an update,
+    need. A failed audit (or a suspicion) drops it until an audit passes."""
+    return bool(c.evidence == ALL_EVIDENCE)
+
+
+VERIFIED_TLA = "evidence = AllEvidence"
+
+
 def _unbound(c: Any, _p: Param) -> bool:
     return bool(c.pending == NO_OP and not any(c.bind))
 
@@ -374,13 +400,25 @@ _NO_REQUESTS = (lambda s, _p: not any(s.req), r"\A j \in Slots : req[j] = 0")
 #: The restart decision: READY only if nothing was in flight and the engine is known to
 #: run the committed generation unmutated (READY, or DRAINING never paused or resumed
 #: since); everything else restarts TAINTED.
-_READY_ON_RESTART_TLA = (r'pending = "none" /\ (phase = "READY" \/ (phase = "DRAINING" '
-                         r'/\ "resumed" \in evidence))')
+_READY_ON_RESTART_TLA = (r'(pending = "none" /\ (phase = "READY" \/ (phase = "DRAINING" '
+                         r'/\ "resumed" \in evidence))) \/ (phase = "READY" '
+                         r'/\ pending = "audit")')
 
 
 def _ready_on_restart(c: Any, _p: Param) -> bool:
+    """Nothing in flight but a read-only audit, and the engine known to run the committed
+    generation unmutated (READY, or DRAINING never paused or resumed since)."""
+    if c.pending == "audit":
+        return bool(c.phase is Phase.READY)
     return bool(c.pending == NO_OP and (
         c.phase is Phase.READY or (c.phase is Phase.DRAINING and "resumed" in c.evidence)))
+
+
+def _serves_committed(s: State, _p: Param) -> bool:
+    return s.weights == s.committed and s.label == s.committed and not s.paused
+
+
+_SERVES_COMMITTED_TLA = r"weights = committed /\ label = committed /\ ~paused"
 
 
 _FREE_BIND_TLA = "[i \\in Slots |-> 0]"
@@ -388,6 +426,13 @@ _FREE_BIND_TLA = "[i \\in Slots |-> 0]"
 
 def _free_bind(c: Any) -> tuple[int, ...]:
     return (0,) * len(c.bind)
+
+
+def frees_bindings(a: Action) -> bool:
+    """Whether ``a`` drops every binding (a restart: the rollouts died with the crashed
+    process; an audit mismatch: they ran on an engine that is not the committed one and
+    are released as aborted)."""
+    return a.control_tla.get("bind") == _FREE_BIND_TLA
 
 
 ACTIONS: tuple[Action, ...] = (
@@ -414,8 +459,11 @@ ACTIONS: tuple[Action, ...] = (
     # ---- rollouts (the application) ---------------------------------------------------
     Action(
         name="admit", kind=Kind.CONTROL, sources=frozenset({P.READY}), param="slot",
-        doc="Admit a rollout: bind it to the committed generation; the engine starts it.",
-        when=lambda c, i: c.bind[i - 1] == 0, when_tla="bind[i] = 0",
+        doc="Admit a rollout: bind it to the committed generation; the engine starts it. "
+        "Only with every piece of evidence in hand (not after a failed audit or a "
+        "suspicion, until an audit passes).",
+        when=lambda c, i: c.bind[i - 1] == 0 and verified(c),
+        when_tla=f"bind[i] = 0 /\\ {VERIFIED_TLA}",
         truth=lambda s, i: s.req[i - 1] == 0, truth_tla="req[i] = 0",
         control=lambda c, i: {"bind": _set(c.bind, i, c.committed)},
         control_tla={"bind": "[bind EXCEPT ![i] = committed]"},
@@ -453,8 +501,11 @@ ACTIONS: tuple[Action, ...] = (
     # ---- update request, drain, quiesce -------------------------------------------------
     Action(
         name="request_update", kind=Kind.CONTROL, sources=frozenset({P.READY}), dest=P.DRAINING,
-        doc="The trainer asks for the next generation: admissions close, draining starts.",
-        when=_idle, when_tla='pending = "none"',
+        doc="The trainer asks for the next generation: admissions close, draining starts. "
+        "Only from a verified engine (an update abandoned later restores the evidence it "
+        "started with).",
+        when=lambda c, _p: c.pending == NO_OP and verified(c),
+        when_tla=f'pending = "none" /\\ {VERIFIED_TLA}',
         needs_generation=True,
         control=lambda c, _p: {"target": c.committed + 1},
         control_tla={"target": "committed + 1"},
@@ -689,14 +740,16 @@ ACTIONS: tuple[Action, ...] = (
                              "amb": "FALSE"}},
         ok={"dest": P.READY,
             "doc": "Label, identity and a probe all read as the committed generation's; the "
-            "engine resumed: it serves again.",
+            "engine resumed: it serves again, known to be the engine verified.",
             "truth": lambda s, _p: s.weights == s.committed and s.label == s.committed,
             "truth_tla": r"weights = committed /\ label = committed",
             "control": lambda _c, _p: {"target": 0, "evidence": ALL_EVIDENCE,
                                        "cleared": frozenset(TIERS)},
             "control_tla": {"target": "0", "evidence": "AllEvidence", "cleared": "Tiers"},
-            "world": lambda s, _p: ({"paused": False, **_compute(s)},),
-            "world_tla": {"paused": "FALSE", **_COMPUTE_TLA}},
+            "world": lambda s, _p: ({"paused": False, **_compute(s), "replaced": False,
+                                     "doubt": False},),
+            "world_tla": {"paused": "FALSE", **_COMPUTE_TLA, "replaced": "FALSE",
+                          "doubt": "FALSE"}},
         mismatch={"fault": False,
                   "doc": "The engine does not hold the committed generation (label, identity or "
                   "probe): it stays quarantined, unfenced (the probe resumed it).",
@@ -712,6 +765,66 @@ ACTIONS: tuple[Action, ...] = (
                 "world": lambda s, _p: ({"paused": s.paused}, {"paused": False}),
                 "world_tla": {"paused": r"\in {paused, FALSE}"}},
     ),
+    # ---- a serving engine behind the controller's back: audit, suspicion, replacement ----
+    *operation(
+        "audit", frozenset({P.READY}),
+        begin={"doc": "Audit a serving engine (the fleet's watchdog, an operator, a "
+               "suspicion): read its label, weight identity and run state, and run a probe. "
+               "Admissions go on meanwhile on the evidence in hand.",
+               "when": _idle, "when_tla": 'pending = "none"'},
+        ok={"doc": "Label, identity, run state and probe all read as the committed "
+            "generation's: every piece of evidence is (again) in hand, and the engine is "
+            "known to be the one verified, whatever happened to its process before.",
+            "truth": _serves_committed, "truth_tla": _SERVES_COMMITTED_TLA,
+            "control": lambda _c, _p: {"evidence": ALL_EVIDENCE},
+            "control_tla": {"evidence": "AllEvidence"},
+            # Its probe computes on the committed weights only (the truth above), caching
+            # what an admitted rollout's request caches: admit models that effect.
+            "world": lambda _s, _p: ({"replaced": False, "doubt": False},),
+            "world_tla": {"replaced": "FALSE", "doubt": "FALSE"}},
+        mismatch={"dest": P.TAINTED, "fault": False,
+                  "doc": "The engine definitely is not the one verified (another label, "
+                  "other weights, paused): it was replaced or changed behind the "
+                  "controller's back. TAINTED (fenced; it serves again only after verified "
+                  "re-admission); its bound rollouts ran on it and are released as aborted.",
+                  "truth": lambda s, p: not _serves_committed(s, p),
+                  "truth_tla": f"~({_SERVES_COMMITTED_TLA})",
+                  "control": lambda c, _p: {"bind": _free_bind(c), "evidence": frozenset()},
+                  "control_tla": {"bind": _FREE_BIND_TLA, "evidence": "{}"}},
+        failed={"doc": "The engine could not be reached or read (timeout, connection "
+                "refused, an unreadable answer): its state is unknown, so every piece of "
+                "evidence is dropped and admissions and updates wait until an audit passes. "
+                "Rollouts already bound stay bound (admitted on verified evidence, their "
+                "requests end on their own).",
+                "control": lambda _c, _p: {"evidence": frozenset()},
+                "control_tla": {"evidence": "{}"},
+                "world": lambda _s, _p: ({"doubt": True},), "world_tla": {"doubt": "TRUE"}},
+    ),
+    Action(
+        name="suspect", kind=Kind.CONTROL, sources=frozenset({P.READY}), fault=True,
+        doc="The application reports the engine unreachable (a rollout's request could not "
+        "connect): every piece of evidence is dropped, so admissions and updates wait until "
+        "an audit passes.",
+        when=lambda c, _p: verified(c), when_tla=VERIFIED_TLA,
+        control=lambda _c, _p: {"evidence": frozenset()}, control_tla={"evidence": "{}"},
+        world=lambda _s, _p: ({"doubt": True},), world_tla={"doubt": "TRUE"},
+    ),
+    Action(
+        name="engine_restart", kind=Kind.ENVIRONMENT,
+        sources=frozenset(P) - {P.UNINITIALIZED}, fault=True,
+        doc="The engine's process is replaced out of band (an orchestrator's restart, a "
+        "relaunch, an operator): a fresh process, running, with nothing in flight and empty "
+        "caches, holding the committed weights or others and reporting the initial label, "
+        "the committed one or another. The controller cannot see it: its evidence speaks of "
+        "the old process until an audit (or an update's own verification) reads the new one.",
+        world=lambda s, _p: tuple(
+            {"weights": w, "label": lab, "paused": False, "req": (0,) * len(s.req),
+             "caches": tuple(frozenset() for _ in TIERS), "replaced": True}
+            for w in sorted({s.committed, MIXED}) for lab in sorted({1, s.committed, MIXED})),
+        world_tla={"weights": r"\in {committed, MIXED}", "label": r"\in {1, committed, MIXED}",
+                   "paused": "FALSE", "req": "[i \\in Slots |-> 0]",
+                   "caches": "[t \\in Tiers |-> {}]", "replaced": "TRUE"},
+    ),
     # ---- the controller's own crash and restart -------------------------------------------
     Action(
         name="restart_uninitialized", kind=Kind.RESTART, sources=frozenset({P.UNINITIALIZED}),
@@ -724,12 +837,17 @@ ACTIONS: tuple[Action, ...] = (
         name="restart_ready", kind=Kind.RESTART, sources=frozenset({P.READY, P.DRAINING}),
         dest=P.READY, fault=True,
         doc="Restarted with nothing in flight and the engine known to run the committed "
-        "generation (READY, or DRAINING never paused, or resumed since): READY again; the "
-        "crashed process's rollouts are gone (the engine requests they left are orphans) "
-        "and a pending update request is dropped.",
+        "generation (READY, or DRAINING never paused, or resumed since): READY again with "
+        "the evidence it held; the crashed process's rollouts are gone (the engine requests "
+        "they left are orphans) and a pending update request is dropped. A crash during an "
+        "audit (a read and a probe) restarts READY too, but without evidence: the audit's "
+        "answer is lost, so admissions wait until an audit passes.",
         when=_ready_on_restart, when_tla=_READY_ON_RESTART_TLA,
-        control=lambda c, _p: {"target": 0, "bind": _free_bind(c), "evidence": ALL_EVIDENCE},
-        control_tla={"target": "0", "bind": _FREE_BIND_TLA, "evidence": "AllEvidence"},
+        control=lambda c, _p: {"pending": NO_OP, "target": 0, "bind": _free_bind(c),
+                               "evidence": c.evidence if c.pending == NO_OP else frozenset()},
+        control_tla={"pending": '"none"', "target": "0", "bind": _FREE_BIND_TLA,
+                     "evidence": 'IF pending = "none" THEN evidence ELSE {}'},
+        in_flight=True,
     ),
     Action(
         name="restart_tainted", kind=Kind.RESTART,
@@ -780,10 +898,14 @@ def _believed(s: State) -> int:
 INVARIANTS: tuple[Invariant, ...] = (
     Invariant(
         "OneRolloutOnePolicy",
-        "Every rollout, from admission to release and for as long as the engine runs it, "
-        "sees exactly the weights of the generation it was admitted under.",
-        r"\A i \in Slots : (bind[i] # 0 => weights = bind[i]) /\ (req[i] # 0 => weights = req[i])",
-        lambda s: all(b == 0 or s.weights == b for b in s.bind)
+        "Every rollout, from admission to release, sees exactly the weights of the "
+        "generation it was admitted under (on an engine not replaced out of band since it "
+        "was last verified: a replacement is found by the next audit, which releases the "
+        "rollouts bound to it as aborted); every engine request runs to its end on the "
+        "weights it started on.",
+        r"\A i \in Slots : (bind[i] # 0 /\ ~replaced => weights = bind[i]) "
+        r"/\ (req[i] # 0 => weights = req[i])",
+        lambda s: (s.replaced or all(b == 0 or s.weights == b for b in s.bind))
         and all(r == 0 or s.weights == r for r in s.req),
     ),
     Invariant(
@@ -808,16 +930,20 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant(
         "ReadyEngineServesCommitted",
         "In READY the engine runs, reports the committed label and holds exactly the "
-        "committed generation's weights.",
-        r'phase = "READY" => (weights = committed /\ label = committed /\ ~paused)',
-        lambda s: s.phase is not Phase.READY
+        "committed generation's weights, unless its process was replaced out of band since "
+        "it was last verified (nobody can know before the next audit).",
+        r'(phase = "READY" /\ ~replaced) => (weights = committed /\ label = committed '
+        r'/\ ~paused)',
+        lambda s: s.phase is not Phase.READY or s.replaced
         or (s.weights == s.committed and s.label == s.committed and not s.paused),
     ),
     Invariant(
         "ReadyCachesCoherent",
-        "In READY no cache tier holds an entry computed under another generation.",
-        r'phase = "READY" => \A t \in Tiers : caches[t] \subseteq {committed}',
-        lambda s: s.phase is not Phase.READY or all(c <= {s.committed} for c in s.caches),
+        "In READY no cache tier holds an entry computed under another generation (on an "
+        "engine not replaced since it was last verified).",
+        r'(phase = "READY" /\ ~replaced) => \A t \in Tiers : caches[t] \subseteq {committed}',
+        lambda s: s.phase is not Phase.READY or s.replaced
+        or all(c <= {s.committed} for c in s.caches),
     ),
     Invariant(
         "NoStaleCacheUse",
@@ -827,10 +953,13 @@ INVARIANTS: tuple[Invariant, ...] = (
     ),
     Invariant(
         "EngineQuietWhileClosed",
-        "From QUIESCED to VALIDATING the engine is paused, runs no request and no rollout "
-        "is bound: mutation happens only when quiesced.",
-        r"phase \in QuietPhases => (paused /\ \A i \in Slots : bind[i] = 0 /\ req[i] = 0)",
-        lambda s: s.phase not in QUIET_PHASES or (s.paused and not any(s.bind) and not any(s.req)),
+        "From QUIESCED to VALIDATING the engine is paused (unless its process was replaced "
+        "out of band: a fresh process runs), runs no request and no rollout is bound: "
+        "mutation happens only when quiesced.",
+        r"phase \in QuietPhases => ((paused \/ replaced) /\ \A i \in Slots : bind[i] = 0 "
+        r"/\ req[i] = 0)",
+        lambda s: s.phase not in QUIET_PHASES
+        or ((s.paused or s.replaced) and not any(s.bind) and not any(s.req)),
     ),
     Invariant(
         "ResetCountsOnlyWhenVerified",
@@ -842,14 +971,16 @@ INVARIANTS: tuple[Invariant, ...] = (
         "EvidenceIsTrue",
         "Outside TAINTED, evidence held by the controller is true of the engine: label, "
         "weights (up to what the digest can see) and run state are those of the generation "
-        "the controller believes in; a passed probe means they compute as it.",
-        r"""phase # "TAINTED" =>
+        "the controller believes in; a passed probe means they compute as it. It speaks of "
+        "the engine it was gathered on: a process replaced out of band since is unknown "
+        "until the next audit.",
+        r"""(phase # "TAINTED" /\ ~replaced) =>
     LET b == IF phase \in PostMutationPhases /\ target # 0 THEN target ELSE committed
     IN /\ ("version" \in evidence => label = b)
        /\ ("identity" \in evidence => weights \in {b, BROKEN})
        /\ ("probe" \in evidence => weights = b)
        /\ ("resumed" \in evidence => ~paused)""",
-        lambda s: s.phase is Phase.TAINTED or (
+        lambda s: s.phase is Phase.TAINTED or s.replaced or (
             ("version" not in s.evidence or s.label == _believed(s))
             and ("identity" not in s.evidence or s.weights in (_believed(s), BROKEN))
             and ("probe" not in s.evidence or s.weights == _believed(s))
@@ -858,9 +989,11 @@ INVARIANTS: tuple[Invariant, ...] = (
     ),
     Invariant(
         "PublishedWasVerified",
-        "Admissions are open only with all evidence in hand.",
-        'phase = "READY" => evidence = AllEvidence',
-        lambda s: s.phase is not Phase.READY or s.evidence == ALL_EVIDENCE,
+        "In READY the controller holds every piece of evidence, or none: an audit failed, "
+        "the engine was suspected unreachable, or the controller restarted during an audit, "
+        "and admissions and updates wait until an audit passes.",
+        'phase = "READY" => evidence \\in {AllEvidence, {}}',
+        lambda s: s.phase is not Phase.READY or s.evidence in (ALL_EVIDENCE, frozenset()),
     ),
     Invariant(
         "TargetIsNext",
@@ -873,10 +1006,12 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant(
         "FencedTaintServesNothing",
         "A fenced TAINTED engine is paused, runs no request and reports the taint label: "
-        "nobody calling it directly is served by, or misled about, unpublished weights.",
-        f'(phase = "TAINTED" /\\ "{FENCED}" \\in evidence) => '
+        "nobody calling it directly is served by, or misled about, unpublished weights "
+        "(until someone replaces its process out of band: a fresh process is no longer "
+        "fenced, and serves again only after verified re-admission).",
+        f'(phase = "TAINTED" /\\ "{FENCED}" \\in evidence /\\ ~replaced) => '
         r"(paused /\ label = TAINT /\ \A i \in Slots : req[i] = 0)",
-        lambda s: not (s.phase is Phase.TAINTED and FENCED in s.evidence)
+        lambda s: not (s.phase is Phase.TAINTED and FENCED in s.evidence and not s.replaced)
         or (s.paused and s.label == TAINT and not any(s.req)),
     ),
 )
@@ -898,6 +1033,14 @@ ACTION_PROPERTIES: tuple[ActionProperty, ...] = (
         lambda s, t: s.phase is not Phase.TAINTED
         or (t.committed == s.committed and t.bind == s.bind
             and (t.phase is Phase.TAINTED or s.pending == "readmit")),
+    ),
+    ActionProperty(
+        "NoAdmissionInDoubt",
+        "A rollout is never admitted on an engine seen unreachable (a failed audit, a "
+        "suspicion) and not verified since (a passed audit or re-admission).",
+        r"""(\E i \in Slots : bind[i] = 0 /\ bind'[i] # 0) => ~doubt""",
+        lambda s, t: not s.doubt
+        or not any(a == 0 and b != 0 for a, b in zip(s.bind, t.bind, strict=True)),
     ),
     ActionProperty(
         "AdmissionOnlyInReady",
@@ -923,15 +1066,17 @@ ACTION_PROPERTIES: tuple[ActionProperty, ...] = (
     ActionProperty(
         "WeightsChangeOnlyWhenQuiesced",
         "The engine's weights change only in UPDATING, paused, with nothing running or bound "
-        "(or by a re-admission, whose abort-mode pause ends every request first).",
+        "(or by a re-admission, whose abort-mode pause ends every request first), unless its "
+        "process is, or was since it was last verified, replaced out of band.",
         r"""weights' # weights =>
             \/ /\ phase = "UPDATING"
                /\ paused
                /\ \A i \in Slots : bind[i] = 0 /\ req[i] = 0
             \/ /\ pending' = "readmit"
                /\ paused'
-               /\ \A i \in Slots : bind[i] = 0 /\ req'[i] = 0""",
-        lambda s, t: t.weights == s.weights
+               /\ \A i \in Slots : bind[i] = 0 /\ req'[i] = 0
+            \/ replaced'""",
+        lambda s, t: t.weights == s.weights or t.replaced
         or (s.phase is Phase.UPDATING and s.paused and not any(s.bind) and not any(s.req))
         or (t.pending == "readmit" and t.paused and not any(s.bind) and not any(t.req)),
     ),
@@ -951,12 +1096,16 @@ ACTION_PROPERTIES: tuple[ActionProperty, ...] = (
     ActionProperty(
         "EvidenceOnlyWhileClosed",
         "Evidence about the weights is gathered only while admissions are closed and no "
-        "rollout is bound (re-confirming that the engine runs is allowed while draining).",
+        "rollout is bound (re-confirming that the engine runs is allowed while draining), "
+        "or by an audit of a READY engine, which reads all of it anew.",
         r"""(evidence' \ evidence) \ {"resumed"} # {} =>
-            /\ phase \notin {"READY", "DRAINING"}
-            /\ \A i \in Slots : bind[i] = 0""",
+            \/ /\ phase \notin {"READY", "DRAINING"}
+               /\ \A i \in Slots : bind[i] = 0
+            \/ /\ phase = "READY" /\ pending = "audit"
+               /\ evidence' = AllEvidence""",
         lambda s, t: not (t.evidence - s.evidence - {"resumed"})
-        or (s.phase not in (Phase.READY, Phase.DRAINING) and not any(s.bind)),
+        or (s.phase not in (Phase.READY, Phase.DRAINING) and not any(s.bind))
+        or (s.phase is Phase.READY and s.pending == "audit" and t.evidence == ALL_EVIDENCE),
     ),
 )
 

@@ -148,6 +148,22 @@ def _abort_before_requests_gone(spec: Spec) -> Spec:
     return spec.replace_action("pause_abort_ok", truth=lambda _s, _p: True, truth_tla="TRUE")
 
 
+def _audit_on_label_only(spec: Spec) -> Spec:
+    passes = r"label = committed /\ ~paused"
+    return spec.replace_action(
+        "audit_ok", truth=lambda s, _p: s.label == s.committed and not s.paused,
+        truth_tla=passes,
+    ).replace_action(
+        "audit_mismatch", truth=lambda s, _p: s.label != s.committed or s.paused,
+        truth_tla=f"~({passes})")
+
+
+def _audit_failure_keeps_evidence(spec: Spec) -> Spec:
+    return spec.replace_action(
+        "audit_failed", control=lambda _c, _p: {"pending": NO_OP},
+        control_tla={"pending": '"none"'})
+
+
 MUTANTS: tuple[Mutant, ...] = (
     Mutant("drop_drain_guard",
            "Pause (and so mutate) without waiting for bound rollouts to be released.",
@@ -205,6 +221,15 @@ MUTANTS: tuple[Mutant, ...] = (
            "Drain by aborting, and mutate as soon as the abort-mode pause returns, without "
            "the running count showing the aborted requests gone.",
            _abort_before_requests_gone),
+    Mutant("audit_on_label_only",
+           "Audit a serving engine by its label and run state, without the identity of its "
+           "weights and a probe: a process relaunched out of band on other weights under "
+           "the committed label passes and keeps serving.",
+           _audit_on_label_only),
+    Mutant("audit_failure_keeps_evidence",
+           "Treat an audit that could not reach the engine as inconclusive and keep "
+           "admitting on the old evidence: rollouts go to an engine in doubt.",
+           _audit_failure_keeps_evidence),
 )
 
 
@@ -254,11 +279,11 @@ FLEET_MUTANTS: tuple[FleetMutant, ...] = (
         "member_publishes_alone",
         "Let each member publish as soon as its own cycle is verified (what frameworks do: "
         "resume each engine when it is updated): the fleet serves two generations.",
-        lambda s: _member_guard(s, "publish", (lambda _f, _m: True, "TRUE"))),
+        lambda s: _member_guard(s, "publish", (lambda _f, _m, _b: True, "TRUE"))),
     FleetMutant(
         "admit_on_stale_member",
         "Route rollouts to any READY member, including one left on the old generation.",
-        lambda s: _member_guard(s, "admit", (lambda f, _m: f.fphase == "READY",
+        lambda s: _member_guard(s, "admit", (lambda f, _m, _b: f.fphase == "READY",
                                               'fphase = "READY"')), PARTIAL_QUORUM),
     FleetMutant(
         "publish_before_settled",
@@ -268,6 +293,13 @@ FLEET_MUTANTS: tuple[FleetMutant, ...] = (
             s, "fleet_publish",
             when=lambda f, b: sum(validated(f, m) for m in f.eng) >= b.min_serving,
             when_tla=f"{N_VALIDATED_TLA} >= MinServing"), PARTIAL_QUORUM),
+    FleetMutant(
+        "admit_below_quorum",
+        "Admit on any serving member of a READY fleet, without counting them: after an audit "
+        "or a suspicion took one out, rollouts go on although fewer than min_serving serve.",
+        lambda s: _member_guard(s, "admit", (
+            lambda f, m, _b: f.fphase == "READY" and m.committed == f.fcommitted,
+            'fphase = "READY" /\\ e.committed = fcommitted'))),
     FleetMutant(
         "reopen_without_quorum",
         "Reopen admissions after an aborted update even if fewer than min_serving members "

@@ -56,6 +56,11 @@ class Trigger(StrEnum):
     READMIT_OK = "readmit_ok"  # outcome
     READMIT_MISMATCH = "readmit_mismatch"  # outcome
     READMIT_FAILED = "readmit_failed"  # outcome
+    AUDIT_BEGIN = "audit_begin"  # control
+    AUDIT_OK = "audit_ok"  # outcome
+    AUDIT_MISMATCH = "audit_mismatch"  # outcome
+    AUDIT_FAILED = "audit_failed"  # outcome
+    SUSPECT = "suspect"  # control
     RESTART_UNINITIALIZED = "restart_uninitialized"  # restart
     RESTART_READY = "restart_ready"  # restart
     RESTART_TAINTED = "restart_tainted"  # restart
@@ -74,6 +79,7 @@ class Op(StrEnum):
     PROBE = "probe"
     FENCE = "fence"
     READMIT = "readmit"
+    AUDIT = "audit"
 
 
 #: The trigger of each result of each operation (its begin included).
@@ -132,6 +138,12 @@ OUTCOMES: Final[dict[Op, dict[Result, Trigger]]] = {
         Result.OK: Trigger.READMIT_OK,
         Result.MISMATCH: Trigger.READMIT_MISMATCH,
         Result.FAILED: Trigger.READMIT_FAILED,
+    },
+    Op.AUDIT: {
+        Result.BEGIN: Trigger.AUDIT_BEGIN,
+        Result.OK: Trigger.AUDIT_OK,
+        Result.MISMATCH: Trigger.AUDIT_MISMATCH,
+        Result.FAILED: Trigger.AUDIT_FAILED,
     },
 }
 #: Restart triggers: what a restarted controller may assume.

@@ -130,7 +130,7 @@ CASES: list[Case] = [
     # fleet: the fleet file first, then the checkpoints, before anything is written
     *(C(f"fleet {cmd}", f"--fleet {{{f}}} {extra}", 2, f) for cmd, extra in (
         ("status", ""), ("update", "--checkpoint {dir} --label v2"),
-        ("readmit", "--engine a")) for f in (
+        ("readmit", "--engine a"), ("audit", "")) for f in (
         "notjson", "empty", "binary", "dir", "missing", "fleet_dup", "fleet_bad_k",
         "fleet_bad_transfer", "fleet_unknown_key")),
     C("fleet status", "", 2, "no fleet file"),
@@ -145,6 +145,8 @@ CASES: list[Case] = [
       "min serving above the fleet"),
     C("fleet readmit", "--fleet {fleet_good} --engine nope", 2, "unknown engine"),
     C("fleet readmit", "--fleet {fleet_good} --engine a", 2, "no fleet journal yet"),
+    C("fleet audit", "--fleet {fleet_good}", 2, "no fleet journal yet"),
+    C("fleet audit", "", 2, "no fleet file"),
     # serve: everything is checked before the fleet's journal is opened or a port bound
     *(C("serve", f"--fleet {{{f}}}", 2, f) for f in (
         "notjson", "empty", "binary", "dir", "missing", "fleet_dup", "fleet_bad_k",

@@ -12,9 +12,11 @@ fleet invariants, and after every update and every example the journal must pass
 trace checker.
 
 The plain tests below it tell the fleet's stories one by one (quarantine and catch-up,
-abort and rollback, a frozen member, an engine restarted behind the fleet's back); tests
-marked ``xfail(strict=True)`` are production bugs this file found, each stated by the
-property the fleet should have.
+abort and rollback, a frozen member, an engine restarted behind the fleet's back), and
+the production bugs this file found, each as the property the fleet now has (a drain
+timeout that wedged the fleet, a member two generations behind that could not rejoin, a
+catch-up while aborting, a refused release that dropped the load count, an unverified
+re-admission of a serving member, an out-of-band restart never found).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from rolloutcore.fleet_check import check_fleet_file
 from rolloutcore.journal import read_journal
 from rolloutcore.runner import LATE_GRACE_S, DrainPolicy, RunnerPolicy, taint_label
 from rolloutcore.spec.fleet import FleetPhase
-from rolloutcore.spec.lifecycle import Phase
+from rolloutcore.spec.lifecycle import Phase, verified
 from rolloutcore.spec.triggers import Trigger
 
 #: Deadlines. Nothing the simulator does without a fault takes more than microseconds, but
@@ -194,7 +196,7 @@ def journal_ok(path: Path) -> None:
 
 def is_serving(fleet: Fleet, m: Member) -> bool:
     c = m.controller.control
-    return c.phase is Phase.READY and c.committed == fleet.committed
+    return c.phase is Phase.READY and c.committed == fleet.committed and verified(c)
 
 
 def engine_of(fleet: Fleet, name: str) -> SimEngine:
@@ -262,6 +264,7 @@ class FleetMachine(RuleBasedStateMachine):
         self.phase: dict[str, Phase] = {}  # member -> controller phase (READY | TAINTED)
         self.gen: dict[str, int] = {}  # member -> its committed generation
         self.dead: set[str] = set()  # members whose engine core died
+        self.unverified: set[str] = set()  # READY members reported unreachable, not audited
         self.fenced: dict[str, str] = {}  # quarantined member -> its confirmed fence label
         self.held: dict[str, Lease] = {}  # rollout -> lease, bound
         self.aborted: dict[str, Lease] = {}  # released as aborted by a drain, not yet let go
@@ -284,8 +287,8 @@ class FleetMachine(RuleBasedStateMachine):
         return f"{prefix}{self.n}"
 
     def serving(self) -> list[str]:
-        return [n for n in self.adapters
-                if self.phase[n] is Phase.READY and self.gen[n] == self.committed]
+        return [n for n in self.adapters if self.phase[n] is Phase.READY
+                and self.gen[n] == self.committed and n not in self.unverified]
 
     def not_serving(self) -> list[str]:
         return [n for n in self.adapters if n not in self.serving()]
@@ -293,6 +296,10 @@ class FleetMachine(RuleBasedStateMachine):
     def _reopen_if_quorum(self) -> None:
         if self.fphase == FleetPhase.ABORTING and len(self.serving()) >= self.min_serving:
             self.fphase = FleetPhase.READY
+
+    def _close_if_no_quorum(self) -> None:
+        if self.fphase == FleetPhase.READY and len(self.serving()) < self.min_serving:
+            self.fphase = FleetPhase.ABORTING
 
     # --------------------------------------------------------------------- set-up
 
@@ -342,13 +349,77 @@ class FleetMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: bool(self.serving()))
     @rule(data=st.data())
-    def readmit_refused_on_a_serving_member(self, data: st.DataObject) -> None:
+    def readmit_of_a_serving_member_audits_it(self, data: st.DataObject) -> None:
         name = data.draw(st.sampled_from(self.serving()), label="member")
-        self.say(f"readmit {name}, which serves: refused, nothing changes")
-        before = len(read_journal(self.path)[1])
-        with pytest.raises(FleetError, match="nothing was changed"):
-            self.f.readmit(name, who="operator")
-        assert len(read_journal(self.path)[1]) == before
+        self.say(f"readmit {name}, which serves: its audit passes, nothing else changes")
+        weights = self.engine(name).weights
+        out = self.f.readmit(name, who="operator")
+        assert out.trigger == Trigger.AUDIT_OK, out
+        assert self.engine(name).weights == weights
+        _chain, records = read_journal(self.path)
+        assert [r["step"] for r in records[-2:]] == [Trigger.AUDIT_BEGIN, Trigger.AUDIT_OK]
+
+    # ---------------------------------------------------------------- audits
+
+    @precondition(lambda self: self.fphase != FleetPhase.UPDATING)
+    @rule()
+    def audit(self) -> None:
+        """An audit round (the watchdog's): every READY member passes (engines replaced
+        behind the fleet's back are audited at once, see below); one reported unreachable
+        serves again."""
+        ready = sorted(n for n, p in self.phase.items() if p is Phase.READY)
+        self.say(f"audit every READY member: {ready}")
+        out = self.f.audit()
+        assert {n: o.trigger for n, o in out.items()} == dict.fromkeys(ready, Trigger.AUDIT_OK)
+        self.unverified.clear()
+        self._reopen_if_quorum()
+
+    @precondition(lambda self: any(not any(x.engine == n for x in self.held.values())
+                                   for n in self.serving()))
+    @rule(data=st.data())
+    def report_unreachable(self, data: st.DataObject) -> None:
+        """The application reports a serving member unreachable (one with no rollout held:
+        the fleet then cannot publish around it until they are released): it stops serving
+        until an audit passes, and the fleet closes if that costs its quorum."""
+        free = [n for n in self.serving() if not any(x.engine == n for x in self.held.values())]
+        name = data.draw(st.sampled_from(free), label="member")
+        self.say(f"the application cannot reach {name}")
+        lease = Lease("probe", name, None, self.committed, None, label(self.committed), 0)
+        assert self.f.report_unreachable(lease, "ConnectError: refused", audit=False)
+        assert not self.f.report_unreachable(lease, "again", audit=False)  # once is enough
+        self.unverified.add(name)
+        self._close_if_no_quorum()
+
+    @precondition(lambda self: self.oob_restarts < 2 and self.fphase != FleetPhase.UPDATING
+                  and bool(self.serving()))
+    @rule(data=st.data(), weights=st.sampled_from(["same", "garbage"]),
+          lab=st.sampled_from(["initial", "committed"]))
+    def restart_serving_engine_then_audit(self, data: st.DataObject, weights: str,
+                                          lab: str) -> None:
+        """A serving member's engine is replaced out of band (a fresh process on the
+        committed checkpoint or other weights, reporting the initial label or the
+        committed one); the next audit finds it: quarantined and fenced, its held rollouts
+        released as aborted, unless it is the very engine the fleet verified."""
+        name = data.draw(st.sampled_from(self.serving()), label="member")
+        g = self.committed
+        ckpt_now = ckpt(g) if weights == "same" else "garbage"
+        label_now = label(1) if lab == "initial" else label(g)
+        self.say(f"{name}'s engine is replaced behind the fleet's back: {ckpt_now}, label "
+                 f"{label_now}; then an audit round")
+        self.oob_restarts += 1
+        self.adapters[name].reconnect(SimEngine(ckpt_now, label=label_now))
+        out = self.f.audit()
+        same = (ckpt_now, label_now) == (ckpt(g), label(g))
+        assert out[name].trigger == (Trigger.AUDIT_OK if same else Trigger.AUDIT_MISMATCH), out
+        if not same:
+            self.phase[name] = Phase.TAINTED
+            self.fenced[name] = f"tainted:{label(g)}"
+            for rid, lease in list(self.held.items()):
+                if lease.engine == name:
+                    self.aborted[rid] = self.held.pop(rid)
+        self.unverified.clear()  # every READY member was audited
+        self._close_if_no_quorum()
+        self._reopen_if_quorum()
 
     @precondition(lambda self: self.fphase != FleetPhase.READY)
     @rule()
@@ -481,8 +552,11 @@ class FleetMachine(RuleBasedStateMachine):
         else:  # re-admitted onto its own generation, then caught up one by one
             out = self.f.readmit(name, who="operator", target=tgt)
             self.say(f"  -> {out.trigger}")
-            assert out.trigger == Trigger.READMIT_OK, out
+            audited_only = name in self.unverified and own == g  # its audit passes
+            assert out.trigger == (Trigger.AUDIT_OK if audited_only else
+                                   Trigger.READMIT_OK), out
             self.phase[name], self.gen[name] = Phase.READY, g
+            self.unverified.discard(name)
             self._reopen_if_quorum()
 
     @precondition(lambda self: self.oob_restarts < 2
@@ -723,40 +797,122 @@ def test_frozen_member_is_quarantined_within_the_mutation_deadline(
 
 
 def _rogue(fleet3: Any) -> tuple[Fleet, dict[str, SimAdapter], str]:
-    """Member a's engine is restarted out of band onto other weights and relabelled."""
+    """Member a's engine is restarted out of band onto other weights, another label."""
     fleet, ad = fleet3(2)
     a = NAMES[0]
-    ad[a].engine.load("ckpt-9")
-    ad[a].engine.set_label("rc-9")
+    ad[a].reconnect(SimEngine("ckpt-9", label="rc-9"))
     return fleet, ad, a
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "production bug: Fleet.admit reads only the members' controller state, never the "
-    "engine; a serving member whose engine was restarted onto other weights behind the "
-    "fleet's back keeps getting rollouts, bound to the committed generation's identity, "
-    "until the next update overwrites its weights"))
-def test_engine_restarted_out_of_band_is_never_admitted(fleet3: Any) -> None:
-    fleet, ad, _rogue_name = _rogue(fleet3)
+def test_engine_restarted_out_of_band_is_never_admitted(fleet3: Any, tmp_path: Path) -> None:
+    """A server restarted out of band onto old weights (and the old label) is found by the
+    next audit (the watchdog's round): quarantined and fenced, its held rollout released as
+    aborted, and never admitted again until verified re-admission."""
+    fleet, ad = fleet3(2)
+    a = NAMES[0]
+    assert fleet.update(target(2)).published
+    held = next(x for x in (fleet.admit(f"h{i}") for i in range(3)) if x.engine == a)
+    ad[a].reconnect(SimEngine(ckpt(1), label=label(1)))  # the old generation, relaunched
+    out = fleet.audit(why="watchdog")
+    assert {n: o.trigger for n, o in out.items()} == {
+        a: Trigger.AUDIT_MISMATCH, NAMES[1]: Trigger.AUDIT_OK, NAMES[2]: Trigger.AUDIT_OK}
+    assert f"label {label(1)!r} != {label(2)!r}" in out[a].reason
+    e = ad[a].engine
+    assert (e.paused, e.label) == (True, f"tainted:{label(2)}")  # fenced at once
+    status = {s.name: s for s in fleet.status()}
+    assert status[a].quarantined and not status[a].serving
+    assert status[a].last_audit is not None and status[a].last_audit["why"] == "watchdog"
+    assert fleet.release(held).aborted  # it ran on the relaunched engine: never counted
     prompt = (2, 7, 1, 8, 2, 8)
-    for lease in [fleet.admit(f"r{i}") for i in range(3)]:
-        out = ad[lease.engine].generate(prompt, 4)
+    for lease in [fleet.admit(f"r{i}") for i in range(6)]:
+        assert lease.engine != a
+        assert ad[lease.engine].generate(prompt, 4).tokens == reference_tokens(
+            ckpt(2), prompt, 4)
         fleet.release(lease)
-        assert out.tokens == reference_tokens(ckpt(lease.generation), prompt, 4), (
-            f"lease {lease.rollout_id} bound to gen {lease.generation} (identity "
-            f"{lease.identity[:8] if lease.identity else None}) ran on {lease.engine}, "
-            f"which holds {ad[lease.engine].engine.weights}")
+    fleet_invariants(fleet, {a: f"tainted:{label(2)}"})
+    assert fleet.readmit(a, who="operator").trigger == Trigger.READMIT_OK
+    assert (e.weights, e.label, e.paused) == (ckpt(2), label(2), False)
+    journal_ok(tmp_path / "f.jsonl")
+
+
+def test_the_watchdog_finds_an_engine_restarted_out_of_band(
+        tmp_path: Path, fleet3: Any) -> None:
+    """The watchdog audits every READY member periodically: a replaced engine is
+    quarantined without anyone asking (waited for by condition, not by time)."""
+    fleet, ad = fleet3(2)
+    a = NAMES[0]
+    fleet.start_watchdog(0.02)
+    ad[a].reconnect(SimEngine("ckpt-9", label=label(1)))  # other weights, the same label
+    deadline = time.monotonic() + GENEROUS_S
+    while fleet.members[a].controller.phase is not Phase.TAINTED:
+        assert time.monotonic() < deadline, "the watchdog never found the replaced engine"
+        time.sleep(0.01)
+    fleet.stop_watchdog()
+    assert fleet.members[a].last_audit is not None
+    assert fleet.members[a].last_audit["outcome"] == Trigger.AUDIT_MISMATCH
+    assert "identity" in fleet.members[a].last_audit["reason"]
+    assert {x.engine for x in admit_all(fleet, 4)} == set(NAMES[1:3])
+    journal_ok(tmp_path / "f.jsonl")
 
 
 def test_readmission_of_an_out_of_band_engine_is_verified(fleet3: Any, tmp_path: Path) -> None:
-    """Re-admitting a member the controller believes serving is refused, saying so and
-    changing nothing: it is no re-admission, and never reported as one."""
+    """Re-admitting a member the controller believes serving audits it first: the
+    replaced engine is quarantined, fenced, then re-admitted by verification; a member
+    whose audit passes is left as it is (audit_ok: nothing to re-admit)."""
     fleet, ad, a = _rogue(fleet3)
-    records = len(read_journal(tmp_path / "f.jsonl")[1])
-    with pytest.raises(FleetError, match=r"serving generation 1.*nothing was changed"):
-        fleet.readmit(a, who="operator")
-    assert len(read_journal(tmp_path / "f.jsonl")[1]) == records
-    assert ad[a].engine.weights == "ckpt-9"
+    out = fleet.readmit(a, who="operator")
+    assert out.trigger == Trigger.READMIT_OK, out
+    assert (ad[a].engine.weights, ad[a].engine.label) == ("ckpt-1", "rc-1")
+    assert member_steps(tmp_path / "f.jsonl", a, "fleet_open") == [
+        Trigger.AUDIT_BEGIN, Trigger.AUDIT_MISMATCH, Trigger.FENCE_BEGIN, Trigger.FENCE_OK,
+        Trigger.READMIT_BEGIN, Trigger.READMIT_OK]
+    b = NAMES[1]
+    out = fleet.readmit(b, who="operator")
+    assert out.trigger == Trigger.AUDIT_OK and "nothing to re-admit" in out.reason
+    assert member_steps(tmp_path / "f.jsonl", b, "fleet_open") == [
+        Trigger.AUDIT_BEGIN, Trigger.AUDIT_OK]
+    fleet_invariants(fleet, {})
+    journal_ok(tmp_path / "f.jsonl")
+
+
+def test_unreachable_member_is_audited_before_its_next_admission(
+        fleet3: Any, tmp_path: Path) -> None:
+    """A rollout's request on a could not connect: a gets no admission until an audit
+    passes; an audit that cannot reach it either keeps it out."""
+    fleet, ad = fleet3(2)
+    a = NAMES[0]
+    lease = next(x for x in (fleet.admit(f"h{i}") for i in range(3)) if x.engine == a)
+    assert fleet.report_unreachable(lease, "ConnectError: connection refused", audit=False)
+    assert fleet.phase == FleetPhase.READY  # two of three still serve
+    assert {s.name: s.serving for s in fleet.status()}[a] is False
+    assert a not in {x.engine for x in admit_all(fleet, 4)}
+    ad[a].faults = FaultPlan({"read_state": ["connection_error"]})
+    assert fleet.audit([a])[a].trigger == Trigger.AUDIT_FAILED
+    assert a not in {x.engine for x in admit_all(fleet, 4)}
+    assert fleet.audit([a])[a].trigger == Trigger.AUDIT_OK
+    assert a in {x.engine for x in admit_all(fleet, 4)}
+    assert not fleet.release(lease).aborted  # admitted on verified evidence, bound until now
+    fleet_invariants(fleet, {})
+    journal_ok(tmp_path / "f.jsonl")
+
+
+def test_losing_the_quorum_closes_the_fleet_until_an_audit_passes(
+        fleet3: Any, tmp_path: Path) -> None:
+    fleet, _ad = fleet3(3)
+    a = NAMES[0]
+    lease = fleet.admit("r0")
+    fleet.release(lease)
+    assert fleet.report_unreachable(replace(lease, engine=a), "refused", audit=False)
+    assert fleet.phase == FleetPhase.ABORTING  # fleet_close: two serve, three are needed
+    with pytest.raises(AdmissionTimeout, match="ABORTING"):
+        fleet.admit("early")
+    with pytest.raises(FleetError, match="needs READY"):
+        fleet.update(target(2))
+    assert fleet.audit()[a].trigger == Trigger.AUDIT_OK
+    assert fleet.phase == FleetPhase.READY  # fleet_reopen
+    assert fleet.update(target(2)).published
+    fleet_invariants(fleet, {})
+    journal_ok(tmp_path / "f.jsonl")
 
 
 def test_member_in_the_middle_of_an_update_is_not_readmitted(fleet3: Any,

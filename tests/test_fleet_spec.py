@@ -18,6 +18,7 @@ from rolloutcore.spec.fleet import (
     explore_fleet,
     held_back,
     lift_tla,
+    quorum,
     serving,
 )
 from rolloutcore.spec.lifecycle import Phase
@@ -48,12 +49,19 @@ def test_the_default_bounds_reach_publish_abort_quarantine_and_readmission() -> 
     fired = {name for _f, name, _g in ex.graph}
     assert {"fleet_publish", "fleet_abort", "fleet_reopen", "give_up", "fence_ok",
             "readmit_ok", "readmit_mismatch", "mutate_ambiguous"} <= fired
-    # A quarantined member never serves: every READY fleet's serving set is exactly the
-    # members READY at the fleet's generation, and none of them is TAINTED.
+    # A quarantined member never serves. A READY fleet has a quorum serving, unless an
+    # audit or a suspicion just took one out: then it admits nothing and can only close.
+    b = FLEET.bounds
+    short = {f for f in ex.nodes if f.fphase == FleetPhase.READY and not quorum(f, b)}
+    assert short, "an audit can cost a READY fleet its quorum"
     for f in ex.nodes:
-        if f.fphase == FleetPhase.READY:
-            assert sum(serving(f, s) for s in f.eng) >= FLEET.bounds.min_serving
-            assert not any(serving(f, s) and s.phase is Phase.TAINTED for s in f.eng)
+        assert not any(serving(f, s) and s.phase is Phase.TAINTED for s in f.eng)
+    for f, name, _g in ex.graph:
+        if f in short:
+            assert name != "admit" and name != "fleet_request_update"
+    assert {"fleet_close", "audit_mismatch", "audit_failed", "suspect",
+            "engine_restart"} <= fired
+    assert {name for f, name, _g in ex.graph if f in short} >= {"fleet_close"}
 
 
 def test_partial_quorum_leaves_a_member_behind_and_it_catches_up() -> None:
@@ -94,8 +102,9 @@ def test_a_held_back_member_aborts_the_update_and_keeps_serving() -> None:
     assert aborts
     assert not [f for f, name, _g in ex.graph
                 if name == "fleet_publish" and any(held_back(f, s) for s in f.eng)]
-    for f, g in aborts:
-        assert all(serving(g, s) for s in g.eng if held_back(f, s))
+    for f, g in aborts:  # held-back members are left as they are, on the fleet's generation
+        assert all(t == s for s, t in zip(f.eng, g.eng, strict=True) if held_back(f, s))
+        assert g.fcommitted == f.fcommitted
 
 
 def test_lift_tla_rewrites_variables_not_strings() -> None:

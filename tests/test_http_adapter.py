@@ -289,6 +289,39 @@ def test_pause_reads_back_paused_and_running(fake: FakeVllm) -> None:
     assert decided(Op.PAUSE, ev) == "pause_ok"
 
 
+def test_the_sleep_route_pauses_at_level_0_and_wakes_scheduling(fake: FakeVllm) -> None:
+    def sleep(req: httpx.Request) -> httpx.Response:
+        fake.paused = True
+        return httpx.Response(200, json={"status": "sleeping", "level": 0})
+
+    def wake(req: httpx.Request) -> httpx.Response:
+        fake.paused = False
+        return httpx.Response(200, json={"status": "awake"})
+
+    fake.override.update({"/sleep": sleep, "/wake_up": wake})
+    a = adapter_for(fake, pause_route="sleep")
+    assert decided(Op.PAUSE, a.pause(PauseMode.WAIT, dl())) == "pause_ok"
+    assert decided(Op.RESUME, a.resume(dl())) == "resume_ok"
+    req = next(r for r in fake.calls if r.url.path == "/sleep")
+    assert (req.url.params["level"], req.url.params["mode"]) == ("0", "wait")
+    wake_req = next(r for r in fake.calls if r.url.path == "/wake_up")
+    assert wake_req.url.params.get_list("tags") == ["scheduling"]
+    assert "/pause" not in fake.paths() and "/resume" not in fake.paths()
+
+
+def test_a_server_without_sleep_is_paused_through_pause(fake: FakeVllm) -> None:
+    a = adapter_for(fake, pause_route="sleep")
+    assert decided(Op.PAUSE, a.pause(PauseMode.WAIT, dl())) == "pause_ok"
+    assert fake.paths()[:2] == ["/sleep", "/pause"] and a.pause_route == "pause"
+    assert decided(Op.RESUME, a.resume(dl())) == "resume_ok"
+    assert "/wake_up" not in fake.paths()
+
+
+def test_an_unknown_pause_route_is_refused(fake: FakeVllm) -> None:
+    with pytest.raises(ValueError, match="pause_route"):
+        adapter_for(fake, pause_route="nap")
+
+
 def test_a_200_pause_that_did_not_pause_is_not_ok(fake: FakeVllm) -> None:
     fake.override["/pause"] = lambda req: httpx.Response(200, json={"status": "paused"})
     ev = adapter_for(fake).pause(PauseMode.WAIT, dl())

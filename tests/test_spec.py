@@ -7,6 +7,7 @@ import pytest
 from rolloutcore.explore import Exploration, explore
 from rolloutcore.spec.lifecycle import (
     ACTIONS,
+    ALL_EVIDENCE,
     FENCED,
     MIXED,
     SPEC,
@@ -87,8 +88,9 @@ def test_successors_respect_declared_writes() -> None:
 
 
 def test_bad_bounds_rejected() -> None:
-    with pytest.raises(ValueError):
-        Bounds(0, 3, 1)
+    for bad in ((-1, 3, 1), (1, 0, 1), (1, 3, -1)):
+        with pytest.raises(ValueError):
+            Bounds(*bad)
 
 
 def test_initial_states_are_fresh_engines_labelled_one() -> None:
@@ -118,10 +120,15 @@ def test_exactly_one_restart_step_in_every_state(exploration: Exploration) -> No
 
 
 def test_restart_ready_only_without_doubt(exploration: Exploration) -> None:
+    """READY again only with nothing in flight but a read-only audit (whose lost answer
+    leaves no evidence), on an engine known to run the committed generation (unless
+    replaced out of band since it was verified: nobody knows until the next audit)."""
     for u, v, (name, _p) in exploration.graph.edges(keys=True):
         if name == "restart_ready":
-            assert u.pending == "none" and not u.paused and u.weights == u.committed
+            assert u.pending in ("none", "audit")
+            assert u.replaced or (not u.paused and u.weights == u.committed)
             assert v.phase is Phase.READY and not any(v.bind)
+            assert v.evidence == (u.evidence if u.pending == "none" else frozenset())
 
 
 def test_a_crash_mid_mutation_may_have_done_anything(exploration: Exploration) -> None:
@@ -135,9 +142,37 @@ def test_a_crash_mid_mutation_may_have_done_anything(exploration: Exploration) -
 
 def test_a_fenced_engine_serves_nothing(exploration: Exploration) -> None:
     fenced = [s for s in exploration.graph.nodes
-              if s.phase is Phase.TAINTED and FENCED in s.evidence]
+              if s.phase is Phase.TAINTED and FENCED in s.evidence and not s.replaced]
     assert fenced
     assert all(s.paused and s.label == TAINT and not any(s.req) for s in fenced)
+    # A process replaced out of band is no longer fenced; only re-admission leaves TAINTED.
+    assert any(s.phase is Phase.TAINTED and FENCED in s.evidence and not s.paused
+               for s in exploration.graph.nodes)
+
+
+def test_an_audit_finds_an_engine_replaced_out_of_band(exploration: Exploration) -> None:
+    """After an out-of-band restart onto other weights (or another label) an audit never
+    passes: it quarantines the engine, releasing its rollouts as aborted; after a passed
+    audit the engine is the committed one."""
+    for u, v, (name, _p) in exploration.graph.edges(keys=True):
+        if name == "audit_ok":
+            assert (v.weights, v.label, v.paused) == (v.committed, v.committed, False)
+            assert not v.replaced and v.evidence == ALL_EVIDENCE
+        if name == "audit_mismatch":
+            assert u.replaced and v.phase is Phase.TAINTED and not any(v.bind)
+    foreign = [u for u, v, (name, _p) in exploration.graph.edges(keys=True)
+               if name == "audit_mismatch" and u.weights == MIXED and u.label == u.committed]
+    assert foreign, "a foreign engine under the committed label is found by its identity"
+
+
+def test_no_admission_until_an_audit_passes(exploration: Exploration) -> None:
+    """A failed audit or a suspicion drops every piece of evidence in READY: no admission
+    and no update until an audit passes (or the engine is re-admitted)."""
+    doubtful = [s for s in exploration.graph.nodes if s.phase is Phase.READY and s.doubt]
+    assert doubtful and all(s.evidence == frozenset() for s in doubtful)
+    for u, _v, (name, _p) in exploration.graph.edges(keys=True):
+        if name in ("admit", "request_update"):
+            assert u.evidence == ALL_EVIDENCE and not u.doubt
 
 
 def test_only_failed_outcomes_are_retried() -> None:

@@ -29,7 +29,7 @@ from rolloutcore.conformance.tour import (
     run_walks,
     tour,
 )
-from rolloutcore.spec.lifecycle import Kind
+from rolloutcore.spec.lifecycle import Kind, Phase
 from rolloutcore.spec.triggers import Trigger
 
 
@@ -66,9 +66,13 @@ def test_plan_for_real_vllm_names_what_it_cannot_realise(graph: TourGraph) -> No
     assert no_vllm == {"mutate_ok_unlabelled", "mutate_ok_broken"}
     direct = {c for c in reasons if c[0] in no_vllm}
     assert {c[0] for c in direct} == no_vllm
-    # probe_mismatch needs weights the digest cannot tell apart: only mutate_ok_broken.
-    indirect = {class_name(c): r for c, r in reasons.items() if c not in direct}
-    assert indirect == {"probe_mismatch@RESUMING": "reachable only through mutate_ok_broken"}
+    # Nothing else is out of reach: probe_mismatch, whose weights the digest cannot tell
+    # apart on an update's own path (mutate_ok_broken), is reached by an engine replaced
+    # out of band between the validation and the probe.
+    assert {c for c in reasons if c not in direct} == set()
+    probe_mismatch = next(s for s in schedules
+                          if ("probe_mismatch", Phase.RESUMING) in s.classes())
+    assert "engine_restart" in probe_mismatch.labels()
     covered = set().union(*(s.classes() for s in schedules))
     assert covered == set(graph.classes()) - set(reasons)
 
@@ -137,7 +141,8 @@ def test_a_decision_that_misreads_a_500_is_caught(graph: TourGraph, tmp_path: Pa
 
 def test_a_failing_walk_is_shrunk_to_a_minimal_replayable_one(graph: TourGraph,
                                                               tmp_path: Path) -> None:
-    failure = run_walks(_lying_engine(), graph, tmp_path, count=40, seed=3)
+    # Seeded, so deterministic; a change to the spec graph changes which walks a seed draws.
+    failure = run_walks(_lying_engine(), graph, tmp_path, count=40, seed=6)
     assert failure is not None
     labels = failure.result.schedule.labels()
     # Minimal: bootstrap, request the update, pause; nothing else is needed.
