@@ -173,6 +173,11 @@ class HarnessEngine(abc.ABC):
         label untouched (what a naive updater does)."""
 
     @abc.abstractmethod
+    def relabel_outside(self, label: str) -> None:
+        """Set the engine's version label outside RolloutCore (a launcher's
+        ``--weight-version``, an operator)."""
+
+    @abc.abstractmethod
     def pause_raw(self, mode: PauseMode) -> None:
         ...
 
@@ -330,6 +335,9 @@ class SimHarnessEngine(HarnessEngine):
 
     def mutate_outside(self, version: str) -> None:
         self.engine.load(version)
+
+    def relabel_outside(self, label: str) -> None:
+        self.engine.label = label
 
     def pause_raw(self, mode: PauseMode) -> None:
         self.engine.pause(mode)
@@ -552,6 +560,12 @@ class VllmHarnessEngine(HarnessEngine):
     def mutate_outside(self, version: str) -> None:
         self._reload(self.models[version])
 
+    def relabel_outside(self, label: str) -> None:
+        r = self.direct.request("POST", "/update_weight_version", op="harness_label",
+                                idempotent=True, json_body={"new_version": label})
+        if r.status != 200:
+            raise RuntimeError(f"relabel: HTTP {r.status} {r.text[:200]}")
+
     def pause_raw(self, mode: PauseMode) -> None:
         r = self.direct.request("POST", "/pause", op="pause_raw", idempotent=True,
                               timeout=120.0, params={"mode": mode.value,
@@ -649,10 +663,7 @@ class VllmHarnessEngine(HarnessEngine):
         if self.is_paused_raw():
             self.resume_raw()
         self._reload(self.models[initial])
-        r = self.direct.request("POST", "/update_weight_version", op="harness_label",
-                              idempotent=True, json_body={"new_version": self.initial_label})
-        if r.status != 200:
-            raise RuntimeError(f"restore: label: HTTP {r.status}")
+        self.relabel_outside(self.initial_label)
         r = self.direct.request("POST", "/reset_prefix_cache", op="harness_reset",
                               idempotent=True)
         if r.status != 200 or not (isinstance(r.body, dict) and r.body.get("success")):

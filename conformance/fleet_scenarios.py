@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rolloutcore.adapters.contract import LifecycleAdapter, WeightTarget
+from rolloutcore.adapters.contract import LifecycleAdapter, PauseMode, WeightTarget
 from rolloutcore.conformance.engines import HarnessEngine, SimHarnessEngine
 from rolloutcore.conformance.harness import Check, wait_until
 from rolloutcore.controller import IllegalTransition
@@ -259,18 +259,34 @@ def _all_on(leases: list[tuple[Lease, bool]], generation: int) -> bool:
 
 def s_clean_update_live(ctx: FleetContext) -> None:
     """Live rollouts on every server while the fleet updates: the drain holds, each
-    finishes on v1 bound to generation 1; after the publish every server serves v2."""
+    finishes on v1 bound to generation 1; after the publish every server serves v2.
+
+    The rollouts outlast the update's request by a cause the scenario controls, not by
+    how fast the machine generates: every engine is paused in ``keep`` mode (outside the
+    fleet) before the rollouts are sent, so each request waits in its engine; the update
+    is requested, and only once every member drains are the engines resumed."""
     names = ctx.rig.names
+    engines = ctx.rig.engines
     fleet = ctx.open(min_serving=len(names))
     ctx.bootstrap(fleet)
-    with ThreadPoolExecutor(len(names)) as pool:
+    for e in engines.values():
+        e.pause_raw(PauseMode.KEEP)
+    with ThreadPoolExecutor(2 * len(names)) as pool:
         futs = [pool.submit(ctx.rollout, fleet, f"live-{i}") for i in range(len(names))]
-        ctx.check("a rollout is running on every server when the update is requested",
-                  wait_until(lambda: sum(m.outstanding for m in fleet.members.values())
-                             == len(names) and all(e.running_requests() >= 1
-                                                   for e in ctx.rig.engines.values()), 120.0),
+        # A paused engine schedules nothing: no rollout can end before the resume below.
+        ctx.check("a rollout is admitted on every server when the update is requested",
+                  wait_until(lambda: all(m.outstanding == 1 for m in fleet.members.values()),
+                             60.0) and not any(f.done() for f in futs),
                   {n: m.outstanding for n, m in fleet.members.items()})
-        rep = fleet.update(ctx.rig.targets(2))
+        update = pool.submit(fleet.update, ctx.rig.targets(2))
+        draining = wait_until(lambda: all(m.controller.phase is Phase.DRAINING
+                                          for m in fleet.members.values()), 60.0)
+        ctx.check("the update waits for the rollouts: every member drains, nothing done yet",
+                  draining and not any(f.done() for f in futs),
+                  {n: m.controller.phase.value for n, m in fleet.members.items()})
+        for e in engines.values():
+            e.resume_raw()
+        rep = update.result()
         live = [f.result() for f in futs]
     ctx.report("update", rep)
     ctx.check("published on every member at once", rep.published and
@@ -399,6 +415,54 @@ def s_dies_halfway_no_quorum(ctx: FleetContext) -> None:
               and {lease.engine for lease, _ in after} == set(rig.names), _seen(after))
 
 
+def s_restarted_out_of_band(ctx: FleetContext) -> None:
+    """After a clean update to v2, the last member's server is restarted out of band onto
+    v1 and relabelled with v2's label (a launcher that reuses a stale checkpoint path and
+    the current version name): it claims the committed label. The fleet's audit (the
+    watchdog's round) finds it by its weight identity: quarantined and fenced, it takes no
+    rollout; verified re-admission brings it back on v2."""
+    rig, v = ctx.rig, ctx.rig.victim
+    fleet = ctx.open(min_serving=len(rig.names) - 1)
+    ctx.bootstrap(fleet)
+    rep = fleet.update(rig.targets(2))
+    ctx.report("update", rep)
+    ctx.check("published on every member", rep.published
+              and sorted(rep.committed_on) == sorted(rig.names), rep.committed_on)
+    e = rig.engines[v]
+    pid = e.pid()
+    e.restart_process("v1")
+    e.relabel_outside(rig.targets(2)[v].label)
+    ctx.check(f"{v}'s server is a new process on v1 claiming v2's label",
+              e.alive() and (e.kind == "sim" or e.pid() != pid)
+              and e.label() == rig.targets(2)[v].label
+              and e.identity() == rig.targets(1)[v].identity,
+              {"pid_before": pid, "pid_after": e.pid(), "label": e.label()})
+    out = fleet.audit(why="watchdog")
+    ctx.result.evidence["audit"] = {n: str(o.trigger) for n, o in out.items()}
+    ctx.check(f"the audit finds {v} by its identity; the others pass",
+              out[v].trigger == Trigger.AUDIT_MISMATCH and "identity" in out[v].reason
+              and all(out[n].trigger == Trigger.AUDIT_OK for n in rig.others),
+              {n: f"{o.trigger}: {o.reason}" for n, o in out.items()})
+    label, paused = e.label(), e.is_paused_raw()
+    ctx.check(f"{v} is quarantined and its server fenced (paused, taint label)",
+              fleet.members[v].controller.phase is Phase.TAINTED and paused
+              and str(label).startswith("tainted:"), {"label": label, "paused": paused})
+    during = ctx.spread(fleet, "quarantined", 2 * len(rig.names))
+    ctx.check(f"no rollout on {v}; v2's tokens on the others",
+              _all_on(during, 2) and all(lease.engine != v for lease, _ in during),
+              _seen(during))
+    readmit = fleet.readmit(v, who="operator")
+    ctx.result.evidence[f"readmit_{v}"] = readmit.trigger
+    ctx.check(f"{v} re-admitted (reloaded onto v2, verified)",
+              readmit.trigger == Trigger.READMIT_OK
+              and fleet.members[v].controller.control.committed == 2, readmit.reason)
+    ctx.members_serve(fleet, rig.names, 2)
+    after = ctx.spread(fleet, "after", len(rig.names))
+    ctx.check(f"after re-admission {v} takes rollouts: generation 2, v2's tokens",
+              _all_on(after, 2) and any(lease.engine == v for lease, _ in after),
+              _seen(after))
+
+
 def s_killed_mid_broadcast(ctx: FleetContext) -> None:
     """Weights broadcast from this process to every server; the last one is SIGKILLed
     midway (the simulated one dies in the middle of its load). It is quarantined within
@@ -465,6 +529,7 @@ SCENARIOS: dict[str, Scenario] = {
     "dies_halfway_quorum": s_dies_halfway_quorum,
     "dies_halfway_no_quorum": s_dies_halfway_no_quorum,
     "killed_mid_broadcast": s_killed_mid_broadcast,
+    "restarted_out_of_band": s_restarted_out_of_band,
 }
 
 
