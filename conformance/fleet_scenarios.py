@@ -369,6 +369,17 @@ def _restart_and_readmit(ctx: FleetContext, fleet: Fleet, generation: int) -> No
               fleet.members[v].controller.control.committed == generation, out.reason)
 
 
+def _victim_serves_again(ctx: FleetContext, fleet: Fleet, generation: int) -> None:
+    """After its re-admission every member serves ``generation``, the victim included:
+    it takes rollouts again, with that generation's tokens."""
+    rig, v = ctx.rig, ctx.rig.victim
+    ctx.members_serve(fleet, rig.names, generation)
+    after = ctx.spread(fleet, "after", len(rig.names))
+    ctx.check(f"after re-admission {v} takes rollouts: generation {generation}, "
+              f"v{generation}'s tokens", _all_on(after, generation)
+              and any(lease.engine == v for lease, _ in after), _seen(after))
+
+
 def s_dies_halfway_quorum(ctx: FleetContext) -> None:
     """min_serving N-1: the last member's load dies halfway; the fleet publishes v2 on
     the others, it serves nothing; after a restart it is re-admitted, catches up, and
@@ -382,11 +393,7 @@ def s_dies_halfway_quorum(ctx: FleetContext) -> None:
               _all_on(during, 2) and all(lease.engine != v for lease, _ in during),
               _seen(during))
     _restart_and_readmit(ctx, fleet, 2)
-    ctx.members_serve(fleet, rig.names, 2)
-    after = ctx.spread(fleet, "after", len(rig.names))
-    ctx.check(f"after re-admission {v} takes rollouts: generation 2, v2's tokens",
-              _all_on(after, 2) and any(lease.engine == v for lease, _ in after),
-              _seen(after))
+    _victim_serves_again(ctx, fleet, 2)
 
 
 def s_dies_halfway_no_quorum(ctx: FleetContext) -> None:
@@ -456,11 +463,7 @@ def s_restarted_out_of_band(ctx: FleetContext) -> None:
     ctx.check(f"{v} re-admitted (reloaded onto v2, verified)",
               readmit.trigger == Trigger.READMIT_OK
               and fleet.members[v].controller.control.committed == 2, readmit.reason)
-    ctx.members_serve(fleet, rig.names, 2)
-    after = ctx.spread(fleet, "after", len(rig.names))
-    ctx.check(f"after re-admission {v} takes rollouts: generation 2, v2's tokens",
-              _all_on(after, 2) and any(lease.engine == v for lease, _ in after),
-              _seen(after))
+    _victim_serves_again(ctx, fleet, 2)
 
 
 def s_killed_mid_broadcast(ctx: FleetContext) -> None:

@@ -1036,3 +1036,28 @@ def test_catch_up_while_aborting_conforms_to_the_spec(fleet3: Any, tmp_path: Pat
     assert fleet.readmit(c, who="operator").trigger == Trigger.READMIT_OK  # 1, then 2
     assert fleet.phase == FleetPhase.READY
     journal_ok(tmp_path / "f.jsonl")
+
+
+@pytest.mark.parametrize("name", ["clean_update_live", "one_refuses", "dies_halfway_quorum",
+                                  "dies_halfway_no_quorum", "killed_mid_broadcast",
+                                  "restarted_out_of_band"])
+def test_fleet_scenario_on_the_simulated_fleet(name: str, tmp_path: Path) -> None:
+    """The three-server scenarios (tests/test_fleet_vllm.py runs them on real servers) on
+    simulated engines: every check holds and the fleet journal is accepted."""
+    from rolloutcore.conformance.fleet_scenarios import SCENARIOS, FleetRig, run_fleet_scenario
+
+    assert name in SCENARIOS
+    rig = FleetRig.sim(tmp_path)
+    try:
+        res = run_fleet_scenario(name, rig)
+    finally:
+        rig.close()
+    assert res.passed, res.failures()
+    assert res.trace is not None and res.trace.startswith("accepted")
+
+
+def test_every_fleet_scenario_is_run_on_the_simulated_fleet() -> None:
+    from rolloutcore.conformance.fleet_scenarios import SCENARIOS
+
+    marks = test_fleet_scenario_on_the_simulated_fleet.pytestmark  # type: ignore[attr-defined]
+    assert set(marks[0].args[1]) == set(SCENARIOS)
