@@ -101,8 +101,9 @@ def test_tour_on_real_vllm_realises_every_realisable_class(pool: EnginePool,
     assert report.walk_failure is None
     _, reasons = plan(graph, Capability("vllm"))
     assert report.unrealisable == reasons
+    # probe_mismatch is realised by a server replaced out of band before the probe.
     assert {class_name(c) for c in reasons} == {
-        "mutate_ok_unlabelled@UPDATING", "mutate_ok_broken@UPDATING", "probe_mismatch@RESUMING"}
+        "mutate_ok_unlabelled@UPDATING", "mutate_ok_broken@UPDATING"}
     assert report.realised == set(graph.classes()) - set(reasons)
     assert report.passed
 
