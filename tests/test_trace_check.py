@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -237,3 +239,22 @@ def test_cli_journal_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert rc == 1 and "truncated final record" in out
     rc, _, err = _cli(capsys, "journal", "verify", str(tmp_path / "missing.jsonl"))
     assert rc == 2 and "cannot read" in err
+
+
+def test_the_scale_benchmark_at_a_thousand_bound_rollouts() -> None:
+    """The checker's scale benchmark at its goal size (1,000 rollouts bound at once,
+    100,000 records, built with the real controller and journal) runs in CI: the journal
+    is accepted (a rejection fails the run) in memory within the goal. Its time is
+    printed, not asserted: speed goals are the benchmark's to report."""
+    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_trace_check.py"
+    r = subprocess.run([sys.executable, str(bench), "--bound", "1000", "--records", "100000",
+                        "--repeat", "1", "--json"], capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    result = json.loads(r.stdout)
+    goal = result["ratios"]["goal"]
+    (row,) = result["rows"]
+    print(f"\nK=1000, {row['records']:,} records: {goal['seconds']:.2f} s, "
+          f"{goal['peak_rss_mb']:.1f} MB peak RSS, states_max {row['states_max']}")
+    assert row["k"] == 1000 and row["records"] >= 100_000
+    assert goal["peak_rss_mb"] < goal["goal_peak_rss_mb"]
