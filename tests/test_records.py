@@ -31,7 +31,7 @@ from rolloutcore.records import (
     write_jsonl,
     write_parquet,
 )
-from rolloutcore.spec.lifecycle import NO_OP, Phase
+from rolloutcore.spec.lifecycle import ALL_EVIDENCE, NO_OP, Phase
 
 IDENT = "ab" * 32
 
@@ -82,7 +82,7 @@ def test_jsonl_and_parquet_agree(tmp_path: Path) -> None:
 def test_version_is_the_bindings() -> None:
     ctl = Controller()
     ctl.identity = IDENT
-    ctl.restore(ControlState(Phase.READY, 5, 5, NO_OP, frozenset(), frozenset()))
+    ctl.restore(ControlState(Phase.READY, 5, 5, NO_OP, frozenset(), ALL_EVIDENCE))
     with ctl.rollout("x") as binding:
         result = GenerationResult((1, 2), (3,), "length", (-0.5,))
     rec = record_from(binding, "v5", (1, 2), result, Decoding(0.0), Timing(0.0, 0.1))

@@ -49,7 +49,7 @@ from rolloutcore.records import (  # noqa: E402
     write_parquet,
 )
 from rolloutcore.runner import LifecycleRunner  # noqa: E402
-from rolloutcore.spec.lifecycle import NO_OP, Phase  # noqa: E402
+from rolloutcore.spec.lifecycle import ALL_EVIDENCE, NO_OP, Phase  # noqa: E402
 
 GREEDY = Decoding(0.0, 1.0, 24, 24)
 
@@ -117,7 +117,7 @@ def _commit(ctl: Controller, generation: int, identity: str) -> None:
     # What the runner's publish leaves behind: READY at the new committed generation.
     ctl.identity = identity
     ctl.restore(ControlState(Phase.READY, generation, generation, NO_OP, frozenset(),
-                             frozenset()))
+                             ALL_EVIDENCE))
 
 
 def _reload(url: str, model: Path) -> None:
