@@ -464,7 +464,9 @@ def _show_line(r: Any) -> str:
     d = r.decoding
     return (f"  {r.rollout_id}: version {r.version} ({r.label}, identity "
             f"{(r.identity or '-')[:12]}), prompt {len(r.prompt_token_ids)} + response "
-            f"{len(r.response_token_ids)} tokens, {r.finish_reason}; T={d.temperature} "
+            f"{len(r.response_token_ids)} tokens, {r.finish_reason}"
+            f"{' (ABORTED by the drain: partial output)' if r.binding.aborted else ''}; "
+            f"T={d.temperature} "
             f"top_p={d.top_p} max={d.max_tokens} seed={d.seed}; {r.timing.seconds:.3f} s")
 
 

@@ -10,7 +10,8 @@ for generation 1 (in its detail, or the identity its typed evidence was verified
 
 * ``rejected`` when the journal contradicts it or lacks its admission: no admission at
   that seq, another rollout, another generation or identity than the admission's, a
-  second record for one admission, an admission never released;
+  second record for one admission, an admission never released, a record that says it
+  finished of a rollout the drain aborted (``release_aborted``) or the other way round;
 * ``unverifiable`` when nothing contradicts it but the journal does not name the
   identity of its generation: said, never passed silently;
 * ``consistent`` otherwise.
@@ -35,6 +36,7 @@ from rolloutcore.records import TrajectoryRecord
 
 CONSISTENT, REJECTED, UNVERIFIABLE = "consistent", "rejected", "unverifiable"
 _CONFLICT = "\0conflict"  # a generation the journal names two identities for
+FINISHED, ABORTED = 1, 2  # how an admission was released (0: not released)
 
 
 class ProvenanceInputError(ValueError):
@@ -53,6 +55,7 @@ class Fact:
     rollout_id: str | None = None
     generation: int = 0
     identity: str | None = None
+    aborted: bool = False  # a release by the drain's abort (``release_aborted``)
 
 
 def journal_fact(rec: Mapping[str, Any]) -> Fact | None:
@@ -61,8 +64,9 @@ def journal_fact(rec: Mapping[str, Any]) -> Fact | None:
     step = rec.get("step")
     if step == "admit":
         return Fact("admit", rec["seq"], str(rec["param"]), rec["committed"])
-    if step == "release":
-        return Fact("release", rec["seq"], str(rec["param"]))
+    if step in ("release", "release_aborted"):
+        return Fact("release", rec["seq"], str(rec["param"]),
+                    aborted=step == "release_aborted")
     if step in ("publish", "bootstrap_ok"):  # committed is the generation it establishes
         return Fact("identity", rec["seq"], None, rec["committed"], _named_identity(rec))
     return None
@@ -135,7 +139,7 @@ class JournalIndex:
             elif fact.kind == "release" and fact.rollout_id is not None:
                 i = open_.pop(fact.rollout_id, None)
                 if i is not None:
-                    self.released[i] = 1
+                    self.released[i] = ABORTED if fact.aborted else FINISHED
             elif fact.kind == "identity":
                 known = self.identities.get(fact.generation)
                 if known is None:
@@ -186,6 +190,10 @@ class JournalIndex:
             self.claimed[i] = position + 1
         if not self.released[i]:
             reasons.append(f"its admission (seq {b.seq}) was never released in the journal")
+        elif (self.released[i] == ABORTED) != b.aborted:
+            said = "aborted" if b.aborted else "finished"
+            was = "aborted by the drain" if self.released[i] == ABORTED else "finished"
+            reasons.append(f"claims it {said}; the journal released it as {was}")
         if reasons:
             return self._verdict(position, record, REJECTED, reasons)
         if unverifiable:

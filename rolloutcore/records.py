@@ -36,7 +36,7 @@ from rolloutcore.controller import Binding
 if TYPE_CHECKING:
     from rolloutcore.runner import LifecycleRunner
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the binding says whether the drain aborted the rollout
 SCHEMA_NAME = "rolloutcore.trajectory"
 _PARQUET_META_KEY = b"rolloutcore.trajectory.schema_version"
 
@@ -180,7 +180,7 @@ class Timing:
                    _float(d["seconds"], "timing.seconds"))
 
 
-_BINDING_KEYS = ("rollout_id", "generation", "identity", "seq")
+_BINDING_KEYS = ("rollout_id", "generation", "identity", "seq", "aborted")
 _RECORD_KEYS = ("schema", "schema_version", "binding", "label", "prompt_token_ids",
                 "response_token_ids", "logprobs", "decoding", "finish_reason", "stop_reason",
                 "timing")
@@ -213,6 +213,8 @@ class TrajectoryRecord:
         _int(b.generation, "binding.generation", minimum=1)
         _opt_str(b.identity, "binding.identity")
         _int(b.seq, "binding.seq", minimum=0)
+        if not isinstance(b.aborted, bool):
+            raise RecordError(f"binding.aborted: expected a boolean, got {b.aborted!r}")
         if not _str(self.label, "label"):
             raise RecordError("label: must not be empty")
         for name in ("prompt_token_ids", "response_token_ids"):
@@ -257,7 +259,7 @@ class TrajectoryRecord:
             "schema": SCHEMA_NAME,
             "schema_version": self.schema_version,
             "binding": {"rollout_id": b.rollout_id, "generation": b.generation,
-                        "identity": b.identity, "seq": b.seq},
+                        "identity": b.identity, "seq": b.seq, "aborted": b.aborted},
             "label": self.label,
             "prompt_token_ids": list(self.prompt_token_ids),
             "response_token_ids": list(self.response_token_ids),
@@ -283,7 +285,7 @@ class TrajectoryRecord:
         binding = Binding(_str(b["rollout_id"], "binding.rollout_id"),
                           _int(b["generation"], "binding.generation"),
                           _opt_str(b["identity"], "binding.identity"),
-                          _int(b["seq"], "binding.seq"))
+                          _int(b["seq"], "binding.seq"), aborted=b["aborted"])
         lp = d["logprobs"]
         sr = d["stop_reason"]
         if sr is not None and not isinstance(sr, str):
@@ -394,7 +396,8 @@ def _arrow_schema() -> Any:
     import pyarrow as pa
 
     binding = pa.struct([("rollout_id", pa.string()), ("generation", pa.int64()),
-                         ("identity", pa.string()), ("seq", pa.int64())])
+                         ("identity", pa.string()), ("seq", pa.int64()),
+                         ("aborted", pa.bool_())])
     decoding = pa.struct([("temperature", pa.float64()), ("top_p", pa.float64()),
                           ("max_tokens", pa.int64()), ("min_tokens", pa.int64()),
                           ("stop", pa.list_(pa.string())), ("seed", pa.int64())])

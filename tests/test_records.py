@@ -53,7 +53,9 @@ def _record(i: int = 0, *, generation: int = 3, stop_reason: str | int | None = 
 def _records() -> list[TrajectoryRecord]:
     return [_record(0), _record(1, stop_reason="END"), _record(2, stop_reason=2),
             _record(3, logprobs=False),
-            dataclasses.replace(_record(4), binding=Binding("r4", 1, None, 0))]
+            dataclasses.replace(_record(4), binding=Binding("r4", 1, None, 0)),
+            # a rollout the drain aborted: its partial output, marked
+            dataclasses.replace(_record(5), binding=Binding("r5", 3, IDENT, 45, aborted=True))]
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
@@ -114,7 +116,15 @@ def test_schema_version_checked_on_read(tmp_path: Path) -> None:
     d["schema_version"] = SCHEMA_VERSION + 1
     p = tmp_path / "future.jsonl"
     p.write_text(json.dumps(d) + "\n")
-    with pytest.raises(RecordError, match=r"future.jsonl:1: schema_version 2 is not supported"):
+    with pytest.raises(RecordError, match=rf"future.jsonl:1: schema_version "
+                       rf"{SCHEMA_VERSION + 1} is not supported"):
+        read_jsonl(p)
+    # A record of the previous version (no binding.aborted) is refused by name.
+    d["schema_version"] = SCHEMA_VERSION - 1
+    del d["binding"]["aborted"]
+    p.write_text(json.dumps(d) + "\n")
+    with pytest.raises(RecordError, match=rf"schema_version {SCHEMA_VERSION - 1} is not "
+                       rf"supported \(this build reads {SCHEMA_VERSION}\)"):
         read_jsonl(p)
     # Parquet: the schema version lives in the file metadata
     import pyarrow.parquet as pq
@@ -179,7 +189,8 @@ def test_cli_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_parquet(p, _records())
     assert cli_main(["records", "show", str(p)]) == 0
     out = capsys.readouterr().out
-    assert "5 records" in out and "r1: version 3 (v3" in out
+    assert "6 records" in out and "r1: version 3 (v3" in out
+    assert out.count("ABORTED by the drain") == 1
     assert cli_main(["records", "show", str(p), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert [TrajectoryRecord.from_dict(d) for d in data["records"]] == _records()

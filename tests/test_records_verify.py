@@ -58,8 +58,9 @@ def _steps(*, bootstrap_identity: str | None = ID1) -> list[dict[str, Any]]:
     ]
 
 
-def _rec(rollout: str, generation: int, identity: str | None, seq: int) -> TrajectoryRecord:
-    return record_from(Binding(rollout, generation, identity, seq), f"gen-{generation}",
+def _rec(rollout: str, generation: int, identity: str | None, seq: int,
+         aborted: bool = False) -> TrajectoryRecord:
+    return record_from(Binding(rollout, generation, identity, seq, aborted), f"gen-{generation}",
                        (1, 2, 3), GenerationResult((1, 2, 3), (4,), "length", (-0.5,)),
                        Decoding(0.0), Timing(1.0, 0.1))
 
@@ -147,9 +148,32 @@ def test_journal_torn_tail_and_broken_chain(tmp_path: Path,
     assert "chain BROKEN at line 7" in out and "its evidence ends there" in out
 
 
+@pytest.mark.parametrize("parquet", [False, True])
+def test_aborted_rollouts_are_marked_and_checked(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], parquet: bool) -> None:
+    """A rollout the drain aborted is released as aborted in the journal; its record says
+    so (``binding.aborted``), and a record that says otherwise is rejected."""
+    steps = [*_steps(), _step(12, "admit", "e", 2), _step(13, "release_aborted", "e", 2)]
+    aborted = ("e", 2, ID2, 12, True)
+    rc, data = _verify(tmp_path, [*GOOD, aborted], capsys, steps=steps,
+                       parquet=parquet)
+    assert rc == 0 and data["counts"]["consistent"] == len(GOOD) + 1
+    for bad, reason in ((("e", 2, ID2, 12, False),
+                         "claims it finished; the journal released it as aborted by the drain"),
+                        (("c", 2, ID2, 7, True),
+                         "claims it aborted; the journal released it as finished")):
+        rows = [r for r in GOOD if r[0] != bad[0] or r[3] != bad[3]]
+        rc, data = _verify(tmp_path, [*rows, bad], capsys, steps=steps,
+                           parquet=parquet)
+        assert rc == 1 and data["counts"]["rejected"] == 1, data
+        assert any(reason in r for r in data["verdicts"][-1]["reasons"]), data["verdicts"][-1]
+
+
 def test_journal_fact_is_the_one_schema_reader() -> None:
     assert journal_fact(_step(2, "admit", "a")) == Fact("admit", 2, "a", 1)
     assert journal_fact(_step(4, "release", "a")) == Fact("release", 4, "a")
+    assert journal_fact(_step(4, "release_aborted", "a")) == Fact("release", 4, "a",
+                                                                   aborted=True)
     assert journal_fact(_step(6, "publish", committed=2, detail={"identity": ID2})) == \
         Fact("identity", 6, None, 2, ID2)
     assert journal_fact(_step(6, "publish", committed=2)) == Fact("identity", 6, None, 2, None)
@@ -202,3 +226,40 @@ def test_runner_rollouts_verify(tmp_path: Path, capsys: pytest.CaptureFixture[st
     other.write_text("".join(dumps_line(r) for r in rechain(steps)))
     assert main(["records", "verify", str(records), "--journal", str(other)]) == 1
     assert "claims identity" in capsys.readouterr().out
+
+
+def test_a_rollout_the_drain_aborts_is_recorded_as_aborted(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Through the runner: a rollout far longer than the drain's abort deadline (100 s of
+    simulated generation against 0.05 s) is aborted by a wait-then-abort update; its
+    record is marked aborted and agrees with the journal's release_aborted."""
+    import threading
+
+    from rolloutcore.adapters.sim import SimAdapter, SimEngine, sim_target
+    from rolloutcore.controller import Controller
+    from rolloutcore.journal import Journal
+    from rolloutcore.records import rollout_record
+    from rolloutcore.runner import DrainPolicy, LifecycleRunner, RunnerPolicy
+
+    journal, records = tmp_path / "j.jsonl", tmp_path / "r.jsonl"
+    policy = RunnerPolicy(step_timeout_s=5, retries=0, retry_backoff_s=0.0,
+                          drain_policy=DrainPolicy.WAIT_THEN_ABORT, abort_after_s=0.05,
+                          mutation_base_s=5, mutation_floor_bytes_per_s=1e12)
+    engine = SimEngine("ckpt-1", label="rc-1", token_seconds=0.01)
+    box: dict[str, TrajectoryRecord] = {}
+    with Journal(journal, fsync=False) as j:
+        runner = LifecycleRunner(Controller(trace=j), SimAdapter(engine), policy)
+        assert runner.bootstrap(sim_target(1, "ckpt-1")).trigger == "bootstrap_ok"
+        t = threading.Thread(target=lambda: box.setdefault(
+            "r", rollout_record(runner, "long", (1, 2, 3), 10_000)))
+        t.start()
+        while not engine.running:  # the rollout's request is in the engine
+            threading.Event().wait(0.001)
+        report = runner.update(sim_target(2, "ckpt-2"))
+        t.join(30)
+    assert report.published and report.aborted == ["long"]
+    rec = box["r"]
+    assert rec.binding.aborted and rec.version == 1 and len(rec.response_token_ids) < 10_000
+    write_jsonl(records, [rec])
+    assert main(["records", "verify", str(records), "--journal", str(journal), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["counts"]["consistent"] == 1
