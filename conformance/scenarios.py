@@ -128,19 +128,31 @@ def s_update_idle(ctx: ScenarioContext) -> None:
 
 
 def s_update_live(ctx: ScenarioContext) -> None:
+    """The rollout outlasts the update's request by a cause the scenario controls, not by
+    how fast the machine generates: the engine is paused in ``keep`` mode (outside
+    RolloutCore) before the rollout is sent, so its request waits in the engine; the
+    update is requested, and only once the controller drains is the engine resumed."""
     e = ctx.engine
     runner = ctx.bootstrap()
     target = e.target(2, "v2")
     roll, n = e.prompt("rollout"), e.rollout_tokens
+    e.pause_raw(PauseMode.KEEP)
     with background(lambda: runner.generate("rollout-live", roll, n)) as box:
-        in_flight = wait_until(lambda: runner.controller.bound_count() == 1
-                               and e.running_requests() >= 1, 60.0)
-        ctx.check(f"a {n}-token rollout is bound and running when the update is requested",
-                  in_flight, {"bound": runner.controller.bound_count()})
-        report = runner.update(target)
+        bound = wait_until(lambda: runner.controller.bound_count() == 1, 60.0)
+        ctx.check(f"a {n}-token rollout is bound, held in the engine, when the update is "
+                  "requested", bound and "t_end" not in box,
+                  {"bound": runner.controller.bound_count()})
+        with background(lambda: runner.update(target)) as update:
+            draining = wait_until(lambda: runner.controller.phase is Phase.DRAINING, 60.0)
+            ctx.check("the update waits for the rollout: the controller drains, the rollout "
+                      "is not done", draining and "t_end" not in box,
+                      runner.controller.phase.value)
+            e.resume_raw()
+    for done in (update, box):
+        if "error" in done:
+            raise done["error"]
+    report = update["result"]
     ctx.cycle_evidence("cycle", report)
-    if "error" in box:
-        raise box["error"]
     binding, res = box["result"]
     ctx.check("the update is published", report.published, report.final_phase.value)
     ctx.check("the drain held the update until the rollout finished",

@@ -176,7 +176,8 @@ def _spec_mutants(args: argparse.Namespace) -> int:
 def _write_or_check(check: bool, which: Sequence[str], as_json: bool) -> int:
     from rolloutcore import modelcheck
 
-    files = {p: t for p, t in modelcheck.generated_files().items() if p.suffix[1:] in which}
+    generated = modelcheck.generated_files(with_doc="md" in which)  # only the doc explores
+    files = {p: t for p, t in generated.items() if p.suffix[1:] in which}
     stale = modelcheck.stale_files(files)
     if check:  # the stale files are the verdict: stdout
         if as_json:

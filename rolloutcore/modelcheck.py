@@ -3,7 +3,9 @@ and the generated files (TLA+ module, TLC config, review document)."""
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,12 +51,43 @@ def generated_files(spec: Spec = SPEC, exploration: Exploration | None = None, *
         FLEET_CFG_FILE: fleet_config(fleet),
     }
     if with_doc:
+        fleet_counts = _fleet_counts_beside(fleet)  # the larger graph, on another core
         ex = exploration or explore(spec)
-        fx = explore_fleet(fleet)
+        fleet_states, fleet_edges = fleet_counts()
         out[DOC_FILE] = spec_doc.document(spec, states=ex.states, edges=ex.edges,
-                                          fleet=fleet, fleet_states=fx.states,
-                                          fleet_edges=fx.edges)
+                                          fleet=fleet, fleet_states=fleet_states,
+                                          fleet_edges=fleet_edges)
     return out
+
+
+def _fleet_counts_beside(fleet: FleetSpec) -> Callable[[], tuple[int, int]]:
+    """Explore ``fleet`` in a forked process while the caller explores the lifecycle (the
+    spec holds lambdas, so it is inherited by the fork, never pickled); the returned
+    function waits for its (states, edges). Where fork is unavailable it explores here."""
+    if "fork" not in mp.get_all_start_methods():
+        fx = explore_fleet(fleet)
+        return lambda: (fx.states, fx.edges)
+    ctx = mp.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+
+    def child() -> None:
+        fx = explore_fleet(fleet)
+        send.send((fx.states, fx.edges))
+
+    proc = ctx.Process(target=child, daemon=True)
+    proc.start()
+    send.close()
+
+    def wait() -> tuple[int, int]:
+        try:
+            states, edges = receive.recv()
+        except EOFError:
+            raise RuntimeError(f"fleet exploration died (exit code {proc.exitcode})") from None
+        finally:
+            proc.join()
+        return int(states), int(edges)
+
+    return wait
 
 
 def stale_files(files: dict[Path, str]) -> list[Path]:

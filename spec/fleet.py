@@ -55,6 +55,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any, NamedTuple
 
 from rolloutcore.spec.lifecycle import (
@@ -385,6 +386,11 @@ FLEET_ACTION_PROPERTIES: tuple[FleetActionProperty, ...] = (
 # ---------------------------------------------------------------------------- the spec
 
 
+#: A member action as the fleet explorer runs it: the action, its fleet guard, and
+#: whether it spends the fault budget.
+_MemberAction = tuple[Action, Callable[..., bool], bool]
+
+
 @dataclass(frozen=True)
 class FleetSpec:
     name: str = "RolloutCoreFleet"
@@ -399,7 +405,7 @@ class FleetSpec:
     def with_bounds(self, bounds: FleetBounds) -> FleetSpec:
         return replace(self, bounds=bounds)
 
-    @property
+    @cached_property
     def member_spec(self) -> Spec:
         """The single-engine spec as a member runs it: its slots, generations, and no fault
         bound of its own (the fleet's budget applies)."""
@@ -421,8 +427,28 @@ class FleetSpec:
             return True
         return all(settled(f, s) for s in f.eng[:n])
 
-    def member_actions(self) -> tuple[Action, ...]:
+    @cached_property  # read once per explored state
+    def _member_actions(self) -> tuple[Action, ...]:
         return tuple(self.engine.action(n) for n in self.lifted)
+
+    def member_actions(self) -> tuple[Action, ...]:
+        return self._member_actions
+
+    def _enabled_by_phase(self, phases: frozenset[Phase]) -> list[_MemberAction]:
+        """The member actions some member in ``phases`` may take, in table order, each
+        with its fleet guard and whether it spends the fault budget (one lookup per
+        explored state instead of one per action and member)."""
+        cache = self._phase_index
+        hit = cache.get(phases)
+        if hit is None:
+            hit = cache[phases] = [
+                (a, self.member_guards.get(a.name, _TRUE)[0], a.fault or a.name in FAULT_IN_FLEET)
+                for a in self._member_actions if a.sources & phases]
+        return hit
+
+    @cached_property
+    def _phase_index(self) -> dict[frozenset[Phase], list[_MemberAction]]:
+        return {}
 
     def initial_states(self) -> tuple[FleetState, ...]:
         b = self.bounds
@@ -438,9 +464,7 @@ class FleetSpec:
         out: list[tuple[str, Param, FleetState]] = []
         ms, b = self.member_spec, self.bounds
         memo = {} if memo is None else memo
-        for a in self.member_actions():
-            guard = self.member_guards.get(a.name, _TRUE)[0]
-            fault = a.fault or a.name in FAULT_IN_FLEET
+        for a, guard, fault in self._enabled_by_phase(frozenset(s.phase for s in f.eng)):
             for n, s in enumerate(f.eng):
                 if s.phase not in a.sources or not guard(f, s, b):
                     continue

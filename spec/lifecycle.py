@@ -55,6 +55,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from functools import cached_property
 from typing import Any, NamedTuple
 
 
@@ -1128,11 +1129,12 @@ class Spec:
     def with_bounds(self, bounds: Bounds) -> Spec:
         return replace(self, bounds=bounds)
 
+    @cached_property  # explorers look actions up by name millions of times
+    def _by_name(self) -> Mapping[str, Action]:
+        return {a.name: a for a in self.actions}
+
     def action(self, name: str) -> Action:
-        for a in self.actions:
-            if a.name == name:
-                return a
-        raise KeyError(name)
+        return self._by_name[name]  # KeyError on an unknown name
 
     def replace_action(self, name: str, **changes: Any) -> Spec:
         self.action(name)  # KeyError on a typo
@@ -1189,8 +1191,8 @@ class Spec:
 
     def successors(self, s: State) -> list[tuple[Action, Param, State]]:
         """Every (action, parameter, next state) enabled in ``s``."""
-        return [(a, p, t) for a in self.actions for p in self.params(a)
-                for t in self.step(a, s, p)]
+        return [(a, p, t) for a in self.actions if s.phase in a.sources
+                for p in self.params(a) for t in self.step(a, s, p)]
 
 
 SPEC = Spec()
