@@ -12,6 +12,7 @@ configured queue wait), never from the machine's speed; waits are bounded by
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import threading
@@ -583,9 +584,16 @@ def test_client_disconnect_mid_stream_aborts_then_releases(
                                 "stream": True}, timeout=BOUND) as resp:
             assert resp.status_code == 200, resp.read()
             assert resp.headers["x-rolloutcore-engine"] == "a"
-            next(resp.iter_lines())
+            # Hold the line iterator until the client leaves: a discarded one, once the
+            # garbage collector frees it, closes the connection (httpcore closes a stream
+            # left unread), a disconnect at a moment the test does not choose.
+            lines = resp.iter_lines()
+            next(lines)
             wait_until(lambda: r.fakes["a"].running == 1, "the engine to run it")
             assert r.bound() == 1
+            gc.collect()  # (the negative control of the comment above: nothing is freed)
+            assert r.fakes["a"].running == 1 and r.bound() == 1
+            del lines
         # the client left while the engine held the stream: the gateway closes the
         # upstream stream (the engine aborts the request), then releases the rollout
         wait_until(lambda: r.fakes["a"].running == 0, "the engine request to end")
