@@ -279,13 +279,15 @@ def s_clean_update_live(ctx: FleetContext) -> None:
                              60.0) and not any(f.done() for f in futs),
                   {n: m.outstanding for n, m in fleet.members.items()})
         update = pool.submit(fleet.update, ctx.rig.targets(2))
-        draining = wait_until(lambda: all(m.controller.phase is Phase.DRAINING
-                                          for m in fleet.members.values()), 60.0)
-        ctx.check("the update waits for the rollouts: every member drains, nothing done yet",
-                  draining and not any(f.done() for f in futs),
-                  {n: m.controller.phase.value for n, m in fleet.members.items()})
-        for e in engines.values():
-            e.resume_raw()
+        try:
+            draining = wait_until(lambda: all(m.controller.phase is Phase.DRAINING
+                                              for m in fleet.members.values()), 60.0)
+            ctx.check("the update waits for the rollouts: every member drains, nothing done "
+                      "yet", draining and not any(f.done() for f in futs),
+                      {n: m.controller.phase.value for n, m in fleet.members.items()})
+        finally:  # whatever happened, nothing may stay held (the pool joins on it)
+            for e in engines.values():
+                e.resume_raw()
         rep = update.result()
         live = [f.result() for f in futs]
     ctx.report("update", rep)

@@ -143,11 +143,14 @@ def s_update_live(ctx: ScenarioContext) -> None:
                   "requested", bound and "t_end" not in box,
                   {"bound": runner.controller.bound_count()})
         with background(lambda: runner.update(target)) as update:
-            draining = wait_until(lambda: runner.controller.phase is Phase.DRAINING, 60.0)
-            ctx.check("the update waits for the rollout: the controller drains, the rollout "
-                      "is not done", draining and "t_end" not in box,
-                      runner.controller.phase.value)
-            e.resume_raw()
+            try:
+                draining = wait_until(lambda: runner.controller.phase is Phase.DRAINING,
+                                      60.0)
+                ctx.check("the update waits for the rollout: the controller drains, the "
+                          "rollout is not done", draining and "t_end" not in box,
+                          runner.controller.phase.value)
+            finally:  # whatever happened, nothing may stay held (the threads join on it)
+                e.resume_raw()
     for done in (update, box):
         if "error" in done:
             raise done["error"]
