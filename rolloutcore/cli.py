@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from rolloutcore.inputs import file_problem, unreadable
 from rolloutcore.spec.lifecycle import SPEC, Bounds
 
 Handler = Callable[[argparse.Namespace], int]
@@ -254,15 +255,14 @@ def _trace_check(args: argparse.Namespace) -> int:
 
 
 def _journal_verify(args: argparse.Namespace) -> int:
-    from rolloutcore.journal import verify_chain
+    from rolloutcore.journal import not_a_journal, verify_chain
 
     try:
         r = verify_chain(args.file)  # streams: memory does not grow with the journal
     except OSError as e:
-        return _bad_input(args, f"{args.file}: cannot read: {e.strerror or e}", file=args.file)
+        return _bad_input(args, unreadable(args.file, e), file=args.file)
     if r.records == 0:  # not even a header verified: not a journal (as trace check says)
-        return _bad_input(args, f"{args.file}:1: not a RolloutCore journal (line 1: "
-                          f"{r.reason})", file=args.file)
+        return _bad_input(args, not_a_journal(args.file, r), file=args.file)
     if args.json:
         _print_json({"file": args.file, "ok": r.ok, "records": r.records,
                      "first_bad_line": r.first_bad_line, "reason": r.reason,
@@ -451,16 +451,6 @@ def _where(path: str, unit: str, position: int) -> str:
     return f"{path}:{position}" if unit == "line" else f"{path}: row {position}"
 
 
-def _records_problem(path: str) -> str | None:
-    """Why ``path`` cannot be a records file (checked before any other work)."""
-    p = Path(path)
-    if p.is_dir():
-        return f"{path}: is a directory"
-    if not p.is_file():
-        return f"{path}: {'not a regular file' if p.exists() else 'no such file'}"
-    return None
-
-
 def _show_line(r: Any) -> str:
     d = r.decoding
     return (f"  {r.rollout_id}: version {r.version} ({r.label}, identity "
@@ -474,7 +464,7 @@ def _show_line(r: Any) -> str:
 def _records_show(args: argparse.Namespace) -> int:
     from rolloutcore.records import RecordError, iter_records
 
-    problem = _records_problem(args.file)
+    problem = file_problem(args.file)
     if problem:
         return _bad_input(args, problem, file=args.file)
     out = _JsonStream({"file": args.file}, "records") if args.json else None
@@ -489,7 +479,7 @@ def _records_show(args: argparse.Namespace) -> int:
     except BrokenPipeError:  # our reader went away, not the file: main() handles it
         raise
     except (RecordError, OSError) as e:
-        msg = str(e) if isinstance(e, RecordError) else f"{args.file}: cannot read: {e}"
+        msg = str(e) if isinstance(e, RecordError) else unreadable(args.file, e)
         return _stream_failed(out, args, msg)
     if n == 0:
         return _stream_failed(out, args, f"{args.file}: no records (empty file)")
@@ -549,7 +539,7 @@ def _records_replay(args: argparse.Namespace) -> int:
     from rolloutcore.conformance.replay import replay_record
     from rolloutcore.records import RecordError, iter_records
 
-    problem = _engine_url_problem(args.engine) or _records_problem(args.file)
+    problem = _engine_url_problem(args.engine) or file_problem(args.file)
     if problem:
         return _bad_input(args, problem, file=args.file, engine=args.engine)
     out = _JsonStream({"file": args.file, "engine": args.engine,
@@ -575,7 +565,7 @@ def _records_replay(args: argparse.Namespace) -> int:
         except BrokenPipeError:
             raise
         except (RecordError, OSError) as e:
-            msg = str(e) if isinstance(e, RecordError) else f"{args.file}: cannot read: {e}"
+            msg = str(e) if isinstance(e, RecordError) else unreadable(args.file, e)
             return _stream_failed(out, args, msg)
     n = sum(counts.values())
     if n == 0:
@@ -601,16 +591,15 @@ def _records_verify(args: argparse.Namespace) -> int:
     )
     from rolloutcore.records import RecordError, iter_records_at
 
-    problem = _records_problem(args.file)
-    if problem is None and Path(args.journal).is_dir():
-        problem = f"{args.journal}: is a directory"
+    problem = file_problem(args.file)
+    problem = problem or file_problem(args.journal)
     if problem:
         return _bad_input(args, problem, file=args.file, journal=args.journal)
     try:
         index = JournalIndex(args.journal)  # one streamed pass, compact index
     except OSError as e:
-        return _bad_input(args, f"{args.journal}: cannot read: {e.strerror or e}",
-                          file=args.file, journal=args.journal)
+        return _bad_input(args, unreadable(args.journal, e), file=args.file,
+                          journal=args.journal)
     except ProvenanceInputError as e:
         return _bad_input(args, str(e), file=args.file, journal=args.journal)
     chain = index.chain
@@ -642,7 +631,7 @@ def _records_verify(args: argparse.Namespace) -> int:
     except BrokenPipeError:  # our reader went away, not the file: main() handles it
         raise
     except (RecordError, OSError) as e:
-        msg = str(e) if isinstance(e, RecordError) else f"{args.file}: cannot read: {e}"
+        msg = str(e) if isinstance(e, RecordError) else unreadable(args.file, e)
         return _stream_failed(out, args, msg)
     n = sum(counts.values())
     if n == 0:

@@ -50,6 +50,7 @@ from rolloutcore.controller import (
     Controller,
     IllegalTransition,
 )
+from rolloutcore.inputs import unreadable
 from rolloutcore.journal import HEADER, SCHEMA, Journal, JournalReader, apply_record, restart_step
 from rolloutcore.postconditions import Outcome
 from rolloutcore.runner import CycleReport, LifecycleRunner, RunnerPolicy
@@ -128,12 +129,8 @@ def load_fleet_file(path: str | Path) -> FleetConfig:
     p = Path(path)
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FleetFileError(f"{p}: no such file") from None
-    except IsADirectoryError:
-        raise FleetFileError(f"{p}: is a directory") from None
     except (OSError, UnicodeDecodeError) as err:
-        raise FleetFileError(f"{p}: cannot read: {err}") from None
+        raise FleetFileError(unreadable(p, err)) from None
     except tomllib.TOMLDecodeError as err:
         raise FleetFileError(f"{p}: not TOML: {err}") from None
     unknown = set(data) - {"fleet", "engine"}

@@ -33,7 +33,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from rolloutcore.journal import HEADER, SCHEMA, JournalReader
+from rolloutcore.inputs import unreadable
+from rolloutcore.journal import HEADER, SCHEMA, JournalReader, not_a_journal
 from rolloutcore.spec.fleet import (
     FLEET,
     FLEET_ACTIONS,
@@ -223,14 +224,10 @@ def check_fleet_file(path: str | os.PathLike[str]) -> TraceVerdict:
         reader = JournalReader(p)
         it = iter(reader)
         first = next(it, None)
-    except FileNotFoundError:
-        raise TraceInputError(f"{p}: no such file") from None
-    except IsADirectoryError:
-        raise TraceInputError(f"{p}: is a directory") from None
     except OSError as e:
-        raise TraceInputError(f"{p}: cannot read: {e.strerror or e}") from None
+        raise TraceInputError(unreadable(p, e)) from None
     if first is None:
-        raise TraceInputError(f"{p}:1: not a RolloutCore journal ({reader.report.reason})")
+        raise TraceInputError(not_a_journal(p, reader.report))
 
     def records() -> Iterator[tuple[int, Mapping[str, Any]]]:
         yield first
@@ -256,7 +253,7 @@ def fleet_state(path: str | os.PathLike[str]) -> FleetTraceChecker:
             if bad is not None:
                 raise TraceInputError(f"{path}:{line}: {bad[0]}: {bad[1]}")
     except OSError as e:
-        raise TraceInputError(f"{path}: cannot read: {e.strerror or e}") from None
+        raise TraceInputError(unreadable(path, e)) from None
     if checker.last_seq < 0:
         raise TraceInputError(f"{path}: not a fleet journal")
     return checker

@@ -22,6 +22,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from rolloutcore.inputs import directory_problem
+
 DOMAIN = b"rolloutcore-weights-v1\n"
 MANIFEST_DOMAIN = b"rolloutcore-manifest-v1\n"
 _MAX_HEADER = 100 * 1024 * 1024  # the format's own limit on the JSON header
@@ -92,8 +94,9 @@ class IdentityHasher:
 
 def safetensors_files(directory: str | os.PathLike[str]) -> list[Path]:
     d = Path(directory)
-    if not d.is_dir():
-        raise CheckpointError(f"{d}: not a directory")
+    problem = directory_problem(d)
+    if problem:
+        raise CheckpointError(problem)
     files = sorted(d.glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"{d}: no *.safetensors file")

@@ -551,6 +551,12 @@ class ChainReport:
     last_hash: str = ZERO_HASH
 
 
+def not_a_journal(path: str | os.PathLike[str], report: ChainReport) -> str:
+    """The one line for a file whose header did not verify (``records == 0``), in the
+    ``path:line: what`` form every command uses."""
+    return f"{path}:{report.first_bad_line or 1}: not a RolloutCore journal ({report.reason})"
+
+
 _STEP_TYPES: dict[str, tuple[type, ...]] = {
     "op": (str, type(None)), "step": (str,), "param": (str, type(None)), "phase": (str,),
     "committed": (int,), "target": (int,), "pending": (str,), "t": (int, float),

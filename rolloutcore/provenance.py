@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rolloutcore.journal import ChainReport, JournalReader
+from rolloutcore.journal import ChainReport, JournalReader, not_a_journal
 from rolloutcore.records import TrajectoryRecord
 
 CONSISTENT, REJECTED, UNVERIFIABLE = "consistent", "rejected", "unverifiable"
@@ -148,8 +148,7 @@ class JournalIndex:
                     self.identities[fact.generation] = _CONFLICT
         self.chain: ChainReport = reader.report
         if self.chain.records == 0:
-            raise ProvenanceInputError(f"{path}: not a RolloutCore journal (line 1: "
-                                       f"{self.chain.reason})")
+            raise ProvenanceInputError(not_a_journal(path, self.chain))
 
     @property
     def admissions(self) -> int:

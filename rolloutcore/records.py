@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from rolloutcore.adapters.contract import GenerationResult
 from rolloutcore.controller import Binding
+from rolloutcore.inputs import file_problem
 
 if TYPE_CHECKING:
     from rolloutcore.runner import LifecycleRunner
@@ -512,8 +513,9 @@ def iter_records_at(path: str | os.PathLike[str]) -> Iterator[tuple[int, Traject
     Parquet magic): the position is the line number (JSON lines) or the row index
     (Parquet). Memory does not grow with the file."""
     p = Path(path)
-    if not p.is_file():
-        raise RecordError(f"{p}: {'not a regular file' if p.exists() else 'no such file'}")
+    problem = file_problem(p)
+    if problem:
+        raise RecordError(problem)
     yield from (iter_parquet(p) if is_parquet(p) else iter_jsonl(p))
 
 

@@ -61,7 +61,15 @@ from typing import Any, NamedTuple
 from rolloutcore import postconditions as post
 from rolloutcore.adapters.contract import EvidenceFormatError
 from rolloutcore.controller import triggers_of
-from rolloutcore.journal import CONTINUES, HEADER, SCHEMA, JournalReader, jepsen_types
+from rolloutcore.inputs import unreadable
+from rolloutcore.journal import (
+    CONTINUES,
+    HEADER,
+    SCHEMA,
+    JournalReader,
+    jepsen_types,
+    not_a_journal,
+)
 from rolloutcore.spec.lifecycle import (
     BROKEN,
     MIXED,
@@ -569,15 +577,10 @@ def check_file(path: str | os.PathLike[str], spec: Spec = SPEC, *,
         reader = JournalReader(p)
         it = iter(reader)
         first = next(it, None)
-    except FileNotFoundError:
-        raise TraceInputError(f"{p}: no such file") from None
-    except IsADirectoryError:
-        raise TraceInputError(f"{p}: is a directory") from None
     except OSError as e:
-        raise TraceInputError(f"{p}: cannot read: {e.strerror or e}") from None
+        raise TraceInputError(unreadable(p, e)) from None
     if first is None:  # not even a header verified: this is not a journal
-        raise TraceInputError(f"{p}:{reader.report.first_bad_line or 1}: not a RolloutCore "
-                              f"journal ({reader.report.reason})")
+        raise TraceInputError(not_a_journal(p, reader.report))
     header = first[1]
     if header.get("type") == HEADER and header.get("schema") != SCHEMA:
         raise TraceInputError(f"{p}:1: journal schema {header.get('schema')!r}; this checker "

@@ -281,6 +281,50 @@ def test_bad_input(case: Case, sandbox: tuple[Path, dict[str, str]],
     assert _snapshot(root) == before, f"{case.id} wrote something"
 
 
+#: The words for an input file that is missing or a directory: the same in every command
+#: (rolloutcore.inputs), after the path. A checkpoint is a directory, with words of its own.
+SAME_WORDS = {"{missing}": ": no such file", "{dir}": ": is a directory"}
+FILE_OPTIONS = ("--fleet", "--journal", "--admin-token-file")  # inputs, not outputs
+
+
+def _unreadable_file_arg(case: Case) -> str | None:
+    """The corpus name of the missing file or directory this case passes as an input."""
+    if case.command == ("simulate",):  # its --journal is the file it writes
+        return None
+    args = " ".join(case.args).split()
+    for i, a in enumerate(args):
+        if a in SAME_WORDS and (i == 0 or args[i - 1] in FILE_OPTIONS):
+            return a
+    return None
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if _unreadable_file_arg(c)],
+                         ids=lambda c: c.id)
+def test_an_unreadable_input_is_named_in_the_same_words(
+        case: Case, sandbox: tuple[Path, dict[str, str]],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Where an input file is missing or a directory, the line starts with its path and
+    says so in the same words whichever command met it."""
+    _, paths = sandbox
+    bad = _unreadable_file_arg(case)
+    assert bad is not None
+    assert cli.main(_argv(case, paths)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {paths[bad[1:-1]]}{SAME_WORDS[bad]}"), (case.id, err)
+
+
+def test_not_a_journal_names_its_line(sandbox: tuple[Path, dict[str, str]],
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Each command that reads a journal says ``path:line: not a RolloutCore journal``."""
+    _, p = sandbox
+    for argv in (["trace", "check", p["binary"]], ["journal", "verify", p["binary"]],
+                 ["records", "verify", p["records"], "--journal", p["binary"]]):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {p['binary']}:1: not a RolloutCore journal ("), err
+        assert "(line 1" not in err, err  # the line is said once, where every command says it
+
+
 def test_every_command_has_bad_input_cases() -> None:
     commands = set(cli.commands())
     assert ("records", "verify") in commands and ("spec", "tlc") in commands

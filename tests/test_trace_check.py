@@ -238,7 +238,7 @@ def test_cli_journal_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     rc, out, _ = _cli(capsys, "journal", "verify", str(TRACES / "good" / "torn_tail.jsonl"))
     assert rc == 1 and "truncated final record" in out
     rc, _, err = _cli(capsys, "journal", "verify", str(tmp_path / "missing.jsonl"))
-    assert rc == 2 and "cannot read" in err
+    assert rc == 2 and err == f"error: {tmp_path / 'missing.jsonl'}: no such file\n"
 
 
 def test_the_scale_benchmark_at_a_thousand_bound_rollouts() -> None:

@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rolloutcore.inputs import unreadable
+
 OK, NEGATIVE, BAD_INPUT = 0, 1, 2
 STALE_MODES = ("wait", "refuse")
 
@@ -31,12 +33,8 @@ def _read_token(path: str) -> str:
     p = Path(path)
     try:
         token = p.read_text(encoding="utf-8").strip()
-    except FileNotFoundError:
-        raise ValueError(f"{p}: no such file (the admin token file)") from None
-    except IsADirectoryError:
-        raise ValueError(f"{p}: is a directory, not the admin token file") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"{p}: cannot read the admin token file: {e}") from None
+        raise ValueError(f"{unreadable(p, e)} (the admin token file)") from None
     if not token or len(token.split()) != 1:
         raise ValueError(f"{p}: the admin token file must hold one token on one line")
     return token
