@@ -591,8 +591,7 @@ def _records_verify(args: argparse.Namespace) -> int:
     )
     from rolloutcore.records import RecordError, iter_records_at
 
-    problem = file_problem(args.file)
-    problem = problem or file_problem(args.journal)
+    problem = file_problem(args.file) or file_problem(args.journal)
     if problem:
         return _bad_input(args, problem, file=args.file, journal=args.journal)
     try:

@@ -283,7 +283,7 @@ def test_bad_input(case: Case, sandbox: tuple[Path, dict[str, str]],
 
 #: The words for an input file that is missing or a directory: the same in every command
 #: (rolloutcore.inputs), after the path. A checkpoint is a directory, with words of its own.
-SAME_WORDS = {"{missing}": ": no such file", "{dir}": ": is a directory"}
+SAME_WORDS = {"missing": ": no such file", "dir": ": is a directory"}
 FILE_OPTIONS = ("--fleet", "--journal", "--admin-token-file")  # inputs, not outputs
 
 
@@ -293,8 +293,9 @@ def _unreadable_file_arg(case: Case) -> str | None:
         return None
     args = " ".join(case.args).split()
     for i, a in enumerate(args):
-        if a in SAME_WORDS and (i == 0 or args[i - 1] in FILE_OPTIONS):
-            return a
+        name = a[1:-1] if a.startswith("{") and a.endswith("}") else None
+        if name in SAME_WORDS and (i == 0 or args[i - 1] in FILE_OPTIONS):
+            return name
     return None
 
 
@@ -310,7 +311,7 @@ def test_an_unreadable_input_is_named_in_the_same_words(
     assert bad is not None
     assert cli.main(_argv(case, paths)) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"error: {paths[bad[1:-1]]}{SAME_WORDS[bad]}"), (case.id, err)
+    assert err.startswith(f"error: {paths[bad]}{SAME_WORDS[bad]}"), (case.id, err)
 
 
 def test_not_a_journal_names_its_line(sandbox: tuple[Path, dict[str, str]],
