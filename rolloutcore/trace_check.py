@@ -88,7 +88,12 @@ from rolloutcore.spec.triggers import Trigger
 
 SPEC_VIOLATION = "spec: no state of the spec is consistent with this step"
 UNBOUNDED = 10**9
-_MEMO_LIMIT = 100_000
+#: The memo's bound, in ghost states held (keys and values; a ghost state is a few hundred
+#: bytes): memory does not grow with the journal.
+_MEMO_GHOSTS = 50_000
+#: Where the shift puts the committed generation (far above the spec's literal 1).
+_SHIFT_BASE = 1_000
+_RELEASES = frozenset({Trigger.RELEASE, Trigger.RELEASE_ABORTED})
 _PHASES = frozenset(p.value for p in Phase)
 _OUTCOME_TYPES = frozenset({"ok", "fail", "info"})
 
@@ -159,6 +164,58 @@ def _closed(g: Ghost) -> Iterator[Ghost]:
 BoundKey = tuple[tuple[int, int], ...]  # (generation, min(count, 2)) per bound generation
 
 
+@dataclass(frozen=True)
+class _Shift:
+    """Every generation above 1 moved by ``delta``; 0 (none), 1 and the negative ghost
+    constants stay. The spec compares generations only with each other, with
+    ``committed + 1`` and with the literal 1 (the initial weights and label), so a step
+    from a shifted state is the shifted step, and the memo can key states relative to the
+    committed generation. Nothing moves while nothing is committed (the bootstrap
+    compares with 1 itself); a state holding a generation so old that it would land on 1
+    or below is not shifted at all (:meth:`ghosts` says None)."""
+
+    delta: int
+
+    @staticmethod
+    def around(committed: int) -> _Shift:
+        return _Shift(_SHIFT_BASE - committed if committed >= 2 else 0)
+
+    def gen(self, g: Any) -> Any:
+        return g + self.delta if type(g) is int and g > 1 else g
+
+    def _gens(self, gs: frozenset[int]) -> frozenset[int]:
+        return frozenset(g + self.delta if g > 1 else g for g in gs) if gs else gs
+
+    def ghosts(self, gs: frozenset[Ghost]) -> frozenset[Ghost] | None:
+        if not self.delta:
+            return gs
+        out = set()
+        for g in gs:
+            every = (g.weights, g.label, *g.running, *(x for c in g.caches for x in c))
+            if any(1 < x <= 1 - self.delta for x in every):
+                return None  # older than the shift can carry
+            out.add(g._replace(weights=self.gen(g.weights), label=self.gen(g.label),
+                               running=self._gens(g.running),
+                               caches=tuple(self._gens(c) for c in g.caches)))
+        return frozenset(out)
+
+    def undo(self, gs: frozenset[Ghost]) -> frozenset[Ghost]:
+        back = _Shift(-self.delta)
+        return frozenset(g._replace(weights=back.gen(g.weights), label=back.gen(g.label),
+                                    running=back._gens(g.running),
+                                    caches=tuple(back._gens(c) for c in g.caches))
+                         for g in gs) if self.delta else gs
+
+    def control(self, c: Control) -> Control:
+        return c._replace(committed=self.gen(c.committed), target=self.gen(c.target))
+
+    def bound_key(self, bk: BoundKey) -> BoundKey:
+        return tuple((self.gen(g), n) for g, n in bk)
+
+    def proj(self, proj: tuple[Any, ...]) -> tuple[Any, ...]:
+        return (proj[0], self.gen(proj[1]), self.gen(proj[2]), proj[3])
+
+
 # ---------------------------------------------------------------------------- checker
 
 
@@ -194,15 +251,53 @@ class TraceChecker:
         c0 = init[0]
         self.control = Control(c0.phase, c0.committed, c0.target, c0.pending, c0.cleared,
                                c0.evidence)
-        self.ghosts: frozenset[Ghost] = frozenset(_ghost(s) for s in init)
+        self._ghosts: frozenset[Ghost] | None = frozenset(_ghost(s) for s in init)
+        #: The same ghost set as the memo stores it, with its shift (either may be None:
+        #: a memo hit leaves the set shifted, converted back only when something reads it).
+        self._shifted: tuple[int, frozenset[Ghost]] | None = None
         self.states_max = len(self.ghosts)
         self.last_seq = -1
         self.header_seen = False
         self.segment = _Segment()
         self.target_named: tuple[str | None, str | None] = (None, None)  # label, identity
-        self._memo: dict[tuple[Any, ...], frozenset[Ghost] | tuple[str, str]] = {}
+        self._memo: dict[tuple[Any, ...], frozenset[Ghost]] = {}
+        self._memo_size = 0  # ghost states held by the memo, keys and values
 
     # ------------------------------------------------------------------ representation
+
+    @property
+    def ghosts(self) -> frozenset[Ghost]:
+        """The ghost states consistent with the trace so far."""
+        if self._ghosts is None:
+            assert self._shifted is not None
+            self._ghosts = _Shift(self._shifted[0]).undo(self._shifted[1])
+        return self._ghosts
+
+    @ghosts.setter
+    def ghosts(self, value: frozenset[Ghost]) -> None:
+        self._ghosts, self._shifted = value, None
+
+    def _ghosts_at(self, shift: _Shift) -> frozenset[Ghost] | None:
+        """The ghost set shifted by ``shift`` (None: it cannot be)."""
+        if self._shifted is not None:
+            delta, shifted = self._shifted
+            if delta == shift.delta:
+                return shifted
+            out = _Shift(shift.delta - delta).ghosts(shifted)
+        else:
+            out = shift.ghosts(self.ghosts)
+        if out is not None:
+            self._ghosts = self.ghosts  # keep the real set before dropping the old shift
+            self._shifted = (shift.delta, out)
+        return out
+
+    def _one_ghost(self) -> Ghost:
+        """Any one consistent ghost state (the controller half's effects read none)."""
+        if self._ghosts is not None:
+            return next(iter(self._ghosts))
+        assert self._shifted is not None
+        return next(iter(_Shift(self._shifted[0]).undo(frozenset(
+            [next(iter(self._shifted[1]))]))))
 
     def _bound_key(self) -> BoundKey:
         return tuple(sorted((g, min(n, 2)) for g, n in self.counts.items() if n))
@@ -363,27 +458,55 @@ class TraceChecker:
             if gen is None:
                 return SPEC_VIOLATION, f"{step} of rollout {param!r}, which is not bound"
             sparam = gen
-        key = (self.ghosts, self.control, bk, step, sparam, proj)
-        nxt = self._memo.get(key)
-        if nxt is None:
-            nxt = self._advance(step, sparam, proj, bk)
-            if len(self._memo) > _MEMO_LIMIT:
-                self._memo.clear()
-            self._memo[key] = nxt
-        if isinstance(nxt, tuple):
-            return nxt
-        self.control = self._control_after(step, sparam, proj, bk)
-        self.ghosts = nxt
-        self.states_max = max(self.states_max, len(nxt))
+        c_after = self._control_after(step, sparam, proj, bk)
+        bad = self._memoised_advance(step, sparam, proj, bk)
+        if bad is not None:
+            return bad
+        self.control = c_after
         if step == Trigger.ADMIT:
             self.bound[param] = self.control.committed
             self.counts[self.control.committed] = self.counts.get(self.control.committed, 0) + 1
         elif gen is not None:
             del self.bound[param]
             self.counts[gen] -= 1
+            if not self.counts[gen]:
+                del self.counts[gen]
         elif step in self._frees:
             self.bound.clear()
             self.counts.clear()
+        return None
+
+    def _memoised_advance(self, step: str, sparam: Any, proj: tuple[Any, ...],
+                          bk: BoundKey) -> tuple[str, str] | None:
+        """:meth:`_advance`, memoised up to a shift of the generations (see
+        :class:`_Shift`): the same step from the same state relative to the committed
+        generation recurs every cycle, whatever the cycle's number, so a memo bounded in
+        size serves a run of any length. Sets the ghost set; returns a rejection or None."""
+        shift = _Shift.around(self.control.committed)
+        ghosts = self._ghosts_at(shift)
+        key = None
+        if ghosts is not None:
+            key = (ghosts, shift.control(self.control), shift.bound_key(bk), step,
+                   shift.gen(sparam) if step in _RELEASES else sparam, shift.proj(proj))
+            hit = self._memo.get(key)
+            if hit is not None:
+                self._ghosts, self._shifted = None, (shift.delta, hit)
+                self.states_max = max(self.states_max, len(hit))
+                return None
+        nxt = self._advance(step, sparam, proj, bk)
+        if isinstance(nxt, tuple):
+            return nxt
+        self.ghosts = nxt
+        self.states_max = max(self.states_max, len(nxt))
+        stored = shift.ghosts(nxt) if key is not None else None
+        if key is not None and stored is not None:
+            size = len(key[0]) + len(stored)
+            if self._memo_size + size > _MEMO_GHOSTS:
+                self._memo.clear()
+                self._memo_size = 0
+            self._memo[key] = stored
+            self._memo_size += size
+            self._shifted = (shift.delta, stored)
         return None
 
     def _slot(self, step: str, sparam: Any, bk: BoundKey, s: State) -> Any:
@@ -444,8 +567,7 @@ class TraceChecker:
     def _control_after(self, step: str, sparam: Any, proj: tuple[Any, ...],
                        bk: BoundKey) -> Control:
         """The controller half after the step: a function of the step (see module doc)."""
-        g = next(iter(self.ghosts))
-        s = self._rep(g, self.control, bk)
+        s = self._rep(self._one_ghost(), self.control, bk)
         a = self._actions[step][0]
         upd: dict[str, Any] = dict(a.control(s, self._slot(step, sparam, bk, s)))
         c = self.control._replace(**{k: v for k, v in upd.items() if k in Control._fields})
