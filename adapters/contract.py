@@ -16,7 +16,11 @@ evidence each outcome was decided on, and the trace checker decides again from i
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import time
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -200,6 +204,40 @@ def evidence_to_json(ev: Any) -> dict[str, Any]:
     return out
 
 
+@functools.cache
+def type_hints(cls: type[Any]) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def conforms(v: Any, hint: Any) -> bool:
+    """Whether JSON value ``v`` is of the field type ``hint`` (the evidence classes' own
+    annotations: a bool is no int, an int is a float, a tuple is a JSON list)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        return any(conforms(v, a) for a in args)
+    if hint is type(None):
+        return v is None
+    if hint is bool:
+        return type(v) is bool
+    if hint is int:
+        return type(v) is int
+    if hint is float:
+        return type(v) in (int, float) and math.isfinite(v)
+    if hint is str:
+        return type(v) is str
+    if isinstance(hint, type) and issubclass(hint, StrEnum):
+        return type(v) is str and v in {m.value for m in hint}
+    if origin is tuple:
+        return isinstance(v, list) and all(conforms(x, args[0]) for x in v)
+    if origin in (Mapping, dict) or hint is Mapping:
+        return isinstance(v, dict)
+    return True  # Any
+
+
+def type_name(hint: Any) -> str:
+    return str(hint).replace("typing.", "").replace("collections.abc.", "")
+
+
 class EvidenceFormatError(ValueError):
     """A journalled evidence object that is not one of the contract's evidence types."""
 
@@ -216,12 +254,16 @@ def evidence_from_json(d: Any) -> Any:
     if unknown:
         raise EvidenceFormatError(f"{cls.__name__}: unknown field(s) {sorted(unknown)}")
     kwargs: dict[str, Any] = {}
+    hints = type_hints(cls)
     for f in dataclasses.fields(cls):
         if f.name not in d:
             if f.default is dataclasses.MISSING:
                 raise EvidenceFormatError(f"{cls.__name__}: missing field {f.name!r}")
             continue
         v = d[f.name]
+        if not conforms(v, hints[f.name]):
+            raise EvidenceFormatError(f"{cls.__name__}.{f.name} is not "
+                                      f"{type_name(hints[f.name])}: {v!r:.40}")
         kwargs[f.name] = tuple(v) if isinstance(v, list) else v
     if cls is PauseEvidence:
         kwargs["mode"] = PauseMode(kwargs["mode"])

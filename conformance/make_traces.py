@@ -33,6 +33,7 @@ from rolloutcore.adapters.contract import (
     ResetEvidence,
     ResumeEvidence,
 )
+from rolloutcore.claims import request_detail
 from rolloutcore.controller import Controller, IllegalTransition
 from rolloutcore.journal import (
     DECISION,
@@ -82,9 +83,17 @@ def _expected(g: int, **kw: Any) -> Expected:
     return Expected(label=_label(g), identity=_identity(g), probe_tokens=_reference(g), **kw)
 
 
-def sample_decision(c: Controller, trigger: str, param: str | None = None) -> Decision:
+def _audited(g: int) -> Expected:
+    """What an audit expects: the committed generation (prefix hits are no sign of
+    staleness on a serving engine)."""
+    return _expected(g, first_since_reset=False)
+
+
+def sample_decision(c: Controller, trigger: str, param: str | None = None, *,
+                    first_probe: bool = True) -> Decision:
     """Evidence that decides ``trigger`` for the state ``c`` is in: what the runner would
-    journal had the engine answered so."""
+    journal had the engine answered so (``first_probe``: no probe was attempted since the
+    invalidation)."""
     g = c.control.target or c.control.committed or 1
     paused_ok = PauseEvidence(PauseMode.WAIT, 200, {"status": "paused"}, True, 0)
     k = c.control.committed
@@ -127,7 +136,8 @@ def sample_decision(c: Controller, trigger: str, param: str | None = None) -> De
         "resume_ok": Decision(Op.RESUME, (ResumeEvidence(200, {"status": "resumed"}, False),)),
         "resume_failed": Decision(Op.RESUME, error="ReadTimeout: timed out"),
         "probe_ok": Decision(Op.PROBE, (ProbeEvidence(PROBE_PROMPT, _reference(g), 200,
-                                                      "length", 0),), _expected(g)),
+                                                      "length", 0),),
+                             _expected(g, first_since_reset=first_probe)),
         "probe_failed": Decision(Op.PROBE, error="ReadTimeout: timed out"),
         "probe_mismatch": Decision(Op.PROBE, (ProbeEvidence(
             PROBE_PROMPT, _reference(g + 1), 200, "length", 0),), _expected(g)),
@@ -143,19 +153,20 @@ def sample_decision(c: Controller, trigger: str, param: str | None = None) -> De
         # A serving engine's probe may hit its prefix cache: no sign of staleness there.
         "audit_ok": Decision(Op.AUDIT, (
             EngineReport(_label(k), _identity(k), False, 2),
-            ProbeEvidence(PROBE_PROMPT, _reference(k), 200, "length", 3)), _expected(k)),
+            ProbeEvidence(PROBE_PROMPT, _reference(k), 200, "length", 3)), _audited(k)),
         "audit_failed": Decision(Op.AUDIT, error="ConnectError: connection refused"),
         # Relaunched out of band: the initial label and other weights.
         "audit_mismatch": Decision(Op.AUDIT, (EngineReport(_label(1), _identity(0), False, 0),),
-                                   _expected(k)),
+                                   _audited(k)),
     }
     return table[trigger]
 
 
-def out(c: Controller, trigger: str, param: str | None = None, **detail: Any) -> None:
+def out(c: Controller, trigger: str, param: str | None = None, *, first_probe: bool = True,
+        **detail: Any) -> None:
     """Take an outcome step, journalled with the decision it stands for."""
-    c.fire(trigger, param, {DECISION: decision_to_json(sample_decision(c, trigger, param)),
-                            **detail})
+    c.fire(trigger, param, {DECISION: decision_to_json(sample_decision(
+        c, trigger, param, first_probe=first_probe)), **detail})
 
 
 # --------------------------------------------------------------------- scenarios
@@ -171,7 +182,14 @@ def bootstrap(c: Controller, *, fail_first: bool = False) -> None:
 
 def request_update(c: Controller) -> None:
     g = c.control.committed + 1
-    c.fire("request_update", detail={"target": _label(g), "identity": _identity(g)})
+    e = _expected(g)
+    c.fire("request_update", detail=request_detail(
+        _label(g), _identity(g), PROBE_PROMPT, e.probe_tokens, e.probe_logprobs, e.tolerance))
+
+
+def mutate_detail(c: Controller) -> dict[str, Any]:
+    g = c.control.target
+    return {"target": _label(g), "identity": _identity(g)}
 
 
 def drain_and_pause(c: Controller, *, pause_fails: bool = False) -> None:
@@ -187,7 +205,7 @@ def drain_and_pause(c: Controller, *, pause_fails: bool = False) -> None:
 
 def mutate(c: Controller, outcome: str = "mutate_ok") -> None:
     # The detail carries credentials on purpose: the journal must redact them.
-    c.fire("mutate_begin", detail={"backend": "nccl", "headers": {
+    c.fire("mutate_begin", detail={**mutate_detail(c), "backend": "nccl", "headers": {
         "Authorization": "Bearer abc123", "X-Api-Key": "k-456"}})
     out(c, outcome)
 
@@ -208,7 +226,7 @@ def validate_resume_probe(c: Controller, *, retries: bool = False) -> None:
             c.fire(f"{step}_begin")
             out(c, f"{step}_failed")
         c.fire(f"{step}_begin")
-        out(c, f"{step}_ok")
+        out(c, f"{step}_ok", first_probe=not retries)
 
 
 def full_cycle(c: Controller, *, retries: bool = False) -> None:
@@ -216,8 +234,15 @@ def full_cycle(c: Controller, *, retries: bool = False) -> None:
     mutate(c)
     invalidate(c, fail=("encoder",) if retries else ())
     validate_resume_probe(c, retries=retries)
-    c.fire("publish", detail={"label": _label(c.control.target),
-                              "identity": _identity(c.control.target)})
+    publish(c)
+
+
+def publish(c: Controller) -> None:
+    c.fire("publish", detail=publish_detail(c.control.target))
+
+
+def publish_detail(g: int) -> dict[str, Any]:
+    return {"label": _label(g), "identity": _identity(g)}
 
 
 def fence(c: Controller) -> None:
@@ -270,7 +295,7 @@ def s_update_while_bound(c: Controller) -> None:
     mutate(c)
     invalidate(c)
     validate_resume_probe(c)
-    c.fire("publish")
+    publish(c)
     rollouts(c, "r2")
 
 
@@ -288,7 +313,7 @@ def s_abort_drain(c: Controller) -> None:
     mutate(c)
     invalidate(c)
     validate_resume_probe(c)
-    c.fire("publish")
+    publish(c)
     c.release("r2")  # the application lets the aborted rollout go: nothing journalled
     rollouts(c, "r3")
 
@@ -378,7 +403,8 @@ def s_audit(c: Controller) -> None:
     out(c, "audit_mismatch")
     c.release("r4")  # released as aborted by the mismatch: let go, nothing journalled
     fence(c)
-    c.fire("readmit_begin", detail={"who": "operator"})
+    k = c.control.committed
+    c.fire("readmit_begin", detail={"who": "operator", "target": _label(k), "identity": _identity(k)})
     out(c, "readmit_ok")
     rollouts(c, "r5")
 
@@ -442,7 +468,7 @@ def recover_tainted(path: Path, clock: Callable[[], float]) -> None:
     """Crash with a mutation in flight: restart TAINTED, and TAINTED again."""
     ctl, j, _ = open_controller(path, fsync=False, clock=clock)
     _to_mutation(ctl)
-    ctl.fire("mutate_begin")
+    ctl.fire("mutate_begin", detail=mutate_detail(ctl))
     j.close()
     for _ in range(2):
         ctl, j, rec = open_controller(path, fsync=False, clock=clock)
@@ -507,10 +533,10 @@ def find(records: list[Record], step: str, param: Any = None, start: int = 0) ->
 
 def like(rec: Record, step: str, typ: str, param: Any = None, **fields: Any) -> Record:
     """A record with ``rec``'s projection, for another step."""
-    out = {**rec, "step": step, "type": typ, "op": None, "param": param, **fields}
+    out = {**rec, "step": step, "type": typ, "op": None, "param": param}
     out.pop("detail", None)
     out.pop("evidence", None)
-    return out
+    return {**out, **fields}
 
 
 def _evidence_swap(rec: Record, **changes: Any) -> Record:
@@ -544,7 +570,8 @@ def make_bad(good: Path, bad: Path) -> None:
     i = find(r, "validate_mismatch")
     write(bad / "TaintedIsAbsorbing__publish_after_validate_mismatch.jsonl",
           renumber([*r[:i + 1], like(r[i], "publish", "step", phase="READY",
-                                     committed=r[i]["target"], target=0)]))
+                                     committed=r[i]["target"], target=0,
+                                     detail=publish_detail(r[i]["target"]))]))
 
     # A controller that mutates with r1 still bound (no drain, no pause at all).
     r = g["update_while_bound"]

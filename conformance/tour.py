@@ -561,7 +561,7 @@ class TourRun:
             self.ctl.abort(slot_id(e.param))
         elif a.name == "request_update":
             nxt = self.targets[s.committed + 1]
-            fire(Trigger.REQUEST_UPDATE, None, {"target": nxt.label, "identity": nxt.identity})
+            fire(Trigger.REQUEST_UPDATE, None, self.runner.request_detail(nxt))
         elif a.name == "publish":
             self.runner.publish(self.targets[s.target])
         else:

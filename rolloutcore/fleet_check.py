@@ -26,6 +26,7 @@ fleet's bootstrap, journalled as ``fleet_open`` once a quorum of members is veri
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -44,7 +45,7 @@ from rolloutcore.spec.fleet import (
     validated,
 )
 from rolloutcore.spec.lifecycle import Phase
-from rolloutcore.trace_check import TraceChecker, TraceInputError, TraceVerdict
+from rolloutcore.trace_check import TraceChecker, TraceInputError, TraceVerdict, chain_verdict
 
 FLEET_OPEN = "fleet_open"
 #: The fleet controller restarted: its members took their restarts (single-engine spec);
@@ -67,6 +68,14 @@ class FleetTraceChecker:
     last_audit: dict[str, dict[str, Any]] = field(default_factory=dict)  # member -> its last
     last_seq: int = -1
     records: int = 0
+
+    def clone(self) -> FleetTraceChecker:
+        """An independent checker in this one's state."""
+        out = copy.copy(self)
+        out.members = {n: c.clone() for n, c in self.members.items()}
+        out.member_seq, out.group = dict(self.member_seq), list(self.group)
+        out.last_audit = dict(self.last_audit)
+        return out
 
     # ------------------------------------------------------------------ views
 
@@ -217,8 +226,9 @@ def check_fleet_records(records: Iterable[tuple[int, Mapping[str, Any]]]) -> Tra
                         f"({len(checker.members)} members)", sm)
 
 
-def check_fleet_file(path: str | os.PathLike[str]) -> TraceVerdict:
-    """Verify the chain and check a fleet journal, streaming."""
+def check_fleet_file(path: str | os.PathLike[str], *, strict: bool = False) -> TraceVerdict:
+    """Verify the chain and check a fleet journal, streaming (a torn final record: a
+    warning; ``strict``: a rejection)."""
     p = Path(path)
     try:
         reader = JournalReader(p)
@@ -236,11 +246,7 @@ def check_fleet_file(path: str | os.PathLike[str]) -> TraceVerdict:
     verdict = check_fleet_records(records())
     if not verdict.accepted:
         return verdict
-    report = reader.report
-    if not report.ok and not report.truncated:
-        return TraceVerdict(False, verdict.records, report.first_bad_line, "HashChain",
-                            f"line {report.first_bad_line}: {report.reason}", verdict.states_max)
-    return verdict
+    return chain_verdict(verdict, reader.report, strict=strict)
 
 
 def fleet_state(path: str | os.PathLike[str]) -> FleetTraceChecker:

@@ -30,8 +30,11 @@ from rolloutcore.adapters.contract import (
     ProbeEvidence,
     ResetEvidence,
     ResumeEvidence,
+    conforms,
     evidence_from_json,
     evidence_to_json,
+    type_hints,
+    type_name,
 )
 from rolloutcore.spec.lifecycle import TIERS, Result
 from rolloutcore.spec.triggers import OUTCOMES, Op, Trigger
@@ -332,6 +335,11 @@ def decision_from_json(obj: Any) -> Decision:
     if raw is not None:
         if not isinstance(raw, Mapping) or set(raw) - {f.name for f in _EXPECTED_FIELDS}:
             raise EvidenceFormatError("evidence.expected is malformed")
+        hints = type_hints(Expected)
+        for k, v in raw.items():
+            if not conforms(v, hints[k]):
+                raise EvidenceFormatError(f"evidence.expected.{k} is not "
+                                          f"{type_name(hints[k])}: {v!r:.40}")
         kw: dict[str, Any] = {str(k): (tuple(v) if isinstance(v, list) else v)
                               for k, v in raw.items()}
         try:

@@ -37,6 +37,7 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from rolloutcore import postconditions as post
+from rolloutcore.claims import request_detail
 from rolloutcore.adapters.contract import (
     AdapterError,
     GenerationResult,
@@ -281,6 +282,13 @@ class LifecycleRunner:
                         tolerance=self.policy.probe_tolerance,
                         first_since_reset=first_since_reset)
 
+    def request_detail(self, target: WeightTarget) -> dict[str, Any]:
+        """What an update request names: the target's label, identity and probe (every
+        later step about the target must name the same: rolloutcore.claims)."""
+        e = self._expected(target)
+        return request_detail(target.label, target.identity, target.probe_prompt,
+                              e.probe_tokens, e.probe_logprobs, e.tolerance)
+
     def _probe_call(self, target: WeightTarget, deadline: float) -> Any:
         scored = self.policy.probe_mode is ProbeMode.SCORED and target.probe_logprobs is not None
         return self.adapter.probe(target.probe_prompt, 1 if scored else len(target.probe_tokens),
@@ -446,7 +454,7 @@ class LifecycleRunner:
         return drained
 
     def _cycle(self, target: WeightTarget, report: CycleReport) -> None:
-        self._fire(Trigger.REQUEST_UPDATE, target=target.label, identity=target.identity)
+        self._fire(Trigger.REQUEST_UPDATE, **self.request_detail(target))
         if not self._drain(report):
             self._fire(Trigger.CANCEL_UPDATE, reason="drain timeout")
             return
@@ -568,7 +576,8 @@ class LifecycleRunner:
         """The collective: never retried; a timeout or unknown error is ambiguous."""
         seconds = self.policy.mutation_deadline(target)
         t0 = time.perf_counter()
-        self._fire(Trigger.MUTATE_BEGIN, target=target.label, deadline_s=round(seconds, 3))
+        self._fire(Trigger.MUTATE_BEGIN, target=target.label, identity=target.identity,
+                   deadline_s=round(seconds, 3))
         deadline = time.monotonic() + seconds
         try:
             ev = self._collective.call(lambda: self.adapter.mutate(target, deadline), seconds,

@@ -51,6 +51,7 @@ projected away), nor are generations.
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -59,6 +60,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from rolloutcore import postconditions as post
+from rolloutcore.claims import TOP_LEVEL, Claims
 from rolloutcore.adapters.contract import EvidenceFormatError
 from rolloutcore.controller import triggers_of
 from rolloutcore.inputs import unreadable
@@ -98,6 +100,19 @@ _PHASES = frozenset(p.value for p in Phase)
 _OUTCOME_TYPES = frozenset({"ok", "fail", "info"})
 
 
+_HEADER_FIELDS = frozenset({"type", "schema", "spec", "seq", "t", "hash", "prev", CONTINUES})
+_RECORD_FIELDS = frozenset({"type", "step", "op", "param", "phase", "pending", "seq",
+                            "committed", "target", "t", "hash", "prev", "detail", "evidence",
+                            "engine"})
+
+
+def _top_level_problem(r: Mapping[str, Any]) -> str | None:
+    for key, f in TOP_LEVEL.items():
+        if key not in r or not f.conforms(r[key]):
+            return f"{key} is not {f.kind}: {r.get(key)!r:.40}"
+    return None
+
+
 class TraceInputError(Exception):
     """The input is not a journal this checker reads (missing, unreadable, not JSON lines,
     another schema version)."""
@@ -111,11 +126,13 @@ class TraceVerdict:
     violated: str | None  # a property name, Schema, Evidence..., or SPEC_VIOLATION
     message: str
     states_max: int  # the largest consistent ghost-state set seen
+    warnings: tuple[str, ...] = ()  # accepted, but said: a torn final record
 
     def as_json(self) -> dict[str, Any]:
         return {"accepted": self.accepted, "records": self.records,
                 "first_bad_line": self.first_bad_line, "violated": self.violated,
-                "message": self.message, "states_max": self.states_max}
+                "message": self.message, "states_max": self.states_max,
+                "warnings": list(self.warnings)}
 
 
 @dataclass(frozen=True)
@@ -234,6 +251,9 @@ class TraceChecker:
     steps: int = 0
     bound: dict[str, int] = field(default_factory=dict)  # rollout id -> generation
     counts: dict[int, int] = field(default_factory=dict)  # generation -> rollouts bound
+    #: The segment this journal continues, checked to its end: the continuing segment's
+    #: restart must start where it ended, and inherits what it established.
+    previous: TraceChecker | None = None
 
     def __post_init__(self) -> None:
         self.spec = self.spec.with_bounds(Bounds(rollouts=1, generations=UNBOUNDED,
@@ -259,9 +279,17 @@ class TraceChecker:
         self.last_seq = -1
         self.header_seen = False
         self.segment = _Segment()
-        self.target_named: tuple[str | None, str | None] = (None, None)  # label, identity
+        self.claims = Claims()  # what the journal established about its generations
         self._memo: dict[tuple[Any, ...], frozenset[Ghost]] = {}
         self._memo_size = 0  # ghost states held by the memo, keys and values
+
+    def clone(self) -> TraceChecker:
+        """An independent checker in this one's state (the memo, a pure cache, shared)."""
+        out = copy.copy(self)
+        out.bound, out.counts = dict(self.bound), dict(self.counts)
+        out.segment = copy.copy(self.segment)
+        out.claims = self.claims.copy()
+        return out
 
     # ------------------------------------------------------------------ representation
 
@@ -342,19 +370,24 @@ class TraceChecker:
                 if step != Trigger.RESTART_TAINTED:
                     return Rejection(line, "SegmentStart", "a segment that continues another "
                                      "must begin with its restart to TAINTED, not " + step)
+                bad_claim = self.claims.problem(
+                    r, self.previous.control.phase if self.previous is not None else None)
+                if bad_claim is not None:
+                    return Rejection(line, bad_claim[0], bad_claim[1])
                 return self._forced_restart(r, line)
             if step not in (Trigger.BOOTSTRAP_BEGIN, Trigger.RESTART_UNINITIALIZED):
                 return Rejection(line, "SegmentStart", f"the journal begins with {step}: a "
                                  "journal begins with a bootstrap (or a restart before it), "
                                  "or with a restart to TAINTED in a segment whose header "
                                  "names the journal it continues")
-        ev = self._evidence(r)
+        ev = self._evidence(r) or self.claims.problem(r, self.control.phase)
         if ev is not None:
             return Rejection(line, ev[0], ev[1])
         self.steps += 1
         spec_bad = self._spec_step(r)
         if spec_bad is not None:
             return Rejection(line, spec_bad[0], spec_bad[1])
+        self.claims.advance(r, self.control.committed, self.control.target)
         return None
 
     def _header(self, r: Mapping[str, Any], line: int) -> Rejection | None:
@@ -367,7 +400,16 @@ class TraceChecker:
         cont = r.get(CONTINUES)
         if cont is not None and not (isinstance(cont, str) and len(cont) == 64):
             return Rejection(line, "Schema", f"{CONTINUES} is not a hash: {cont!r}")
+        if r.get("seq") != 0 or set(r) - _HEADER_FIELDS:
+            return Rejection(line, "Schema", "a header is seq 0 with schema, spec, t and "
+                             "the journal it continues, if any")
+        bad = _top_level_problem(r)
+        if bad:
+            return Rejection(line, "Schema", bad)
         self.segment.continues = cont
+        if cont is not None and self.previous is not None:
+            self.control = self.previous.control
+            self.claims = self.previous.claims.copy()
         self.last_seq = 0
         return None
 
@@ -402,17 +444,14 @@ class TraceChecker:
             return f"{step} names no rollout"
         if "detail" in r and not isinstance(r["detail"], dict):
             return "detail is not an object"
-        return None
+        if set(r) - _RECORD_FIELDS:
+            return f"unknown record field(s) {sorted(set(r) - _RECORD_FIELDS)}"
+        return _top_level_problem(r)
 
     # ---------------------------------------------------------------------- evidence
 
     def _evidence(self, r: Mapping[str, Any]) -> tuple[str, str] | None:
         step = r["step"]
-        if step == Trigger.REQUEST_UPDATE:
-            d = r.get("detail") or {}
-            label, ident = d.get("target"), d.get("identity")
-            self.target_named = (label if isinstance(label, str) else None,
-                                 ident if isinstance(ident, str) else None)
         if r["type"] not in _OUTCOME_TYPES:
             if "evidence" in r:
                 return "Schema", f"{step} is no outcome and carries no evidence"
@@ -431,14 +470,6 @@ class TraceChecker:
             return "EvidenceContradictsOutcome", (
                 f"the record says {step} but its evidence decides {decided.trigger} "
                 f"({decided.reason})")
-        exp = decision.expected
-        label, ident = self.target_named
-        if exp is not None and decision.op.value in ("validate", "probe") \
-                and label is not None and (exp.label, exp.identity) != (label, ident):
-            return "EvidenceContradictsTarget", (
-                f"{step} was decided against label {exp.label!r}, identity "
-                f"{str(exp.identity)[:16]}; the update named {label!r}, "
-                f"{str(ident)[:16]}")
         return None
 
     # -------------------------------------------------------------------------- spec
@@ -628,6 +659,11 @@ class TraceChecker:
             return Rejection(line, "SegmentStart", "the restart of a continuing segment is "
                              "to TAINTED with nothing pending")
         c, t = r["committed"], r["target"]
+        prev = self.previous
+        if prev is not None and (c, t) != (prev.control.committed, prev.control.target):
+            return Rejection(line, "SegmentStart", f"the restart is at committed {c}, target "
+                             f"{t}; the segment it continues ended at committed "
+                             f"{prev.control.committed}, target {prev.control.target}")
         gens = sorted({c, t, MIXED, BROKEN} - {0})
         labels = sorted({c, t, MIXED, TAINT} - {0})
         empty: tuple[frozenset[int], ...] = tuple(frozenset() for _ in TIERS)
@@ -639,6 +675,9 @@ class TraceChecker:
                         for run in ((), (c,)) for amb in (False, True)
                         for swapped in (False, True) for doubt in (False, True))
             if all(inv.holds(self._rep(g, self.control, ())) for inv in self.spec.invariants))
+        if not self.ghosts:
+            return Rejection(line, "SegmentStart", f"no engine the spec allows is consistent "
+                             f"with a restart to TAINTED at committed {c}, target {t}")
         self.states_max = max(self.states_max, len(self.ghosts))
         self.steps += 1
         return None
@@ -654,9 +693,10 @@ def _chain_fault(reason: str) -> bool:
 
 
 def check_records(records: Iterable[tuple[int, Mapping[str, Any]]],
-                  spec: Spec = SPEC) -> TraceVerdict:
-    """Check ``(line, record)`` pairs (the header first) in one pass."""
-    checker = TraceChecker(spec)
+                  spec: Spec = SPEC, *, checker: TraceChecker | None = None) -> TraceVerdict:
+    """Check ``(line, record)`` pairs (the header first) in one pass (``checker``: one
+    to feed, e.g. one continuing a previous segment)."""
+    checker = checker if checker is not None else TraceChecker(spec)
     n = 0
     for line, rec in records:
         bad = checker.feed(rec, line)
@@ -676,25 +716,39 @@ def check_trace(records: Iterable[Mapping[str, Any]], spec: Spec = SPEC) -> Trac
     return check_records(enumerate(records, start=1), spec)
 
 
+def torn_warning(line: int) -> str:
+    return f"line {line} is a torn final record (a crash in mid-write), ignored"
+
+
 def check_file(path: str | os.PathLike[str], spec: Spec = SPEC, *,
-               after: str | os.PathLike[str] | None = None) -> TraceVerdict:
+               after: str | os.PathLike[str] | None = None,
+               strict: bool = False) -> TraceVerdict:
     """Verify the hash chain and check the records, streaming. A torn final line (a crash
-    mid-write) is a step that did not happen: the records before it are checked. With
-    ``after`` (the journal segment this one continues), that segment is checked too and
-    the link verified: its last good hash must be the one this header names.
+    mid-write) is a step that did not happen: the records before it are checked and the
+    verdict warns of it (``strict``: rejects it). With ``after`` (the journal segment this
+    one continues), that segment is checked too, the link verified (its last good hash
+    must be the one this header names) and this segment must start where it ended (the
+    restart's generations, what it established about them).
     Raises :class:`TraceInputError` for input that is not a journal of this schema."""
-    p = Path(path)
+    verdict, _ = _check_path(Path(path), spec, after=after, strict=strict)
+    return verdict
+
+
+def _check_path(p: Path, spec: Spec, *, after: str | os.PathLike[str] | None = None,
+                strict: bool = False) -> tuple[TraceVerdict, TraceChecker]:
     link: str | None = None
+    checker = TraceChecker(spec)
     if after is not None:
-        prev = check_file(after, spec)
+        prev, prev_checker = _check_path(Path(after), spec)
         if not prev.accepted and prev.violated != "HashChain":
             return TraceVerdict(False, 0, None, "PreviousSegment",
                                 f"the segment it continues ({after}) is rejected: "
-                                f"{prev.message}", 0)
+                                f"{prev.message}", 0), checker
         prev_reader = JournalReader(after)
         for _ in prev_reader:
             pass
         link = prev_reader.report.last_hash
+        checker = TraceChecker(spec, previous=prev_checker)
     try:
         reader = JournalReader(p)
         it = iter(reader)
@@ -710,29 +764,37 @@ def check_file(path: str | os.PathLike[str], spec: Spec = SPEC, *,
     if link is not None and header.get(CONTINUES) != link:
         return TraceVerdict(False, 0, 1, "SegmentLink", f"line 1: the header continues "
                             f"{str(header.get(CONTINUES))[:16]}, but {after} ends with "
-                            f"{link[:16]}", 0)
+                            f"{link[:16]}", 0), checker
 
     def records() -> Iterator[tuple[int, Mapping[str, Any]]]:
         yield first
         yield from it
 
-    verdict = check_records(records(), spec)
+    verdict = check_records(records(), spec, checker=checker)
     if not verdict.accepted:
         # The reader yields a record only once its hash verified: every line up to the
         # rejected one is intact, so the rejection stands whatever follows it.
-        return verdict
-    report = reader.report
+        return verdict, checker
+    return chain_verdict(verdict, reader.report, strict=strict), checker
+
+
+def chain_verdict(verdict: TraceVerdict, report: Any, *, strict: bool) -> TraceVerdict:
+    """An accepted ``verdict`` on the records, given how the chain itself ended."""
     if not report.ok and not report.truncated:
         return TraceVerdict(False, verdict.records, report.first_bad_line,
                             "HashChain" if _chain_fault(report.reason) else "Schema",
                             f"line {report.first_bad_line}: {report.reason}",
                             verdict.states_max)
     if report.truncated:
-        return TraceVerdict(True, verdict.records, None, None, verdict.message + f" (line "
-                            f"{report.first_bad_line} is a torn final record: that step did "
-                            "not happen)", verdict.states_max)
+        warning = torn_warning(report.first_bad_line)
+        if strict:
+            return TraceVerdict(False, verdict.records, report.first_bad_line, "TornRecord",
+                                f"line {report.first_bad_line}: a torn final record "
+                                "(--strict)", verdict.states_max)
+        return TraceVerdict(True, verdict.records, None, None, verdict.message,
+                            verdict.states_max, (warning,))
     return verdict
 
 
-__all__ = ["SPEC_VIOLATION", "TraceChecker", "TraceInputError", "TraceVerdict", "check_file",
-           "check_records", "check_trace"]
+__all__ = ["SPEC_VIOLATION", "TraceChecker", "TraceInputError", "TraceVerdict", "chain_verdict",
+           "check_file", "check_records", "check_trace", "torn_warning"]
