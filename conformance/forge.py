@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rolloutcore.claims import informational, path_name
+from rolloutcore.claims import Claims, informational, path_name
 from rolloutcore.fleet_check import FleetTraceChecker
 from rolloutcore.journal import read_journal, rechain
 from rolloutcore.trace_check import TraceChecker
@@ -230,16 +230,47 @@ def _ends_well(checker: Checker) -> bool:
     return checker.header_seen
 
 
-def snapshots(j: Journal_) -> list[Checker]:
-    """The checker's state before each record of the good journal ``j``."""
-    checker, out = _fresh(j), []
+def _seeded(j: Journal_) -> Checker:
+    """A fresh checker for ``j``; for a continuing segment, one that has read the segment
+    it continues (as ``trace check --after`` does)."""
+    if j.after is None:
+        return _fresh(j)
+    prev = TraceChecker()
+    for line, rec in enumerate(j.after, start=1):
+        prev.feed(rec, line)
+    return TraceChecker(previous=prev)
+
+
+def snapshots(j: Journal_) -> tuple[list[Checker], dict[int, set[Path_]]]:
+    """The checker's state before each record of the good journal ``j``, and per record
+    the reference fields nothing later compared (rolloutcore.claims.UNUSED_REASON)."""
+    checker, out = _seeded(j), []
+    unused: dict[int, set[Path_]] = {}
+
+    def report(line: int, path: Path_) -> None:
+        unused.setdefault(line - 1, set()).add(path)
+
+    for c in _claims_of(checker):
+        c.on_unused = report
+    if isinstance(checker, FleetTraceChecker):
+        checker.on_unused = report
     for line, rec in enumerate(j.records, start=1):
         out.append(checker.clone())
         if checker.feed(rec, line) is not None:
             raise RuntimeError(f"{j.name}:{line}: the good journal itself is rejected")
+        for c in _claims_of(checker):  # members appear as the journal goes
+            if c.on_unused is None:
+                c.on_unused = report
     if not _ends_well(checker):
         raise RuntimeError(f"{j.name}: the good journal itself is rejected at its end")
-    return out
+    checker.finish()
+    return out, unused
+
+
+def _claims_of(checker: Checker) -> list[Claims]:
+    if isinstance(checker, FleetTraceChecker):
+        return [m.claims for m in checker.members.values()]
+    return [checker.claims]
 
 
 def accepted(j: Journal_, i: int, forged: list[Record], before: Checker) -> bool:
@@ -260,7 +291,7 @@ def run(journals: list[Journal_], *, limit: int | None = None,
     pool = pools(journals)
     tally = Tally()
     for j in journals:
-        snaps = snapshots(j)
+        snaps, unused = snapshots(j)
         n = 0
         for i, path, kind, forged in variants(j, pool):
             n += 1
@@ -271,7 +302,7 @@ def run(journals: list[Journal_], *, limit: int | None = None,
             key = (str(rec.get("step", rec.get("type"))), name, kind)
             if not accepted(j, i, forged, snaps[i]):
                 tally.rejected[key] += 1
-            elif informational(rec, path):
+            elif informational(rec, path) or path in unused.get(i, ()):
                 tally.informational[key] += 1
             else:
                 tally.accepted[key] += 1

@@ -173,11 +173,12 @@ def out(c: Controller, trigger: str, param: str | None = None, *, first_probe: b
 
 
 def bootstrap(c: Controller, *, fail_first: bool = False) -> None:
+    initial = {"checkpoint": "/checkpoints/gen-1", "label": _label(1)}  # as the runner names it
     if fail_first:
         c.fire("bootstrap_begin")
-        out(c, "bootstrap_failed")
+        out(c, "bootstrap_failed", **initial)
     c.fire("bootstrap_begin")
-    out(c, "bootstrap_ok")
+    out(c, "bootstrap_ok", **initial)
 
 
 def request_update(c: Controller) -> None:
@@ -188,8 +189,13 @@ def request_update(c: Controller) -> None:
 
 
 def mutate_detail(c: Controller) -> dict[str, Any]:
+    """How a step that acts on the target names it (the mutation, a cancel)."""
     g = c.control.target
     return {"target": _label(g), "identity": _identity(g)}
+
+
+def cancel_update(c: Controller) -> None:
+    c.fire("cancel_update", detail=mutate_detail(c))
 
 
 def drain_and_pause(c: Controller, *, pause_fails: bool = False) -> None:
@@ -322,7 +328,7 @@ def s_cancel_while_draining(c: Controller) -> None:
     bootstrap(c)
     c.admit("r1")
     request_update(c)
-    c.fire("cancel_update")
+    cancel_update(c)
     c.release("r1")
     rollouts(c, "r2")
 

@@ -564,6 +564,9 @@ class TourRun:
             fire(Trigger.REQUEST_UPDATE, None, self.runner.request_detail(nxt))
         elif a.name == "publish":
             self.runner.publish(self.targets[s.target])
+        elif a.name == "cancel_update":
+            fire(Trigger.CANCEL_UPDATE, None, {"reason": "tour",
+                                               **self.runner._named(self.targets[s.target])})
         else:
             if a.name == "invalidated":
                 self.first_probe = True

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rolloutcore.spec.lifecycle import SPEC, TIERS, Kind, Phase
@@ -106,7 +106,9 @@ DETAIL: dict[str, dict[str, Field] | None] = {
         "identity": Field("str", _TARGET_IDENTITY, required=True),
         "probe": _PROBE,
     },
-    Trigger.CANCEL_UPDATE: {"reason": _REASON},
+    Trigger.CANCEL_UPDATE: {"reason": _REASON,
+                            "target": Field("str", _TARGET_LABEL, required=True),
+                            "identity": Field("str", _TARGET_IDENTITY, required=True)},
     Trigger.MUTATE_BEGIN: {
         "target": Field("str", _TARGET_LABEL, required=True),
         "identity": Field("str", _TARGET_IDENTITY, required=True),
@@ -142,7 +144,9 @@ for _restart in (Trigger.RESTART_READY, Trigger.RESTART_TAINTED, Trigger.RESTART
 _OUTCOME_DETAIL: dict[str, Field] = {"reason": _REASON}
 _AUDIT_DETAIL = {**_OUTCOME_DETAIL, "why": Field("str", _WHO)}
 _BOOTSTRAP_DETAIL = {**_OUTCOME_DETAIL, "checkpoint": Field("str", _CHECKPOINT),
-                     "label": Field("str", Claim("the label the bootstrap expected"))}
+                     "label": Field("str", Claim("the initial generation's label, the same "
+                                                 "in every bootstrap outcome, and what the "
+                                                 "bootstrap expected"), required=True)}
 for _a in SPEC.actions:
     if _a.kind is Kind.OUTCOME and _a.trigger is not None:
         DETAIL.setdefault(_a.trigger, _BOOTSTRAP_DETAIL if _a.op == "bootstrap"
@@ -298,19 +302,21 @@ def _mode(decision: Mapping[str, Any]) -> str:
     return "scored" if exp.get("probe_logprobs") is not None else "greedy"
 
 
-Condition = Callable[[str, Mapping[str, Any]], bool]  # (op, decision json) -> informational
+#: (op, decision json, the evidence object) -> whether the field is informational there.
+Condition = Callable[[str, Mapping[str, Any], Mapping[str, Any]], bool]
 
 
-def _ops(*ops: str) -> Condition:
-    return lambda op, _d: op in ops
-
-
-def _always(_op: str, _d: Mapping[str, Any]) -> bool:
+def _always(_op: str, _d: Mapping[str, Any], _e: Mapping[str, Any]) -> bool:
     return True
 
 
-def _unless_quiet(op: str, _d: Mapping[str, Any]) -> bool:
+def _unless_quiet(op: str, _d: Mapping[str, Any], _e: Mapping[str, Any]) -> bool:
     return op not in QUIET_READS
+
+
+def _hits_unread(op: str, d: Mapping[str, Any], e: Mapping[str, Any]) -> bool:
+    first = (d.get("expected") or {}).get("first_since_reset")
+    return op in ("bootstrap", "audit") or not first or e.get("prefix_hits") in (0, None)
 
 
 #: Evidence fields whose value the decision of the operation does not read, with the
@@ -347,14 +353,23 @@ EVIDENCE_INFO: dict[tuple[str, str], tuple[Condition, str]] = {
     ("ProbeEvidence", "error"): (_always, "the words of a failure; a failure is decided "
                                           "by the missing output"),
     ("ProbeEvidence", "prefix_hits"): (
-        _ops("bootstrap", "audit"), "a serving engine's probe may hit its cache: hits "
-        "prove stale reuse only on the first request after an invalidation"),
-    ("ProbeEvidence", "tokens"): (lambda _o, d: _mode(d) == "scored",
+        _hits_unread,
+        "hits prove stale reuse only on the first request after an invalidation (a serving "
+        "engine's probe, or a later attempt, may hit its cache); no hits read and 0 hits "
+        "say the same"),
+    ("ProbeEvidence", "tokens"): (lambda _o, d, _e: _mode(d) == "scored",
                                   "a scored probe compares scores, not tokens"),
-    ("ProbeEvidence", "prompt_logprobs"): (lambda _o, d: _mode(d) == "greedy",
+    ("ProbeEvidence", "prompt_logprobs"): (lambda _o, d, _e: _mode(d) == "greedy",
                                            "a greedy probe compares tokens, not scores"),
 }
 
+
+#: Outcome results whose evidence is believed only as far as the outcome itself.
+NEGATIVE_TYPES = frozenset({"fail", "info"})
+NEGATIVE_REASON = ("a negative outcome (failed, refused, mismatch, ambiguous) is believed "
+                   "only as far as its outcome, re-decided from the evidence (a forgery that "
+                   "would make it positive is caught); which of its reasons the engine gave "
+                   "changes no state")
 
 #: Decision fields outside the evidence list that are informational.
 DECISION_INFO: dict[str, str] = {
@@ -371,12 +386,12 @@ def informational(rec: Mapping[str, Any], path: tuple[str | int, ...]) -> bool:
         return isinstance(TOP_LEVEL[str(top)].role, Info)
     step = str(rec.get("step", ""))
     if top == "detail":
-        if len(path) == 1:
-            return False
         table = FLEET_DETAIL if step in FLEET_DETAIL else DETAIL
         fields = table.get(step)
         if fields is None:
             return step in table  # an application's open detail
+        if len(path) == 1:  # the whole detail: informational if every field of it is
+            return all(isinstance(f.role, Info) and not f.required for f in fields.values())
         f = fields.get(str(path[1]))
         return f is not None and isinstance(f.role, Info)
     if top == "evidence" and len(path) >= 2:
@@ -387,7 +402,9 @@ def informational(rec: Mapping[str, Any], path: tuple[str | int, ...]) -> bool:
             evs = d.get("evidence") or []
             ev = evs[path[2]] if path[2] < len(evs) else {}
             rule = EVIDENCE_INFO.get((str(ev.get("type")), str(path[3])))
-            return rule is not None and rule[0](str(d.get("op")), d)
+            if rule is not None and rule[0](str(d.get("op")), d, ev):
+                return True
+            return rec.get("type") in NEGATIVE_TYPES
     return False
 
 
@@ -410,31 +427,75 @@ def path_name(rec: Mapping[str, Any], path: tuple[str | int, ...]) -> str:
 # ------------------------------------------------------------------------ the rules
 
 
+FieldPath = tuple[str | int, ...]
+#: Where a reference's fields were stated: field -> (line, path in that record).
+Origin = dict[str, tuple[int, FieldPath]]
+#: Why a reference field nothing acted on is informational (see :class:`Claims`).
+UNUSED_REASON = ("a reference that no later record compares (a request cancelled, refused "
+                 "or cut short by a crash before the step that would act on it, a generation "
+                 "never audited, a rollout freed without its release): nothing depends on it")
+
+_REQUEST_PATHS: dict[str, FieldPath] = {
+    "label": ("detail", "target"), "identity": ("detail", "identity"),
+    "prompt": ("detail", "probe", "prompt"), "tokens": ("detail", "probe", "tokens"),
+    "logprobs": ("detail", "probe", "logprobs"), "tolerance": ("detail", "probe", "tolerance")}
+
+
 @dataclass
 class Claims:
     """What the journal so far established: the committed and the target generations'
     references, and whether a probe was attempted since the caches were invalidated.
-    Constant size: two references."""
+    Constant size: two references.
+
+    With ``on_unused`` set, every reference field that no later record compared is
+    reported (its line and path) when its reference is dropped or the journal ends: the
+    mutation test's way to tell a forged claim that nothing could contradict
+    (:data:`UNUSED_REASON`) from a hole in the checker."""
 
     committed: Reference | None = None
     target: Reference | None = None
     probed_since_invalidation: bool = False
     fence_label: str | None = None  # what a fence now must relabel the engine to
     tier: str | None = None  # the tier of the reset in flight
+    initial: str | None = None  # the initial generation's label, as bootstraps name it
+    on_unused: Callable[[int, FieldPath], None] | None = None
+    _origin: dict[str, Origin] = field(default_factory=lambda: {
+        "target": {}, "committed": {}, "initial": {}})
+    _used: dict[str, set[str]] = field(default_factory=lambda: {
+        "target": set(), "committed": set(), "initial": set()})
 
     def copy(self) -> Claims:
-        return replace(self)
+        """An independent copy (without use tracking: a copy checks, it does not report)."""
+        return replace(self, on_unused=None, _origin={k: {} for k in self._origin},
+                       _used={k: set() for k in self._used})
+
+    def _use(self, ref: Reference | None, *fields: str) -> None:
+        if ref is not None and self.on_unused is not None:
+            which = "target" if ref is self.target else "committed"
+            self._used[which].update(fields)
+
+    def _drop(self, which: str) -> None:
+        if self.on_unused is not None:
+            for f, (line, path) in self._origin[which].items():
+                if f not in self._used[which]:
+                    self.on_unused(line, path)
+        self._origin[which], self._used[which] = {}, set()
+
+    def finish(self) -> None:
+        """The journal ended: report what nothing compared."""
+        for which in self._origin:
+            self._drop(which)
 
     # -------------------------------------------------------------- checking
 
     def problem(self, r: Mapping[str, Any], phase: Phase | None) -> tuple[str, str] | None:
         """Why record ``r`` (the controller in ``phase`` before it; None: not known, a
         continuing segment read alone) contradicts what the journal established (None: it
-        does not). Violations: ``Schema`` for a malformed
-        field, ``EvidenceContradicts{Target,Committed}`` for a decision taken against
-        another generation than the one it is about, ``DetailContradicts...`` for a
-        record that names another, ``EvidenceIncoherent``
-        for evidence its own operation could not have produced."""
+        does not). Violations: ``Schema`` for a malformed field,
+        ``EvidenceContradicts{Target,Committed}`` for a decision taken against another
+        generation than the one it is about, ``DetailContradicts{Target,Committed,Journal}``
+        for a record that names another, ``EvidenceIncoherent`` for evidence its own
+        operation could not have produced."""
         step = str(r["step"])
         detail = r.get("detail")
         bad = detail_problem(step, detail)
@@ -446,12 +507,14 @@ class Claims:
             if isinstance(ref, str):
                 return "Schema", ref
             if self.committed is not None and ref.label == self.committed.label:
+                self._use(self.committed, "label")
                 return "DetailContradictsCommitted", (
                     f"request_update names {ref.label!r}, the committed generation's label: "
                     "validation could not tell the two apart")
-        elif step == Trigger.MUTATE_BEGIN or step == Trigger.PUBLISH:
-            key = "target" if step == Trigger.MUTATE_BEGIN else "label"
-            bad = self._names(self.target, d[key], d["identity"], step, "DetailContradictsTarget")
+        elif step in (Trigger.MUTATE_BEGIN, Trigger.PUBLISH, Trigger.CANCEL_UPDATE):
+            key = "label" if step == Trigger.PUBLISH else "target"
+            bad = self._names(self.target, d.get(key), d.get("identity"), step,
+                              "DetailContradictsTarget")
             if bad:
                 return bad
         elif step == Trigger.READMIT_BEGIN:
@@ -471,6 +534,7 @@ class Claims:
 
     def _names(self, ref: Reference | None, label: Any, identity: Any, step: str,
                violated: str) -> tuple[str, str] | None:
+        self._use(ref, "label", "identity")
         if ref is None or (label, identity) == (ref.label, ref.identity):
             return None
         return violated, f"{step} names {label!r}, identity {str(identity)[:16]}; " \
@@ -486,6 +550,7 @@ class Claims:
         if op in ("audit", "readmit", "validate", "probe") and not (
                 exp is None and "error" in dec):  # a call that failed expected nothing
             if about is not None:
+                self._use(about, "label", "identity", "tokens", "logprobs", "tolerance")
                 bad = about.expected_problem(exp, step)
                 if bad:
                     which = "Committed" if op in ("audit", "readmit") else "Target"
@@ -496,84 +561,119 @@ class Claims:
         if op == "bootstrap" and isinstance(exp, Mapping) and "label" in detail \
                 and detail["label"] != exp.get("label"):
             return "DetailContradictsTarget", (f"{step} says label {detail['label']!r}; its "
-                                              f"decision expected {exp.get('label')!r}")
+                                               f"decision expected {exp.get('label')!r}")
+        if isinstance(exp, Mapping) and (exp.get("probe_tokens") is None) == (
+                exp.get("probe_logprobs") is None):
+            return "EvidenceIncoherent", (f"{step} expected both or neither of a token and a "
+                                          "scored probe reference")
+        if op == "bootstrap":
+            bad = self._initial(step, detail)
+            if bad:
+                return bad
         if isinstance(exp, Mapping) and op in _FIRST_SINCE_RESET:
             want = _FIRST_SINCE_RESET[op](self)
             if exp.get("first_since_reset") is not want:
                 return "EvidenceIncoherent", (f"{step} expected first_since_reset "
                                               f"{exp.get('first_since_reset')!r}; the journal "
                                               f"says {want}")
-        resets = [e for e in evs if e.get("type") == "ResetEvidence"]
         for e in evs:
-            bad = self._evidence(step, op, e, about, dec)
+            bad = self._evidence(step, op, e, about)
             if bad:
                 return "EvidenceIncoherent", bad
-        if op == "readmit" and resets and [e.get("tier") for e in resets] != list(
-                TIERS)[:len(resets)]:
-            return "EvidenceIncoherent", f"{step}: the re-admission reset " \
-                f"{[e.get('tier') for e in resets]}, not the tiers in order"
+        resets = [e.get("tier") for e in evs if e.get("type") == "ResetEvidence"]
+        if op == "readmit" and resets != list(TIERS)[:len(resets)]:
+            return "EvidenceIncoherent", f"{step}: the re-admission reset {resets}, not the " \
+                "tiers in order"
         return None
 
-    def _evidence(self, step: str, op: str, e: Mapping[str, Any], about: Reference | None,
-                  dec: Mapping[str, Any]) -> str | None:
+    def _initial(self, step: str, detail: Mapping[str, Any]) -> tuple[str, str] | None:
+        """Every bootstrap outcome names the same initial label."""
+        if self.initial is None:
+            self.initial = str(detail["label"])
+            return None
+        self._used["initial"].add("label")
+        if detail["label"] != self.initial:
+            return "DetailContradictsTarget", (f"{step} names initial label "
+                                               f"{detail['label']!r}; an earlier bootstrap "
+                                               f"named {self.initial!r}")
+        return None
+
+    def _evidence(self, step: str, op: str, e: Mapping[str, Any], about: Reference | None
+                  ) -> str | None:
         kind = e.get("type")
         if kind == "PauseEvidence" and op in PAUSE_MODE and e.get("mode") != PAUSE_MODE[op]:
             return f"{step}: a {op} pauses in {PAUSE_MODE[op]} mode, not {e.get('mode')!r}"
         if kind == "ResetEvidence" and op == "reset" and e.get("tier") != self.tier:
             return f"{step}: reset evidence of tier {e.get('tier')!r} for tier {self.tier!r}"
-        if kind == "EngineReport" and op in QUIET_READS:
-            if e.get("paused") is False or e.get("running_requests") not in (0, None):
-                return (f"{step}: the engine read as paused={e.get('paused')}, running "
-                        f"{e.get('running_requests')} while it must be quiet")
-        if kind == "ProbeEvidence":
-            ref = about if about is not None else self.committed
-            if op == "bootstrap":
-                return None
-            if ref is not None and ref.prompt is not None and _tuple(e.get("prompt")) \
-                    != ref.prompt:
+        if kind == "EngineReport" and op in QUIET_READS and (
+                e.get("paused") is False or e.get("running_requests") not in (0, None)):
+            return (f"{step}: the engine read as paused={e.get('paused')}, running "
+                    f"{e.get('running_requests')} while it must be quiet")
+        if kind == "ProbeEvidence" and op != "bootstrap" and about is not None \
+                and about.prompt is not None:
+            self._use(about, "prompt")
+            if _tuple(e.get("prompt")) != about.prompt:
                 return f"{step}: the probe prompt is not the generation's probe prompt"
-        if kind == "FenceEvidence" and self.fence_label is not None \
-                and e.get("label") != self.fence_label:
-            return f"{step}: fenced as {e.get('label')!r}, not {self.fence_label!r}"
+        if kind == "FenceEvidence" and self.fence_label is not None:
+            self._use(self.target if self.target is not None else self.committed, "label")
+            if e.get("label") != self.fence_label:
+                return f"{step}: fenced as {e.get('label')!r}, not {self.fence_label!r}"
         return None
 
     # -------------------------------------------------------------- advancing
 
-    def advance(self, r: Mapping[str, Any], committed: int, target: int) -> None:
-        """Take an accepted record into account (``committed``, ``target``: the
-        controller's generations after it)."""
+    def advance(self, r: Mapping[str, Any], line: int, committed: int, target: int) -> None:
+        """Take an accepted record (at ``line``) into account (``committed``, ``target``:
+        the controller's generations after it)."""
         step = str(r["step"])
         d = r.get("detail") or {}
         if step == Trigger.REQUEST_UPDATE:
             ref = Reference.of_request(d)
             assert isinstance(ref, Reference)
+            self._drop("target")
             self.target = ref
+            self._origin["target"] = {f: (line, p) for f, p in _REQUEST_PATHS.items()}
         elif step == Trigger.PUBLISH and self.target is not None:
+            self._drop("committed")
             self.committed, self.target = self.target, None
+            self._origin["committed"], self._used["committed"] = \
+                self._origin["target"], self._used["target"]
+            self._origin["target"], self._used["target"] = {}, set()
         elif step == Trigger.INVALIDATED:
             self.probed_since_invalidation = False
         elif step == Trigger.RESET_BEGIN:
             self.tier = r.get("param")
         elif step == Trigger.BOOTSTRAP_OK:
-            dec = r["evidence"]
-            exp = dec.get("expected") or {}
-            probe = next((e for e in dec.get("evidence") or []
-                          if e.get("type") == "ProbeEvidence"), {})
-            self.committed = Reference(exp.get("label"), exp.get("identity"),
-                                       _tuple(probe.get("prompt")),
-                                       _tuple(exp.get("probe_tokens")),
-                                       _tuple(exp.get("probe_logprobs")), exp.get("tolerance"))
+            self._bootstrapped(r["evidence"], line)
+        if step.startswith("bootstrap_") and step != Trigger.BOOTSTRAP_BEGIN \
+                and not self._origin["initial"]:
+            self._origin["initial"] = {"label": (line, ("detail", "label"))}
         elif step in (Trigger.PROBE_OK, Trigger.PROBE_FAILED, Trigger.PROBE_MISMATCH):
             self.probed_since_invalidation = True
-        if not target:
-            self.target = None
         if self.committed is None and step in (Trigger.AUDIT_OK, Trigger.READMIT_OK):
             # A continuing segment read without the one it continues: the first verified
             # evidence about the committed generation names it.
             exp = (r.get("evidence") or {}).get("expected") or {}
             self.committed = Reference(exp.get("label"), exp.get("identity"))
+        if not target and self.target is not None:
+            self._drop("target")
+            self.target = None
         ref = self.target if target else self.committed
         self.fence_label = f"tainted:{ref.label}" if ref is not None else None
+
+    def _bootstrapped(self, dec: Mapping[str, Any], line: int) -> None:
+        exp = dec.get("expected") or {}
+        evs = dec.get("evidence") or []
+        k = next((i for i, e in enumerate(evs) if e.get("type") == "ProbeEvidence"), None)
+        self._drop("committed")
+        self.committed = Reference(exp.get("label"), exp.get("identity"),
+                                   _tuple(evs[k].get("prompt")) if k is not None else None,
+                                   _tuple(exp.get("probe_tokens")),
+                                   _tuple(exp.get("probe_logprobs")), exp.get("tolerance"))
+        self._origin["committed"] = {
+            "tolerance": (line, ("evidence", "expected", "tolerance")),
+            **({"prompt": (line, ("evidence", "evidence", k, "prompt"))} if k is not None
+               else {})}
 
 
 _FIRST_SINCE_RESET: dict[str, Callable[[Claims], bool]] = {

@@ -303,7 +303,10 @@ class Controller:
         t = self._triggers.get(trigger)
         if t is None or t.kind is not Kind.RESTART:
             raise IllegalTransition(trigger, self.phase, "not a restart step")
-        out = self._fire(trigger, None, detail)
+        # The journal says where the restart came from (the checker holds it to the
+        # journal): the phase the controller was recovered in, unless the caller knows
+        # better (a continuing segment: the last phase of the one it continues).
+        out = self._fire(trigger, None, {"from_phase": self.phase.value, **(detail or {})})
         with self._lock:
             self.bindings = {}
             self._aborted.clear()

@@ -34,6 +34,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from rolloutcore.claims import FLEET_DETAIL, detail_problem
 from rolloutcore.inputs import unreadable
 from rolloutcore.journal import HEADER, SCHEMA, JournalReader, not_a_journal
 from rolloutcore.spec.fleet import (
@@ -41,11 +42,18 @@ from rolloutcore.spec.fleet import (
     FLEET_ACTIONS,
     MEMBER_GUARDS,
     FleetPhase,
+    held_back,
     serving,
     validated,
 )
 from rolloutcore.spec.lifecycle import Phase
-from rolloutcore.trace_check import TraceChecker, TraceInputError, TraceVerdict, chain_verdict
+from rolloutcore.trace_check import (
+    TraceChecker,
+    TraceInputError,
+    TraceVerdict,
+    chain_verdict,
+    header_problem,
+)
 
 FLEET_OPEN = "fleet_open"
 #: The fleet controller restarted: its members took their restarts (single-engine spec);
@@ -53,6 +61,7 @@ FLEET_OPEN = "fleet_open"
 FLEET_RECOVER = "fleet_recover"
 _FLEET_STEPS = frozenset({FLEET_OPEN, FLEET_RECOVER, *(a.name for a in FLEET_ACTIONS)})
 _CONTROL_INVARIANTS = ("NoMemberAhead", "RolloutsOnlyOnServingMembers")
+_FLEET_PHASES = frozenset({FleetPhase.READY, FleetPhase.UPDATING, FleetPhase.ABORTING})
 _AUDIT_OUTCOMES = frozenset({"audit_ok", "audit_failed", "audit_mismatch"})
 
 
@@ -68,6 +77,11 @@ class FleetTraceChecker:
     last_audit: dict[str, dict[str, Any]] = field(default_factory=dict)  # member -> its last
     last_seq: int = -1
     records: int = 0
+    flabel: str | None = None  # the label the fleet's update names
+    #: Tracking (see Claims.on_unused): the open's quorum, reported if nothing compared it.
+    on_unused: Any = None
+    _quorum_origin: int | None = None
+    participants: list[str] = field(default_factory=list)  # the fleet update's members
 
     def clone(self) -> FleetTraceChecker:
         """An independent checker in this one's state."""
@@ -75,7 +89,16 @@ class FleetTraceChecker:
         out.members = {n: c.clone() for n, c in self.members.items()}
         out.member_seq, out.group = dict(self.member_seq), list(self.group)
         out.last_audit = dict(self.last_audit)
+        out.participants = list(self.participants)
+        out.on_unused = out._quorum_origin = None
         return out
+
+    def finish(self) -> None:
+        """The journal ended (tracking: see TraceChecker.finish)."""
+        for m in self.members.values():
+            m.finish()
+        if self.on_unused is not None and self._quorum_origin is not None:
+            self.on_unused(self._quorum_origin, ("detail", "min_serving"))
 
     # ------------------------------------------------------------------ views
 
@@ -104,6 +127,9 @@ class FleetTraceChecker:
             if r.get("schema") != SCHEMA or r.get("spec") != FLEET.name:
                 return "Schema", (f"header is for schema {r.get('schema')!r} of spec "
                                   f"{r.get('spec')!r}, not schema {SCHEMA} of {FLEET.name}")
+            bad = header_problem(r)
+            if bad:
+                return "Schema", bad
             self.last_seq = 0
             return None
         seq = r.get("seq")
@@ -113,7 +139,7 @@ class FleetTraceChecker:
         self.records += 1
         engine = r.get("engine")
         if engine is None:
-            return self._fleet_step(r)
+            return self._fleet_step(r, line)
         if not isinstance(engine, str) or not engine:
             return "Schema", f"engine is not a member name: {engine!r}"
         return self._member_step(engine, r, line)
@@ -128,7 +154,8 @@ class FleetTraceChecker:
             if self.fphase != "UNINITIALIZED":
                 return "Schema", f"member {name!r} appears after the fleet opened"
             checker = self.members[name] = TraceChecker()
-            checker.feed({"type": HEADER, "schema": SCHEMA, "spec": checker.spec.name}, 0)
+            checker.feed({"type": HEADER, "schema": SCHEMA, "spec": checker.spec.name, "seq": 0,
+                          "t": r.get("t")}, 0)
             self.member_seq[name] = 0
         if self.fphase != "UNINITIALIZED" and isinstance(step, str) and step in MEMBER_GUARDS:
             guard, tla = MEMBER_GUARDS[step]
@@ -140,6 +167,11 @@ class FleetTraceChecker:
         bad = checker.feed({**r, "seq": self.member_seq[name]}, line)
         if bad is not None:
             return bad.violated, f"member {name}: {bad.message}"
+        if step == "request_update" and self.fphase == FleetPhase.UPDATING \
+                and name in self.participants and r["detail"]["target"] != self.flabel:
+            return "DetailContradictsFleet", (f"{name} request_update names "
+                                              f"{r['detail']['target']!r}; the fleet's update "
+                                              f"is {self.flabel!r}")
         if step == "publish" and name in self.group:
             self.group.remove(name)
         if step in _AUDIT_OUTCOMES:
@@ -148,18 +180,24 @@ class FleetTraceChecker:
                                      "at": r.get("t"), "why": detail.get("why")}
         return None if self.group else self._invariants()
 
-    def _fleet_step(self, r: Mapping[str, Any]) -> tuple[str, str] | None:
+    def _fleet_step(self, r: Mapping[str, Any], line: int) -> tuple[str, str] | None:
         step = r.get("step")
-        if step not in _FLEET_STEPS or r.get("type") != "step" or r.get("op") is not None:
-            return "Schema", f"unknown fleet step {step!r}"
+        bad = _fleet_schema(r)
+        if bad:
+            return "Schema", bad
+        assert isinstance(step, str)
         if self.group:
             return "PublishNotAtomic", f"{step} before the publish group {self.group} ended"
         detail = r.get("detail") or {}
+        claimed = self._fleet_claims(step, detail)
+        if claimed:
+            return "DetailContradictsFleet", claimed
         if step == FLEET_OPEN:
             k = detail.get("min_serving") if isinstance(detail, dict) else None
             if self.fphase != "UNINITIALIZED" or not isinstance(k, int) or k < 1:
                 return "Schema", "fleet_open once, with min_serving"
             self.min_serving = k
+            self._quorum_origin = line if self.on_unused is not None else None
             ready = [n for n in self.members if self.members[n].control.phase is Phase.READY]
             if len(ready) < k:
                 return "OpenOnlyWithQuorum", f"fleet_open with {len(ready)} verified members"
@@ -188,6 +226,8 @@ class FleetTraceChecker:
                 self.fcommitted, self.ftarget = self.ftarget, 0
             elif step == "fleet_request_update":
                 self.ftarget = self.fcommitted + 1
+                self.flabel = detail["target"]
+                self.participants = list(detail["members"])
             elif step == "fleet_reopen":
                 self.ftarget = 0
             self.fphase = fa.dest
@@ -197,6 +237,42 @@ class FleetTraceChecker:
                             f"{r.get('target')}), the fleet spec says {self.fphase} (committed "
                             f"{self.fcommitted}, target {self.ftarget})")
         return None if self.group else self._invariants()
+
+    def _names(self, pred: Any) -> list[str]:
+        f = self._fleet()
+        return sorted(n for n in self.members if pred(f, self._view(n)))
+
+    def _fleet_claims(self, step: str, d: Mapping[str, Any]) -> str | None:
+        """Why a fleet step's detail contradicts the fleet's state (None: it does not)."""
+        want: dict[str, Any] = {}
+        if step == FLEET_OPEN:
+            want["members"] = sorted(n for n in self.members
+                                     if self.members[n].control.phase is Phase.READY)
+        elif step == "fleet_request_update":
+            want["members"] = self._names(serving)
+        elif step == "fleet_publish":
+            want["label"] = self.flabel
+        elif step == "fleet_abort":
+            want.update(validated=self._names(validated), needed=self.min_serving)
+            held = self._names(held_back)
+            if held or "held_back" in d:
+                want["held_back"] = held
+        elif step in ("fleet_reopen", "fleet_close"):
+            want["serving"] = self._names(serving)
+            if step == "fleet_close":
+                want["min_serving"] = self.min_serving
+        elif step == FLEET_RECOVER:
+            open_fleet: Any = SimpleNamespace(fphase=FleetPhase.READY,
+                                              fcommitted=self.fcommitted, ftarget=0)
+            want.update(serving=sum(serving(open_fleet, s) for s in self._fleet().eng),
+                        min_serving=self.min_serving)
+        if {"needed", "min_serving"} & set(want):
+            self._quorum_origin = None  # compared: used
+        for key, value in want.items():
+            got = d.get(key)
+            if (sorted(got) if isinstance(got, list) else got) != value:
+                return f"{step} says {key} {got!r:.60}; the fleet's journal says {value!r:.60}"
+        return None
 
     def _invariants(self) -> tuple[str, str] | None:
         if self.fphase == "UNINITIALIZED":
@@ -208,6 +284,30 @@ class FleetTraceChecker:
                 return inv.name, (f"{inv.doc} (fleet {self.fphase}, committed "
                                   f"{self.fcommitted}, {serving_n} serving)")
         return None
+
+
+_FLEET_RECORD = {"type": "str", "step": "str", "op": None, "param": None, "phase": "str",
+                 "pending": "str", "seq": "int", "committed": "int", "target": "int",
+                 "t": "num", "hash": "str", "prev": "str"}
+
+
+def _fleet_schema(r: Mapping[str, Any]) -> str | None:
+    """Why a fleet step's record is malformed (None: it is not)."""
+    step = r.get("step")
+    if type(step) is not str or step not in _FLEET_STEPS:
+        return f"unknown fleet step {step!r:.40}"
+    unknown = set(r) - set(_FLEET_RECORD) - {"detail"}
+    if unknown:
+        return f"{step}: unknown field(s) {sorted(unknown)}"
+    for key, kind in _FLEET_RECORD.items():
+        v = r.get(key)
+        ok = key in r and (v is None if kind is None else (
+            type(v) in (int, float) if kind == "num" else type(v).__name__ == kind))
+        if not ok:
+            return f"{step}: {key} is not {kind or 'null'}: {v!r:.40}"
+    if r["type"] != "step" or r["pending"] != "none" or r["phase"] not in _FLEET_PHASES:
+        return f"{step}: a fleet step is of type step, with nothing pending, in a fleet phase"
+    return detail_problem(step, r.get("detail"), FLEET_DETAIL)
 
 
 def check_fleet_records(records: Iterable[tuple[int, Mapping[str, Any]]]) -> TraceVerdict:

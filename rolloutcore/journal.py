@@ -915,5 +915,6 @@ def open_controller(
     journal = Journal(p, fsync=fsync, clock=clock, spec=spec, continues=continues)
     ctl = Controller(spec=spec, trace=journal, identity=rec.identity)
     ctl.restore(rec.control, next_seq=rec.next_seq)
-    ctl.restart(rec.trigger, {"from_phase": rec.from_phase, "reason": rec.reason})
+    ctl.restart(rec.trigger, {"reason": rec.reason, **(
+        {"from_phase": rec.from_phase} if rec.from_phase is not None else {})})
     return ctl, journal, rec

@@ -327,14 +327,17 @@ def decision_from_json(obj: Any) -> Decision:
         op = Op(str(obj.get("op")))
     except ValueError:
         raise EvidenceFormatError(f"unknown operation {obj.get('op')!r}") from None
-    evs = obj.get("evidence", [])
+    if "evidence" not in obj:
+        raise EvidenceFormatError("the decision has no evidence list")
+    evs = obj["evidence"]
     if not isinstance(evs, list):
         raise EvidenceFormatError("evidence.evidence is not a list")
     expected: Expected | None = None
     raw = obj.get("expected")
     if raw is not None:
-        if not isinstance(raw, Mapping) or set(raw) - {f.name for f in _EXPECTED_FIELDS}:
-            raise EvidenceFormatError("evidence.expected is malformed")
+        if not isinstance(raw, Mapping) or set(raw) != {f.name for f in _EXPECTED_FIELDS}:
+            raise EvidenceFormatError("evidence.expected does not have exactly the fields of "
+                                      "an expectation")
         hints = type_hints(Expected)
         for k, v in raw.items():
             if not conforms(v, hints[k]):

@@ -289,6 +289,11 @@ class LifecycleRunner:
         return request_detail(target.label, target.identity, target.probe_prompt,
                               e.probe_tokens, e.probe_logprobs, e.tolerance)
 
+    @staticmethod
+    def _named(target: WeightTarget) -> dict[str, Any]:
+        """How a step that acts on a target names it."""
+        return {"target": target.label, "identity": target.identity}
+
     def _probe_call(self, target: WeightTarget, deadline: float) -> Any:
         scored = self.policy.probe_mode is ProbeMode.SCORED and target.probe_logprobs is not None
         return self.adapter.probe(target.probe_prompt, 1 if scored else len(target.probe_tokens),
@@ -456,7 +461,7 @@ class LifecycleRunner:
     def _cycle(self, target: WeightTarget, report: CycleReport) -> None:
         self._fire(Trigger.REQUEST_UPDATE, **self.request_detail(target))
         if not self._drain(report):
-            self._fire(Trigger.CANCEL_UPDATE, reason="drain timeout")
+            self._fire(Trigger.CANCEL_UPDATE, reason="drain timeout", **self._named(target))
             return
         op = Op.PAUSE_ABORT if report.aborted else Op.PAUSE
         pause = self._idempotent(report, op, None, self.attempt_of(op))
@@ -464,7 +469,7 @@ class LifecycleRunner:
             # A failed pause may have taken effect: the engine must run again before
             # admissions reopen (the spec's cancel_update requires it).
             if self._resume(report):
-                self._fire(Trigger.CANCEL_UPDATE, reason=pause.reason)
+                self._fire(Trigger.CANCEL_UPDATE, reason=pause.reason, **self._named(target))
             return
         if self._mutate(target, report).trigger != Trigger.MUTATE_OK:
             if self._in(Phase.QUIESCED):  # refused with proof: resume the old generation
@@ -576,8 +581,7 @@ class LifecycleRunner:
         """The collective: never retried; a timeout or unknown error is ambiguous."""
         seconds = self.policy.mutation_deadline(target)
         t0 = time.perf_counter()
-        self._fire(Trigger.MUTATE_BEGIN, target=target.label, identity=target.identity,
-                   deadline_s=round(seconds, 3))
+        self._fire(Trigger.MUTATE_BEGIN, **self._named(target), deadline_s=round(seconds, 3))
         deadline = time.monotonic() + seconds
         try:
             ev = self._collective.call(lambda: self.adapter.mutate(target, deadline), seconds,

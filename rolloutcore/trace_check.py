@@ -106,6 +106,13 @@ _RECORD_FIELDS = frozenset({"type", "step", "op", "param", "phase", "pending", "
                             "engine"})
 
 
+def header_problem(r: Mapping[str, Any]) -> str | None:
+    """Why a header record (schema and spec aside) is malformed (None: it is not)."""
+    if r.get("seq") != 0 or type(r.get("seq")) is not int or set(r) - _HEADER_FIELDS:
+        return "a header is seq 0 with schema, spec, t and the journal it continues, if any"
+    return _top_level_problem(r)
+
+
 def _top_level_problem(r: Mapping[str, Any]) -> str | None:
     for key, f in TOP_LEVEL.items():
         if key not in r or not f.conforms(r[key]):
@@ -280,6 +287,8 @@ class TraceChecker:
         self.header_seen = False
         self.segment = _Segment()
         self.claims = Claims()  # what the journal established about its generations
+        self._admitted: dict[str, int] = {}  # rollout id -> its admission's line (tracking)
+        self._line = 0
         self._memo: dict[tuple[Any, ...], frozenset[Ghost]] = {}
         self._memo_size = 0  # ghost states held by the memo, keys and values
 
@@ -289,6 +298,7 @@ class TraceChecker:
         out.bound, out.counts = dict(self.bound), dict(self.counts)
         out.segment = copy.copy(self.segment)
         out.claims = self.claims.copy()
+        out._admitted = {}
         return out
 
     # ------------------------------------------------------------------ representation
@@ -353,6 +363,7 @@ class TraceChecker:
 
     def feed(self, r: Mapping[str, Any], line: int) -> Rejection | None:
         """Check one record (``line``: its line in the file); None if it conforms."""
+        self._line = line
         if r.get("type") == HEADER:
             return self._header(r, line)
         bad = self._schema(r)
@@ -387,7 +398,7 @@ class TraceChecker:
         spec_bad = self._spec_step(r)
         if spec_bad is not None:
             return Rejection(line, spec_bad[0], spec_bad[1])
-        self.claims.advance(r, self.control.committed, self.control.target)
+        self.claims.advance(r, line, self.control.committed, self.control.target)
         return None
 
     def _header(self, r: Mapping[str, Any], line: int) -> Rejection | None:
@@ -400,10 +411,7 @@ class TraceChecker:
         cont = r.get(CONTINUES)
         if cont is not None and not (isinstance(cont, str) and len(cont) == 64):
             return Rejection(line, "Schema", f"{CONTINUES} is not a hash: {cont!r}")
-        if r.get("seq") != 0 or set(r) - _HEADER_FIELDS:
-            return Rejection(line, "Schema", "a header is seq 0 with schema, spec, t and "
-                             "the journal it continues, if any")
-        bad = _top_level_problem(r)
+        bad = header_problem(r)
         if bad:
             return Rejection(line, "Schema", bad)
         self.segment.continues = cont
@@ -494,18 +502,36 @@ class TraceChecker:
         if bad is not None:
             return bad
         self.control = c_after
+        tracking = self.claims.on_unused is not None
         if step == Trigger.ADMIT:
             self.bound[param] = self.control.committed
             self.counts[self.control.committed] = self.counts.get(self.control.committed, 0) + 1
+            if tracking:
+                self._admitted[param] = self._line
         elif gen is not None:
             del self.bound[param]
             self.counts[gen] -= 1
             if not self.counts[gen]:
                 del self.counts[gen]
+            self._admitted.pop(param, None)
         elif step in self._frees:
             self.bound.clear()
             self.counts.clear()
+            self._unbound()
         return None
+
+    def _unbound(self) -> None:
+        """Rollouts freed without a release (tracking, see Claims.on_unused): their ids
+        were never named again."""
+        if self.claims.on_unused is not None:
+            for line in self._admitted.values():
+                self.claims.on_unused(line, ("param",))
+        self._admitted.clear()
+
+    def finish(self) -> None:
+        """The journal ended (tracking: report what nothing later compared)."""
+        self._unbound()
+        self.claims.finish()
 
     def _memoised_advance(self, step: str, sparam: Any, proj: tuple[Any, ...],
                           bk: BoundKey) -> tuple[str, str] | None:

@@ -14,6 +14,7 @@ import pytest
 
 from rolloutcore.conformance.make_traces import (
     FixedClock,
+    cancel_update,
     bootstrap,
     drain_and_pause,
     full_cycle,
@@ -275,7 +276,7 @@ def test_killed_after_every_step_comes_back_safe(tmp_path: Path) -> None:
         c.admit("r9")
         request_update(c)
         c.release("r9")
-        c.fire("cancel_update")
+        cancel_update(c)
         full_cycle(c)
 
     full = _journal(tmp_path / "full.jsonl", scenario)
