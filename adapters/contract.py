@@ -16,7 +16,6 @@ evidence each outcome was decided on, and the trace checker decides again from i
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import time
 import types
@@ -204,9 +203,14 @@ def evidence_to_json(ev: Any) -> dict[str, Any]:
     return out
 
 
-@functools.cache
+_HINTS: dict[type[Any], dict[str, Any]] = {}
+
+
 def type_hints(cls: type[Any]) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+    """``cls``'s field types, resolved once."""
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
 
 
 def conforms(v: Any, hint: Any) -> bool:

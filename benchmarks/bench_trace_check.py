@@ -38,11 +38,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rolloutcore.conformance.make_traces import FixedClock, bootstrap, full_cycle
+from rolloutcore.conformance.make_traces import (
+    FixedClock,
+    bootstrap,
+    drain_and_pause,
+    full_cycle,
+    invalidate,
+    mutate,
+    publish,
+    validate_resume_probe,
+)
 from rolloutcore.controller import Controller
 from rolloutcore.journal import Journal
+from rolloutcore.spec.fleet import FLEET
 
 GOAL_K, GOAL_RECORDS, GOAL_S, GOAL_MB = 1000, 100_000, 10.0, 500.0
+#: Run length: 10,000 update cycles (about a million records) in < 60 s and < 300 MB,
+#: the single-engine checker and the fleet checker (8 members) alike.
+GOAL_CYCLES, GOAL_CYCLES_S, GOAL_CYCLES_MB = 10_000, 60.0, 300.0
 
 # The measured process: check_file alone is timed (not interpreter start-up or imports).
 # Mode "chain" times the hash chain only (bench_journal splits chain from checks).
@@ -58,6 +71,11 @@ elif mode == "chain":
     r = verify_chain(sys.argv[2])
     print(json.dumps({"seconds": time.perf_counter() - t0, "accepted": r.ok,
                       "records": r.records - 1, "message": r.reason}))
+elif mode == "fleet":
+    from rolloutcore.fleet_check import check_fleet_file
+    t0 = time.perf_counter()
+    v = check_fleet_file(sys.argv[2])
+    print(json.dumps({"seconds": time.perf_counter() - t0, **v.as_json()}))
 else:
     t0 = time.perf_counter()
     v = check_file(sys.argv[2])
@@ -137,6 +155,89 @@ def build_journal(path: Path, k: int, records: int, *, seed: int = 0) -> dict[st
             "at_k_fraction": at_k / written, "mb": path.stat().st_size / 2**20}
 
 
+def _admit_release(c: Controller, ids: list[str], rng: random.Random) -> None:
+    for rid in ids:
+        c.admit(rid)
+    rng.shuffle(ids)
+    for rid in ids:
+        c.release(rid, {"tokens": 1 + rng.randrange(4096)})
+
+
+def build_cycles_journal(path: Path, cycles: int, lo: int, hi: int, *,
+                         seed: int = 0) -> dict[str, Any]:
+    """``cycles`` update cycles back to back (every third with failed attempts and
+    retries), each after ``lo``..``hi`` rollouts bound at once and released: the length of
+    an RL run that publishes every step."""
+    rng = random.Random(seed)
+    n = 0
+    with Journal(path, fsync=False, clock=FixedClock()) as j:
+        c = Controller(trace=j)
+        bootstrap(c)
+        for i in range(cycles):
+            k = rng.randint(lo, hi)
+            _admit_release(c, [f"r{n + x}" for x in range(k)], rng)
+            n += k
+            full_cycle(c, retries=i % 3 == 2)
+        written = j.last_seq
+    return {"checker": "engine", "members": 1, "cycles": cycles, "rollouts": f"{lo}-{hi}",
+            "records": written, "mb": path.stat().st_size / 2**20}
+
+
+def build_fleet_journal(path: Path, members: int, cycles: int, lo: int, hi: int, *,
+                        seed: int = 0) -> dict[str, Any]:
+    """A fleet journal of ``members`` members (the fleet's own steps and every member's,
+    in one chain) through ``cycles`` fleet updates, each after ``lo``..``hi`` rollouts
+    spread over the members."""
+    rng = random.Random(seed)
+    names = [f"m{i}" for i in range(members)]
+    n = 0
+    with Journal(path, fsync=False, clock=FixedClock(), spec_name=FLEET.name) as j:
+        cs = {m: Controller(trace=j.member(m)) for m in names}
+        for c in cs.values():
+            bootstrap(c)
+        j.fleet_step("fleet_open", "READY", 1, 0, {"members": names, "min_serving": members})
+        for i in range(cycles):
+            k = rng.randint(lo, hi)
+            for x in range(k):
+                cs[names[x % members]].admit(f"r{n + x}")
+            for x in range(k):
+                cs[names[x % members]].release(f"r{n + x}", {"tokens": 1})
+            n += k
+            g = cs[names[0]].control.committed + 1
+            j.fleet_step("fleet_request_update", "UPDATING", g - 1, g,
+                         {"target": f"gen-{g}", "identity": "x", "members": names})
+            for c in cs.values():
+                drain_and_pause(c, pause_fails=i % 3 == 2)
+                mutate(c)
+                invalidate(c)
+                validate_resume_probe(c)
+            j.fleet_step("fleet_publish", "READY", g, 0, {"members": names, "label": f"gen-{g}"})
+            for c in cs.values():
+                publish(c)
+        written = j.last_seq
+    return {"checker": "fleet", "members": members, "cycles": cycles, "rollouts": f"{lo}-{hi}",
+            "records": written, "mb": path.stat().st_size / 2**20}
+
+
+def run_cycles(cycles: int, fleet_cycles: int, members: int, lo: int, hi: int,
+               tmp: Path) -> list[dict[str, Any]]:
+    """Checker time and memory against run length: each journal checked once in a fresh
+    process (``fleet`` journals by the fleet checker)."""
+    rows = []
+    for build in (lambda p: build_cycles_journal(p, cycles, lo, hi),
+                  lambda p: build_fleet_journal(p, members, fleet_cycles, lo, hi)):
+        path = tmp / f"cycles-{len(rows)}.jsonl"
+        t0 = time.perf_counter()
+        row = build(path)
+        row["build_s"] = time.perf_counter() - t0
+        r = measure(path, "fleet" if row["checker"] == "fleet" else "check")
+        assert r["accepted"], f"{row} rejected: {r['message']}"
+        rows.append({**row, "seconds": r["seconds"], "peak_rss_mb": r["peak_rss_mb"],
+                     "us_per_record": r["seconds"] / row["records"] * 1e6})
+        path.unlink()
+    return rows
+
+
 def run(ks: list[int], sizes: list[int], tmp: Path, repeat: int) -> dict[str, Any]:
     built: dict[Path, dict[str, Any]] = {}
     for records in sizes:
@@ -207,6 +308,17 @@ def render(result: dict[str, Any]) -> str:
     for k, v in r.get("time_nmax_over_nmin", {}).items():
         lines.append(f"time, largest / smallest journal at K={k}: {v:.2f}x "
                      f"(goal ~{r['size_ratio']:.0f}x: linear)")
+    if result["cycle_rows"]:
+        lines.append(f"\n{'checker':>8} {'members':>7} {'cycles':>7} {'rollouts':>8} "
+                     f"{'records':>10} {'MB':>7} {'seconds':>8} {'us/record':>9} "
+                     f"{'peak RSS MB':>11}")
+    for x in result["cycle_rows"]:
+        met = x["seconds"] < GOAL_CYCLES_S and x["peak_rss_mb"] < GOAL_CYCLES_MB
+        lines.append(f"{x['checker']:>8} {x['members']:>7} {x['cycles']:>7,} "
+                     f"{x['rollouts']:>8} {x['records']:>10,} {x['mb']:>7.1f} "
+                     f"{x['seconds']:>8.2f} {x['us_per_record']:>9.1f} "
+                     f"{x['peak_rss_mb']:>11.1f}  goal < {GOAL_CYCLES_S:.0f} s and < "
+                     f"{GOAL_CYCLES_MB:.0f} MB: {'met' if met else 'NOT met'}")
     g = r.get("goal")
     if g is not None:
         lines.append(f"goal: K={g['k']}, {g['records']:,} records in < {g['goal_seconds']:.0f} s "
@@ -218,15 +330,26 @@ def render(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bound", type=int, nargs="+", default=[10, 100, 1000],
+    ap.add_argument("--bound", type=int, nargs="*", default=[10, 100, 1000],
                     help="rollouts bound at once (K)")
     ap.add_argument("--records", type=int, nargs="+", default=[10_000, 100_000])
     ap.add_argument("--repeat", type=int, default=3,
                     help="checks per journal, each in a fresh process (the fastest is kept)")
+    ap.add_argument("--cycles", type=int, default=GOAL_CYCLES,
+                    help="update cycles of the run-length journal (0: skip it)")
+    ap.add_argument("--fleet-cycles", type=int, default=3_000,
+                    help="fleet updates of the fleet run-length journal")
+    ap.add_argument("--members", type=int, default=8)
+    ap.add_argument("--cycle-rollouts", type=int, nargs=2, default=[4, 100],
+                    metavar=("LO", "HI"), help="rollouts bound before each cycle")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-trace-check-") as tmp:
-        result = run(sorted(args.bound), sorted(args.records), Path(tmp), args.repeat)
+        result = run(sorted(args.bound), sorted(args.records), Path(tmp), args.repeat) \
+            if args.bound else {"rows": [], "baseline_rss_mb": baseline_rss_mb(), "repeat": 0}
+        result["cycle_rows"] = run_cycles(args.cycles, args.fleet_cycles, args.members,
+                                          *args.cycle_rollouts, Path(tmp)) \
+            if args.cycles else []
     result["ratios"] = ratios(result)
     print(json.dumps(result, indent=2) if args.json else render(result))
     return 0

@@ -142,9 +142,8 @@ def pools(journals: list[Journal_]) -> dict[str, list[Any]]:
         for r in j.records:
             for path, v in _walk(r):
                 key = next((p for p in reversed(path) if isinstance(p, str)), "")
-                if v is None or isinstance(v, str | int | float | bool):
-                    seen.setdefault(key, set()).add(json.dumps(v))
-                elif isinstance(v, list) and all(isinstance(x, int) for x in v):
+                if v is None or isinstance(v, str | int | float | bool) or (
+                        isinstance(v, list) and all(isinstance(x, int) for x in v)):
                     seen.setdefault(key, set()).add(json.dumps(v))
     return {k: [json.loads(x) for x in sorted(v)] for k, v in seen.items()}
 

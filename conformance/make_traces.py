@@ -18,6 +18,7 @@ import json
 import random
 import sys
 import tempfile
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -162,23 +163,59 @@ def sample_decision(c: Controller, trigger: str, param: str | None = None, *,
     return table[trigger]
 
 
-def out(c: Controller, trigger: str, param: str | None = None, *, first_probe: bool = True,
-        **detail: Any) -> None:
-    """Take an outcome step, journalled with the decision it stands for."""
+#: Per controller (by id, with a weak reference to tell a reused id): whether it attempted
+#: a probe since its caches were last invalidated (what the runner's first_since_reset
+#: says).
+_PROBED: dict[int, tuple[weakref.ref[Controller], bool]] = {}
+
+
+def _probed(c: Controller) -> bool:
+    ref, probed = _PROBED.get(id(c), (None, False))
+    return probed and ref is not None and ref() is c
+
+
+def _set_probed(c: Controller, probed: bool) -> None:
+    _PROBED[id(c)] = (weakref.ref(c), probed)
+
+
+def out(c: Controller, trigger: str, param: str | None = None, **detail: str) -> None:
+    """Take an outcome step, journalled with the decision it stands for (and, as the
+    runner does, a bootstrap's outcome with the initial generation it is about)."""
+    if trigger.startswith("bootstrap_"):
+        detail = {"checkpoint": "/checkpoints/gen-1", "label": _label(1), **detail}
     c.fire(trigger, param, {DECISION: decision_to_json(sample_decision(
-        c, trigger, param, first_probe=first_probe)), **detail})
+        c, trigger, param, first_probe=not _probed(c))), **detail})
+    if trigger.startswith("probe_"):
+        _set_probed(c, True)
+
+
+def control_step(c: Controller, trigger: str, param: str | None = None) -> None:
+    """Take a control step with the detail the runner journals it with."""
+    if trigger == "request_update":
+        request_update(c)
+        return
+    detail: dict[str, Any] | None = None
+    if trigger == "publish":
+        detail = publish_detail(c.control.target)
+    elif trigger in ("mutate_begin", "cancel_update"):
+        detail = mutate_detail(c)
+    elif trigger == "readmit_begin":
+        k = c.control.committed
+        detail = {"who": "operator", "target": _label(k), "identity": _identity(k)}
+    c.fire(trigger, param, detail)
+    if trigger == "invalidated":
+        _set_probed(c, False)
 
 
 # --------------------------------------------------------------------- scenarios
 
 
 def bootstrap(c: Controller, *, fail_first: bool = False) -> None:
-    initial = {"checkpoint": "/checkpoints/gen-1", "label": _label(1)}  # as the runner names it
     if fail_first:
         c.fire("bootstrap_begin")
-        out(c, "bootstrap_failed", **initial)
+        out(c, "bootstrap_failed")
     c.fire("bootstrap_begin")
-    out(c, "bootstrap_ok", **initial)
+    out(c, "bootstrap_ok")
 
 
 def request_update(c: Controller) -> None:
@@ -223,7 +260,7 @@ def invalidate(c: Controller, *, fail: tuple[str, ...] = ()) -> None:
             out(c, "reset_failed", tier)
         c.fire("reset_begin", tier)
         out(c, "reset_ok", tier)
-    c.fire("invalidated")
+    control_step(c, "invalidated")
 
 
 def validate_resume_probe(c: Controller, *, retries: bool = False) -> None:
@@ -232,7 +269,7 @@ def validate_resume_probe(c: Controller, *, retries: bool = False) -> None:
             c.fire(f"{step}_begin")
             out(c, f"{step}_failed")
         c.fire(f"{step}_begin")
-        out(c, f"{step}_ok", first_probe=not retries)
+        out(c, f"{step}_ok")
 
 
 def full_cycle(c: Controller, *, retries: bool = False) -> None:
@@ -410,7 +447,8 @@ def s_audit(c: Controller) -> None:
     c.release("r4")  # released as aborted by the mismatch: let go, nothing journalled
     fence(c)
     k = c.control.committed
-    c.fire("readmit_begin", detail={"who": "operator", "target": _label(k), "identity": _identity(k)})
+    c.fire("readmit_begin", detail={"who": "operator", "target": _label(k),
+                                    "identity": _identity(k)})
     out(c, "readmit_ok")
     rollouts(c, "r5")
 

@@ -566,7 +566,7 @@ class TourRun:
             self.runner.publish(self.targets[s.target])
         elif a.name == "cancel_update":
             fire(Trigger.CANCEL_UPDATE, None, {"reason": "tour",
-                                               **self.runner._named(self.targets[s.target])})
+                                               **self.runner.named(self.targets[s.target])})
         else:
             if a.name == "invalidated":
                 self.first_probe = True
@@ -585,8 +585,15 @@ class TourRun:
             j += 1
         nxt = edges[j] if j < len(edges) else None
         if nxt is None or nxt.action.kind is Kind.RESTART:
-            # Crash with the call not yet made: the begin is journalled, nothing else.
-            self.ctl.fire(str(e.action.trigger), self._param(e))
+            # Crash with the call not yet made: the begin is journalled (named as the
+            # runner names it), nothing else.
+            target = self._target_of(op, e.source)
+            detail = None
+            if op is Op.MUTATE and target is not None:
+                detail = self.runner.named(target)
+            elif op is Op.READMIT and target is not None:
+                detail = {"who": "tour", **self.runner.named(target)}
+            self.ctl.fire(str(e.action.trigger), self._param(e), detail)
             self._check(e.dest)
             return k + 1
         if nxt.action.op != e.action.op or nxt.action.kind is not Kind.OUTCOME:

@@ -232,8 +232,8 @@ class Reference:
     @staticmethod
     def of_request(detail: Mapping[str, Any]) -> Reference | str:
         """The target an update request names (or why its probe is malformed)."""
-        p = detail["probe"]
-        if set(p) != {"prompt", "tokens", "logprobs", "tolerance"} \
+        p = detail.get("probe")
+        if not isinstance(p, dict) or set(p) != {"prompt", "tokens", "logprobs", "tolerance"} \
                 or not _KINDS["list[int]"](p["prompt"]) or not p["prompt"] \
                 or not (p["tokens"] is None or _KINDS["list[int]"](p["tokens"])) \
                 or not (p["logprobs"] is None or (isinstance(p["logprobs"], list) and all(
@@ -242,7 +242,8 @@ class Reference:
                 or not _is_num(p["tolerance"]) or p["tolerance"] < 0:
             return ("request_update: detail.probe is not {prompt, tokens | logprobs (one of "
                     "them), tolerance}")
-        return Reference(detail["target"], detail["identity"], tuple(p["prompt"]),
+        return Reference(str(detail.get("target")), str(detail.get("identity")),
+                         tuple(p["prompt"]),
                          _tuple(p["tokens"]), _tuple(p["logprobs"]), p["tolerance"])
 
     def expected_problem(self, expected: Any, what: str) -> str | None:
@@ -328,22 +329,32 @@ EVIDENCE_INFO: dict[tuple[str, str], tuple[Condition, str]] = {
     ("PauseEvidence", "http_status"): (_always, "the read-back decides, whatever the call "
                                                 "answered"),
     ("PauseEvidence", "body"): (_always, "the read-back decides, whatever the call answered"),
-    ("ResumeEvidence", "http_status"): (_always, "the read-back decides"),
-    ("ResumeEvidence", "body"): (_always, "the read-back decides"),
-    ("FenceEvidence", "pause_status"): (_always, "the read-backs decide"),
-    ("FenceEvidence", "label_status"): (_always, "the read-backs decide"),
+    ("ResumeEvidence", "http_status"): (_always, "the read-back decides, whatever the call "
+                                                 "answered"),
+    ("ResumeEvidence", "body"): (_always, "the read-back decides, whatever the call "
+                                          "answered"),
+    ("FenceEvidence", "pause_status"): (_always, "the read-backs (paused, label, running) "
+                                                 "decide"),
+    ("FenceEvidence", "label_status"): (_always, "the read-backs (paused, label, running) "
+                                                 "decide"),
     ("FenceEvidence", "error"): (_always, "the read-backs decide; the words say what went "
                                           "wrong"),
     ("MutationEvidence", "observed"): (_always, "what the adapter saw, in words: the "
                                                 "outcome field is the claim, re-decided"),
-    ("MutationEvidence", "seconds"): (_always, "a timing"),
-    ("MutationEvidence", "bytes_moved"): (_always, "a size, for the record"),
+    ("MutationEvidence", "seconds"): (_always, "how long the mutation took: a timing, "
+                                               "bounded by its deadline"),
+    ("MutationEvidence", "bytes_moved"): (_always, "a size, for the record: the identity "
+                                                   "read afterwards is the claim"),
     ("ResetEvidence", "body_success"): (
         _always, "one of three confirmations of a reset (the body, the entry count, the "
         "engine's proof that it has no such cache); the first that settles it decides (and "
         "is re-decided), the others are context"),
-    ("ResetEvidence", "entries_after"): (_always, "as body_success"),
-    ("ResetEvidence", "tier_absent"): (_always, "as body_success"),
+    ("ResetEvidence", "entries_after"): (_always, "as body_success: one of three "
+                                                  "confirmations, the first that settles "
+                                                  "it decides"),
+    ("ResetEvidence", "tier_absent"): (_always, "as body_success: one of three "
+                                                "confirmations, the first that settles it "
+                                                "decides"),
     ("ProbeEvidence", "http_status"): (_always, "the tokens or scores decide; the status "
                                                 "is how they arrived"),
     ("ProbeEvidence", "finish_reason"): (_always, "the tokens decide (a shorter output "
@@ -419,8 +430,12 @@ def path_name(rec: Mapping[str, Any], path: tuple[str | int, ...]) -> str:
                 else "[]"
         else:
             out.append(p)
-        node = node[p] if isinstance(node, dict | list) and (
-            isinstance(p, int) or p in node) else None
+        if isinstance(node, list) and isinstance(p, int) and p < len(node):
+            node = node[p]
+        elif isinstance(node, dict):
+            node = node.get(p)
+        else:
+            node = None
     return ".".join(out)
 
 
@@ -513,15 +528,15 @@ class Claims:
                     "validation could not tell the two apart")
         elif step in (Trigger.MUTATE_BEGIN, Trigger.PUBLISH, Trigger.CANCEL_UPDATE):
             key = "label" if step == Trigger.PUBLISH else "target"
-            bad = self._names(self.target, d.get(key), d.get("identity"), step,
-                              "DetailContradictsTarget")
-            if bad:
-                return bad
+            named = self._names(self.target, d.get(key), d.get("identity"), step,
+                                "DetailContradictsTarget")
+            if named:
+                return named
         elif step == Trigger.READMIT_BEGIN:
-            bad = self._names(self.committed, d["target"], d["identity"], step,
-                              "DetailContradictsCommitted")
-            if bad:
-                return bad
+            named = self._names(self.committed, d["target"], d["identity"], step,
+                                "DetailContradictsCommitted")
+            if named:
+                return named
         elif step in (Trigger.RESTART_READY, Trigger.RESTART_TAINTED,
                       Trigger.RESTART_UNINITIALIZED) and phase is not None \
                 and d.get("from_phase") != phase.value:
@@ -567,9 +582,9 @@ class Claims:
             return "EvidenceIncoherent", (f"{step} expected both or neither of a token and a "
                                           "scored probe reference")
         if op == "bootstrap":
-            bad = self._initial(step, detail)
-            if bad:
-                return bad
+            initial = self._initial(step, detail)
+            if initial:
+                return initial
         if isinstance(exp, Mapping) and op in _FIRST_SINCE_RESET:
             want = _FIRST_SINCE_RESET[op](self)
             if exp.get("first_since_reset") is not want:
@@ -589,8 +604,7 @@ class Claims:
     def _initial(self, step: str, detail: Mapping[str, Any]) -> tuple[str, str] | None:
         """Every bootstrap outcome names the same initial label."""
         if self.initial is None:
-            self.initial = str(detail["label"])
-            return None
+            return None  # this one names it (advance)
         self._used["initial"].add("label")
         if detail["label"] != self.initial:
             return "DetailContradictsTarget", (f"{step} names initial label "
@@ -628,10 +642,9 @@ class Claims:
         step = str(r["step"])
         d = r.get("detail") or {}
         if step == Trigger.REQUEST_UPDATE:
-            ref = Reference.of_request(d)
-            assert isinstance(ref, Reference)
+            named = Reference.of_request(d)
             self._drop("target")
-            self.target = ref
+            self.target = named if isinstance(named, Reference) else None
             self._origin["target"] = {f: (line, p) for f, p in _REQUEST_PATHS.items()}
         elif step == Trigger.PUBLISH and self.target is not None:
             self._drop("committed")
@@ -646,7 +659,8 @@ class Claims:
         elif step == Trigger.BOOTSTRAP_OK:
             self._bootstrapped(r["evidence"], line)
         if step.startswith("bootstrap_") and step != Trigger.BOOTSTRAP_BEGIN \
-                and not self._origin["initial"]:
+                and self.initial is None:
+            self.initial = str(d.get("label"))
             self._origin["initial"] = {"label": (line, ("detail", "label"))}
         elif step in (Trigger.PROBE_OK, Trigger.PROBE_FAILED, Trigger.PROBE_MISMATCH):
             self.probed_since_invalidation = True
@@ -654,7 +668,7 @@ class Claims:
             # A continuing segment read without the one it continues: the first verified
             # evidence about the committed generation names it.
             exp = (r.get("evidence") or {}).get("expected") or {}
-            self.committed = Reference(exp.get("label"), exp.get("identity"))
+            self.committed = Reference(str(exp.get("label")), str(exp.get("identity")))
         if not target and self.target is not None:
             self._drop("target")
             self.target = None
@@ -666,7 +680,7 @@ class Claims:
         evs = dec.get("evidence") or []
         k = next((i for i, e in enumerate(evs) if e.get("type") == "ProbeEvidence"), None)
         self._drop("committed")
-        self.committed = Reference(exp.get("label"), exp.get("identity"),
+        self.committed = Reference(str(exp.get("label")), str(exp.get("identity")),
                                    _tuple(evs[k].get("prompt")) if k is not None else None,
                                    _tuple(exp.get("probe_tokens")),
                                    _tuple(exp.get("probe_logprobs")), exp.get("tolerance"))

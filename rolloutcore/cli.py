@@ -240,11 +240,13 @@ def _trace_check(args: argparse.Namespace) -> int:
         if is_fleet_journal(args.file):  # a fleet's journal: checked against the fleet spec
             if args.after:
                 raise TraceInputError("--after applies to single-engine journals")
-            v = check_fleet_file(args.file)
+            v = check_fleet_file(args.file, strict=args.strict)
         else:
-            v = check_file(args.file, after=args.after)
+            v = check_file(args.file, after=args.after, strict=args.strict)
     except TraceInputError as e:
         return _bad_input(args, str(e), file=args.file)
+    for w in v.warnings:  # said, never passed silently: a torn final record
+        print(f"warning: {args.file}: {w}", file=sys.stderr)
     if args.json:
         _print_json({"file": args.file, **v.as_json()})
     elif v.accepted:
@@ -283,6 +285,9 @@ def _add_trace_journal_parsers(sub: Any) -> None:
     tc.add_argument("file")
     tc.add_argument("--after", metavar="PREVIOUS",
                     help="the journal segment FILE continues (its link is verified)")
+    tc.add_argument("--strict", action="store_true",
+                    help="reject a torn final record (a crash in mid-write) instead of "
+                    "warning of it")
     tc.add_argument("--json", action="store_true")
     tc.set_defaults(func=_trace_check)
     journal = sub.add_parser("journal", help="the append-only step journal")

@@ -48,6 +48,7 @@ from rolloutcore.spec.fleet import (
 )
 from rolloutcore.spec.lifecycle import Phase
 from rolloutcore.trace_check import (
+    Memo,
     TraceChecker,
     TraceInputError,
     TraceVerdict,
@@ -77,6 +78,8 @@ class FleetTraceChecker:
     last_audit: dict[str, dict[str, Any]] = field(default_factory=dict)  # member -> its last
     last_seq: int = -1
     records: int = 0
+    _views: dict[str, Any] = field(default_factory=dict)
+    _memo: Memo = field(default_factory=Memo)  # one memo for every member
     flabel: str | None = None  # the label the fleet's update names
     #: Tracking (see Claims.on_unused): the open's quorum, reported if nothing compared it.
     on_unused: Any = None
@@ -90,6 +93,7 @@ class FleetTraceChecker:
         out.member_seq, out.group = dict(self.member_seq), list(self.group)
         out.last_audit = dict(self.last_audit)
         out.participants = list(self.participants)
+        out._views = {}
         out.on_unused = out._quorum_origin = None
         return out
 
@@ -103,10 +107,17 @@ class FleetTraceChecker:
     # ------------------------------------------------------------------ views
 
     def _view(self, name: str) -> Any:
-        c = self.members[name].control
-        return SimpleNamespace(phase=c.phase, committed=c.committed, target=c.target,
-                               pending=c.pending, evidence=c.evidence,
-                               bind=tuple(self.members[name].bound.values()))
+        """A member's controller half as the fleet spec reads it (cached until the member
+        takes its next step)."""
+        view = self._views.get(name)
+        if view is None:
+            m = self.members[name]
+            c = m.control
+            # The fleet spec reads bindings only as "any bound" and their generations.
+            view = self._views[name] = SimpleNamespace(
+                phase=c.phase, committed=c.committed, target=c.target, pending=c.pending,
+                evidence=c.evidence, bind=tuple(sorted(m.counts)))
+        return view
 
     def _fleet(self) -> Any:
         return SimpleNamespace(fphase=self.fphase, fcommitted=self.fcommitted,
@@ -153,7 +164,7 @@ class FleetTraceChecker:
         if checker is None:
             if self.fphase != "UNINITIALIZED":
                 return "Schema", f"member {name!r} appears after the fleet opened"
-            checker = self.members[name] = TraceChecker()
+            checker = self.members[name] = TraceChecker(memo=self._memo)
             checker.feed({"type": HEADER, "schema": SCHEMA, "spec": checker.spec.name, "seq": 0,
                           "t": r.get("t")}, 0)
             self.member_seq[name] = 0
@@ -164,6 +175,7 @@ class FleetTraceChecker:
                                       f"(fleet {self.fphase}, committed {self.fcommitted}, "
                                       f"member committed {self.members[name].control.committed})")
         self.member_seq[name] += 1
+        self._views.pop(name, None)
         bad = checker.feed({**r, "seq": self.member_seq[name]}, line)
         if bad is not None:
             return bad.violated, f"member {name}: {bad.message}"

@@ -3,10 +3,12 @@
 A record's binding says: rollout ``rollout_id`` was admitted at journal seq ``seq`` under
 committed generation ``generation``, whose weights are ``identity``. The journal is the
 evidence: its ``admit`` record at that seq (``param`` = the rollout id, ``committed`` =
-the generation), a later ``release`` of that rollout, and the identity it names for the
-generation: the ``publish`` record's for generations >= 2, the ``bootstrap_ok`` record's
-for generation 1 (in its detail, or the identity its typed evidence was verified against,
-``evidence.expected.identity``). A record is
+the generation), a later ``release`` of that rollout, and the identity of the
+generation, taken only from verified evidence: for generation 1 the identity the
+``bootstrap_ok`` decision was verified against (``evidence.expected.identity``), for a
+published generation the one its cycle's ``validate_ok`` and ``probe_ok`` were verified
+against (what the ``publish`` record names is not evidence), confirmed by every audit and
+re-admission. A record is
 
 * ``rejected`` when the journal contradicts it or lacks its admission: no admission at
   that seq, another rollout, another generation or identity than the admission's, a
@@ -50,38 +52,52 @@ class ProvenanceInputError(ValueError):
 class Fact:
     """What one journal record says about provenance (see :func:`journal_fact`)."""
 
-    kind: str  # "admit" | "release" | "identity"
+    kind: str  # "admit" | "release" | "identity" | "verified" (the target's) | "publish"
     seq: int
     rollout_id: str | None = None
     generation: int = 0
     identity: str | None = None
     aborted: bool = False  # a release by the drain's abort (``release_aborted``)
+    engine: str | None = None  # the fleet member it is about
+
+
+#: Outcomes whose decision verified the engine against the identity it expected: of the
+#: target (validation, the probe) or of the committed generation (bootstrap, audit,
+#: re-admission).
+_VERIFIES_TARGET = frozenset({"validate_ok", "probe_ok"})
+_VERIFIES_COMMITTED = frozenset({"bootstrap_ok", "audit_ok", "readmit_ok"})
 
 
 def journal_fact(rec: Mapping[str, Any]) -> Fact | None:
     """The provenance fact of a chain-verified journal record, or None. The only place
-    that knows the journal's record schema: adapt it here when the schema changes."""
+    that knows the journal's record schema: adapt it here when the schema changes.
+    Identities come only from verified evidence (what an ``*_ok`` decision was decided
+    against), never from what a record merely names: a publish establishes the identity
+    its cycle's validation and probe verified."""
     step = rec.get("step")
+    engine = rec.get("engine") if isinstance(rec.get("engine"), str) else None
     if step == "admit":
         return Fact("admit", rec["seq"], str(rec["param"]), rec["committed"])
     if step in ("release", "release_aborted"):
         return Fact("release", rec["seq"], str(rec["param"]),
                     aborted=step == "release_aborted")
-    if step in ("publish", "bootstrap_ok"):  # committed is the generation it establishes
-        return Fact("identity", rec["seq"], None, rec["committed"], _named_identity(rec))
+    if step in _VERIFIES_COMMITTED:
+        return Fact("identity", rec["seq"], None, rec["committed"], _verified_identity(rec),
+                    engine=engine)
+    if step in _VERIFIES_TARGET:
+        return Fact("verified", rec["seq"], None, rec["target"], _verified_identity(rec),
+                    engine=engine)
+    if step == "publish":  # committed is the generation it establishes
+        return Fact("publish", rec["seq"], None, rec["committed"], engine=engine)
     return None
 
 
-def _named_identity(rec: Mapping[str, Any]) -> str | None:
-    """The identity a record names: in its detail, or the one its evidence was verified
-    against (an ``*_ok`` outcome means the engine served exactly that)."""
+def _verified_identity(rec: Mapping[str, Any]) -> str | None:
+    """The identity an ``*_ok`` outcome's evidence was verified against."""
     evidence = rec.get("evidence")
     expected = evidence.get("expected") if isinstance(evidence, dict) else None
-    for source in (rec.get("detail"), expected):
-        ident = source.get("identity") if isinstance(source, dict) else None
-        if isinstance(ident, str):
-            return ident
-    return None
+    ident = expected.get("identity") if isinstance(expected, dict) else None
+    return ident if isinstance(ident, str) else None
 
 
 # -------------------------------------------------------------------------- the index
@@ -124,6 +140,8 @@ class JournalIndex:
         self.claimed = array("q")  # 1 + position of the first record claiming it; 0: none
         self.identities: dict[int, str | None] = {}
         open_: dict[str, int] = {}  # bound rollout id -> its admission's index
+        #: Per engine, the (generation, identity) its validation and probe verified last.
+        verified: dict[str | None, tuple[int, str | None]] = {}
         reader = JournalReader(path)
         for _line, rec in reader:
             fact = journal_fact(rec)
@@ -140,11 +158,20 @@ class JournalIndex:
                 i = open_.pop(fact.rollout_id, None)
                 if i is not None:
                     self.released[i] = ABORTED if fact.aborted else FINISHED
-            elif fact.kind == "identity":
+            elif fact.kind == "verified":
+                seen = verified.get(fact.engine)
+                if seen is not None and seen[0] == fact.generation and seen[1] != fact.identity:
+                    fact = Fact("verified", fact.seq, None, fact.generation, _CONFLICT)
+                verified[fact.engine] = (fact.generation, fact.identity)
+            elif fact.kind in ("identity", "publish"):
+                ident = fact.identity
+                if fact.kind == "publish":
+                    seen = verified.pop(fact.engine, None)
+                    ident = seen[1] if seen is not None and seen[0] == fact.generation else None
                 known = self.identities.get(fact.generation)
                 if known is None:
-                    self.identities[fact.generation] = fact.identity
-                elif fact.identity not in (None, known):
+                    self.identities[fact.generation] = ident
+                elif ident not in (None, known):
                     self.identities[fact.generation] = _CONFLICT
         self.chain: ChainReport = reader.report
         if self.chain.records == 0:

@@ -37,7 +37,6 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from rolloutcore import postconditions as post
-from rolloutcore.claims import request_detail
 from rolloutcore.adapters.contract import (
     AdapterError,
     GenerationResult,
@@ -49,6 +48,7 @@ from rolloutcore.adapters.contract import (
     remaining,
 )
 from rolloutcore.audit import audit_attempt
+from rolloutcore.claims import request_detail
 from rolloutcore.controller import Binding, Controller, IllegalTransition
 from rolloutcore.postconditions import Decision, Expected, Outcome
 from rolloutcore.spec.lifecycle import TIERS, Phase, Result
@@ -290,7 +290,7 @@ class LifecycleRunner:
                               e.probe_tokens, e.probe_logprobs, e.tolerance)
 
     @staticmethod
-    def _named(target: WeightTarget) -> dict[str, Any]:
+    def named(target: WeightTarget) -> dict[str, Any]:
         """How a step that acts on a target names it."""
         return {"target": target.label, "identity": target.identity}
 
@@ -461,7 +461,7 @@ class LifecycleRunner:
     def _cycle(self, target: WeightTarget, report: CycleReport) -> None:
         self._fire(Trigger.REQUEST_UPDATE, **self.request_detail(target))
         if not self._drain(report):
-            self._fire(Trigger.CANCEL_UPDATE, reason="drain timeout", **self._named(target))
+            self._fire(Trigger.CANCEL_UPDATE, reason="drain timeout", **self.named(target))
             return
         op = Op.PAUSE_ABORT if report.aborted else Op.PAUSE
         pause = self._idempotent(report, op, None, self.attempt_of(op))
@@ -469,7 +469,7 @@ class LifecycleRunner:
             # A failed pause may have taken effect: the engine must run again before
             # admissions reopen (the spec's cancel_update requires it).
             if self._resume(report):
-                self._fire(Trigger.CANCEL_UPDATE, reason=pause.reason, **self._named(target))
+                self._fire(Trigger.CANCEL_UPDATE, reason=pause.reason, **self.named(target))
             return
         if self._mutate(target, report).trigger != Trigger.MUTATE_OK:
             if self._in(Phase.QUIESCED):  # refused with proof: resume the old generation
@@ -581,7 +581,7 @@ class LifecycleRunner:
         """The collective: never retried; a timeout or unknown error is ambiguous."""
         seconds = self.policy.mutation_deadline(target)
         t0 = time.perf_counter()
-        self._fire(Trigger.MUTATE_BEGIN, **self._named(target), deadline_s=round(seconds, 3))
+        self._fire(Trigger.MUTATE_BEGIN, **self.named(target), deadline_s=round(seconds, 3))
         deadline = time.monotonic() + seconds
         try:
             ev = self._collective.call(lambda: self.adapter.mutate(target, deadline), seconds,

@@ -60,8 +60,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from rolloutcore import postconditions as post
-from rolloutcore.claims import TOP_LEVEL, Claims
 from rolloutcore.adapters.contract import EvidenceFormatError
+from rolloutcore.claims import TOP_LEVEL, Claims
 from rolloutcore.controller import triggers_of
 from rolloutcore.inputs import unreadable
 from rolloutcore.journal import (
@@ -244,6 +244,25 @@ class _Shift:
 
 
 @dataclass
+class Memo:
+    """Spec steps already taken, keyed by shifted state (see :class:`_Shift`), bounded in
+    ghost states held (keys and values): cleared when full."""
+
+    #: shifted state and step -> (shifted ghost set after, shifted controller half after)
+    table: dict[tuple[Any, ...], tuple[frozenset[Ghost], Control]] = field(
+        default_factory=dict)
+    size: int = 0
+
+    def put(self, key: tuple[Any, ...], value: tuple[frozenset[Ghost], Control],
+            size: int) -> None:
+        if self.size + size > _MEMO_GHOSTS:
+            self.table.clear()
+            self.size = 0
+        self.table[key] = value
+        self.size += size
+
+
+@dataclass
 class _Segment:
     started: bool = False  # a first step was seen
     continues: str | None = None
@@ -261,6 +280,9 @@ class TraceChecker:
     #: The segment this journal continues, checked to its end: the continuing segment's
     #: restart must start where it ended, and inherits what it established.
     previous: TraceChecker | None = None
+    #: The memo of spec steps (a pure cache: checkers of one spec may share one, as a
+    #: fleet's members do).
+    memo: Memo | None = None
 
     def __post_init__(self) -> None:
         self.spec = self.spec.with_bounds(Bounds(rollouts=1, generations=UNBOUNDED,
@@ -289,8 +311,8 @@ class TraceChecker:
         self.claims = Claims()  # what the journal established about its generations
         self._admitted: dict[str, int] = {}  # rollout id -> its admission's line (tracking)
         self._line = 0
-        self._memo: dict[tuple[Any, ...], frozenset[Ghost]] = {}
-        self._memo_size = 0  # ghost states held by the memo, keys and values
+        if self.memo is None:
+            self.memo = Memo()
 
     def clone(self) -> TraceChecker:
         """An independent checker in this one's state (the memo, a pure cache, shared)."""
@@ -497,11 +519,9 @@ class TraceChecker:
             if gen is None:
                 return SPEC_VIOLATION, f"{step} of rollout {param!r}, which is not bound"
             sparam = gen
-        c_after = self._control_after(step, sparam, proj, bk)
         bad = self._memoised_advance(step, sparam, proj, bk)
         if bad is not None:
             return bad
-        self.control = c_after
         tracking = self.claims.on_unused is not None
         if step == Trigger.ADMIT:
             self.bound[param] = self.control.committed
@@ -538,31 +558,31 @@ class TraceChecker:
         """:meth:`_advance`, memoised up to a shift of the generations (see
         :class:`_Shift`): the same step from the same state relative to the committed
         generation recurs every cycle, whatever the cycle's number, so a memo bounded in
-        size serves a run of any length. Sets the ghost set; returns a rejection or None."""
+        size serves a run of any length. Sets the ghost set and the controller half;
+        returns a rejection or None."""
         shift = _Shift.around(self.control.committed)
         ghosts = self._ghosts_at(shift)
         key = None
         if ghosts is not None:
             key = (ghosts, shift.control(self.control), shift.bound_key(bk), step,
                    shift.gen(sparam) if step in _RELEASES else sparam, shift.proj(proj))
-            hit = self._memo.get(key)
+            hit = self.memo.table.get(key)  # type: ignore[union-attr]
             if hit is not None:
-                self._ghosts, self._shifted = None, (shift.delta, hit)
-                self.states_max = max(self.states_max, len(hit))
+                stored, control = hit
+                self._ghosts, self._shifted = None, (shift.delta, stored)
+                self.control = _Shift(-shift.delta).control(control)
+                self.states_max = max(self.states_max, len(stored))
                 return None
+        c_after = self._control_after(step, sparam, proj, bk)
         nxt = self._advance(step, sparam, proj, bk)
         if isinstance(nxt, tuple):
             return nxt
-        self.ghosts = nxt
+        self.ghosts, self.control = nxt, c_after
         self.states_max = max(self.states_max, len(nxt))
         stored = shift.ghosts(nxt) if key is not None else None
         if key is not None and stored is not None:
-            size = len(key[0]) + len(stored)
-            if self._memo_size + size > _MEMO_GHOSTS:
-                self._memo.clear()
-                self._memo_size = 0
-            self._memo[key] = stored
-            self._memo_size += size
+            self.memo.put(key, (stored, shift.control(c_after)),  # type: ignore[union-attr]
+                          len(key[0]) + len(stored))
             self._shifted = (shift.delta, stored)
         return None
 

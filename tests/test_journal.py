@@ -14,8 +14,8 @@ import pytest
 
 from rolloutcore.conformance.make_traces import (
     FixedClock,
-    cancel_update,
     bootstrap,
+    cancel_update,
     drain_and_pause,
     full_cycle,
     mutate,

@@ -44,17 +44,27 @@ def _write_journal(path: Path, steps: list[dict[str, Any]]) -> Path:
     return path
 
 
-def _steps(*, bootstrap_identity: str | None = ID1) -> list[dict[str, Any]]:
-    boot = {"label": "gen-1"} if bootstrap_identity is None else {
-        "label": "gen-1", "identity": bootstrap_identity}
+def _verified(rec: dict[str, Any], identity: str | None) -> dict[str, Any]:
+    """``rec`` as an outcome whose decision was verified against ``identity``."""
+    rec["evidence"] = {"op": "x", "evidence": [], "expected": {"identity": identity}}
+    return rec
+
+
+def _steps(*, bootstrap_identity: str | None = ID1,
+           published_identity: str = ID2) -> list[dict[str, Any]]:
+    validated = _verified(_step(6, "validate_ok", typ="ok"), ID2)
+    validated["target"] = 2
     return [
-        _step(1, "bootstrap_ok", detail=boot, typ="ok"),
+        _verified(_step(1, "bootstrap_ok", detail={"label": "gen-1"}, typ="ok"),
+                  bootstrap_identity),
         _step(2, "admit", "a"), _step(3, "admit", "b"),
-        _step(4, "release", "a"), _step(5, "release", "b"),
-        _step(6, "publish", committed=2, detail={"label": "gen-2", "identity": ID2}),
-        _step(7, "admit", "c", 2), _step(8, "release", "c", 2),
-        _step(9, "admit", "d", 2),  # never released
-        _step(10, "admit", "a", 2), _step(11, "release", "a", 2),  # an id used again
+        _step(4, "release", "a"), _step(5, "release", "b"), validated,
+        # What the publish names is not evidence: validation's verified identity is.
+        _step(7, "publish", committed=2, detail={"label": "gen-2",
+                                                 "identity": published_identity}),
+        _step(8, "admit", "c", 2), _step(9, "release", "c", 2),
+        _step(10, "admit", "d", 2),  # never released
+        _step(11, "admit", "a", 2), _step(12, "release", "a", 2),  # an id used again
     ]
 
 
@@ -66,7 +76,7 @@ def _rec(rollout: str, generation: int, identity: str | None, seq: int,
 
 
 Row = tuple[str, int, str | None, int]
-GOOD: list[Row] = [("a", 1, ID1, 2), ("b", 1, ID1, 3), ("c", 2, ID2, 7), ("a", 2, ID2, 10)]
+GOOD: list[Row] = [("a", 1, ID1, 2), ("b", 1, ID1, 3), ("c", 2, ID2, 8), ("a", 2, ID2, 11)]
 
 
 def _verify(tmp_path: Path, records: list[Row],
@@ -95,8 +105,8 @@ def test_consistent_records_pass(tmp_path: Path, capsys: pytest.CaptureFixture[s
     (("b", 1, None, 3), f"claims identity None, generation 1 is {ID1}"),
     (("zz", 1, ID1, 2), "journal seq 2 admits another rollout than 'zz'"),
     (("a", 1, ID1, 4), "no admission at journal seq 4"),
-    (("a", 1, ID1, 99), "no admission at journal seq 99 (the journal ends at seq 11)"),
-    (("d", 2, ID2, 9), "its admission (seq 9) was never released"),
+    (("a", 1, ID1, 99), "no admission at journal seq 99 (the journal ends at seq 12)"),
+    (("d", 2, ID2, 10), "its admission (seq 10) was never released"),
     (("a", 1, ID1, 2), "a second record for the admission at seq 2 (the first is at line 1)"),
 ])
 def test_each_disagreement_is_rejected_by_name(
@@ -140,12 +150,12 @@ def test_journal_torn_tail_and_broken_chain(tmp_path: Path,
     journal.write_text("".join(lines) + lines[-1][:20])  # a crash mid-write: still fine
     assert main(["records", "verify", str(records), "--journal", str(journal)]) == 0
     assert "torn final record" in capsys.readouterr().out
-    edited = json.loads(lines[6])  # the publish: its identity edited, chain not re-sealed
+    edited = json.loads(lines[7])  # the publish: its identity edited, chain not re-sealed
     edited["detail"]["identity"] = ID1
-    journal.write_text("".join([*lines[:6], dumps_line(edited), *lines[7:]]))
+    journal.write_text("".join([*lines[:7], dumps_line(edited), *lines[8:]]))
     assert main(["records", "verify", str(records), "--journal", str(journal)]) == 1
     out = capsys.readouterr().out
-    assert "chain BROKEN at line 7" in out and "its evidence ends there" in out
+    assert "chain BROKEN at line 8" in out and "its evidence ends there" in out
 
 
 @pytest.mark.parametrize("parquet", [False, True])
@@ -153,14 +163,14 @@ def test_aborted_rollouts_are_marked_and_checked(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], parquet: bool) -> None:
     """A rollout the drain aborted is released as aborted in the journal; its record says
     so (``binding.aborted``), and a record that says otherwise is rejected."""
-    steps = [*_steps(), _step(12, "admit", "e", 2), _step(13, "release_aborted", "e", 2)]
-    aborted = ("e", 2, ID2, 12, True)
+    steps = [*_steps(), _step(13, "admit", "e", 2), _step(14, "release_aborted", "e", 2)]
+    aborted = ("e", 2, ID2, 13, True)
     rc, data = _verify(tmp_path, [*GOOD, aborted], capsys, steps=steps,
                        parquet=parquet)
     assert rc == 0 and data["counts"]["consistent"] == len(GOOD) + 1
-    for bad, reason in ((("e", 2, ID2, 12, False),
+    for bad, reason in ((("e", 2, ID2, 13, False),
                          "claims it finished; the journal released it as aborted by the drain"),
-                        (("c", 2, ID2, 7, True),
+                        (("c", 2, ID2, 8, True),
                          "claims it aborted; the journal released it as finished")):
         rows = [r for r in GOOD if r[0] != bad[0] or r[3] != bad[3]]
         rc, data = _verify(tmp_path, [*rows, bad], capsys, steps=steps,
@@ -174,18 +184,33 @@ def test_journal_fact_is_the_one_schema_reader() -> None:
     assert journal_fact(_step(4, "release", "a")) == Fact("release", 4, "a")
     assert journal_fact(_step(4, "release_aborted", "a")) == Fact("release", 4, "a",
                                                                    aborted=True)
+    # What a publish names is no evidence: the identity its validation verified is.
     assert journal_fact(_step(6, "publish", committed=2, detail={"identity": ID2})) == \
-        Fact("identity", 6, None, 2, ID2)
-    assert journal_fact(_step(6, "publish", committed=2)) == Fact("identity", 6, None, 2, None)
-    boot = _step(1, "bootstrap_ok", typ="ok")  # identity only in the typed evidence
-    boot["evidence"] = {"expected": {"identity": ID1}, "evidence": []}
-    assert journal_fact(boot) == Fact("identity", 1, None, 1, ID1)
+        Fact("publish", 6, None, 2)
+    validated = _verified(_step(5, "validate_ok", typ="ok"), ID2)
+    validated["target"] = 2
+    assert journal_fact(validated) == Fact("verified", 5, None, 2, ID2)
+    boot = _step(1, "bootstrap_ok", detail={"identity": ID2}, typ="ok")
+    assert journal_fact(_verified(boot, ID1)) == Fact("identity", 1, None, 1, ID1)
     assert journal_fact(_step(3, "pause_ok")) is None
+
+
+def test_a_publish_naming_other_weights_than_verified_is_not_believed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A journal whose publish names another identity than its validation verified: a
+    record carrying the forged identity is rejected, one carrying the verified identity
+    is consistent (identities come only from verified evidence)."""
+    forged = "sha256:" + "ee" * 32
+    steps = _steps(published_identity=forged)
+    rc, data = _verify(tmp_path, GOOD, capsys, steps=steps)
+    assert rc == 0 and data["counts"]["consistent"] == len(GOOD), data
+    rc, data = _verify(tmp_path, [*GOOD[:2], ("c", 2, forged, 8)], capsys, steps=steps)
+    assert rc == 1 and data["verdicts"][-1]["verdict"] == "rejected", data
 
 
 def test_index_is_flat_arrays(tmp_path: Path) -> None:
     index = JournalIndex(_write_journal(tmp_path / "j.jsonl", _steps()))
-    assert list(index.seqs) == [2, 3, 7, 9, 10]
+    assert list(index.seqs) == [2, 3, 8, 10, 11]
     assert list(index.generations) == [1, 1, 2, 2, 2]
     assert list(index.released) == [1, 1, 1, 0, 1]
     assert index.identities == {1: ID1, 2: ID2}
@@ -193,7 +218,7 @@ def test_index_is_flat_arrays(tmp_path: Path) -> None:
 
 def test_runner_rollouts_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """End to end through the runner and the simulated engine: generation 1's identity
-    comes from the bootstrap's verified evidence, generation 2's from its publish."""
+    comes from the bootstrap's verified evidence, generation 2's from its validation."""
     from rolloutcore.adapters.sim import SimAdapter, SimEngine, sim_target
     from rolloutcore.controller import Controller
     from rolloutcore.journal import Journal, read_journal
