@@ -205,13 +205,15 @@ def build_fleet_journal(path: Path, members: int, cycles: int, lo: int, hi: int,
             n += k
             g = cs[names[0]].control.committed + 1
             j.fleet_step("fleet_request_update", "UPDATING", g - 1, g,
-                         {"target": f"gen-{g}", "identity": "x", "members": names})
+                         {"target": f"gen-{g}", "identity": "x", "members": names,
+                          "min_serving": members})
             for c in cs.values():
                 drain_and_pause(c, pause_fails=i % 3 == 2)
                 mutate(c)
                 invalidate(c)
                 validate_resume_probe(c)
-            j.fleet_step("fleet_publish", "READY", g, 0, {"members": names, "label": f"gen-{g}"})
+            j.fleet_step("fleet_publish", "READY", g, 0, {"members": names, "label": f"gen-{g}",
+                                                          "min_serving": members})
             for c in cs.values():
                 publish(c)
         written = j.last_seq

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rolloutcore.claims import Claims, informational, path_name
+from rolloutcore.claims import Claims, informational, informational_fields, path_name
 from rolloutcore.fleet_check import FleetTraceChecker
 from rolloutcore.journal import read_journal, rechain
 from rolloutcore.trace_check import TraceChecker
@@ -346,7 +346,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=None, help="variants per journal at most")
     ap.add_argument("--corpus-only", action="store_true",
                     help="the trace corpus only (no fleet or simulate journals)")
+    ap.add_argument("--fields", action="store_true",
+                    help="list the declared informational fields with their reasons")
     args = ap.parse_args(argv)
+    if args.fields:
+        for where, name, why in informational_fields():
+            print(f"{name}  ({where}): {why}")
+        return 0
     with tempfile.TemporaryDirectory(prefix="forge-") as tmp:
         journals = corpus() if args.corpus_only else all_journals(Path(tmp))
         tally = run(journals, limit=args.limit,

@@ -164,15 +164,21 @@ FLEET_DETAIL: dict[str, dict[str, Field]] = {
         "identity": Field("str", Info("the first participant's target identity (each "
                                       "member's own request names its own, checked there)")),
         "members": Field("list[str]", Claim("the serving members, which take part"),
-                         required=True)},
+                         required=True),
+        "min_serving": Field("int", Claim("this update's quorum (1..members): the fleet "
+                                          "spec's guards of its request and decision use "
+                                          "it"), required=True)},
     "fleet_publish": {
         "members": Field("list[str]", Claim("exactly the validated members"), required=True),
         "label": Field("str", Claim("the fleet's target label"), required=True),
+        "min_serving": Field("int", Claim("the quorum the update's request named"),
+                             required=True),
         "identity": Field("str", Info("the first participant's target identity (each "
                                       "member's publish names its own, checked there)"))},
     "fleet_abort": {
         "validated": Field("list[str]", Claim("exactly the validated members"), required=True),
-        "needed": Field("int", Claim("the quorum"), required=True),
+        "needed": Field("int", Claim("the quorum the update's request named"),
+                        required=True),
         "held_back": Field("list[str]", Claim("exactly the members held back"))},
     "fleet_reopen": {"serving": Field("list[str]", Claim("exactly the serving members"),
                                       required=True)},
@@ -389,6 +395,29 @@ DECISION_INFO: dict[str, str] = {
 }
 
 
+def informational_fields() -> list[tuple[str, str, str]]:
+    """Every declared informational field: (where, field, why), for review."""
+    out = [("every record", k, f.role.reason) for k, f in TOP_LEVEL.items()
+           if isinstance(f.role, Info)]
+    seen: dict[tuple[str, str], list[str]] = {}
+    for table in (DETAIL, FLEET_DETAIL):
+        for step, fields in table.items():
+            if fields is None:
+                out.append((str(step), "detail.*", _APPLICATION.reason))
+                continue
+            for key, f in fields.items():
+                if isinstance(f.role, Info):
+                    seen.setdefault((f"detail.{key}", f.role.reason), []).append(str(step))
+    for (key, reason), steps in seen.items():
+        out.append((", ".join(steps) if len(steps) < 4 else f"{len(steps)} steps", key, reason))
+    out += [("every decision", f"evidence.{k}", why) for k, why in DECISION_INFO.items()]
+    out += [(kind, f"evidence.evidence[{kind}].{name}", why)
+            for (kind, name), (_c, why) in EVIDENCE_INFO.items()]
+    out.append(("negative outcomes", "evidence.evidence[*].*", NEGATIVE_REASON))
+    out.append(("references nothing compared", "(see the reason)", UNUSED_REASON))
+    return out
+
+
 def informational(rec: Mapping[str, Any], path: tuple[str | int, ...]) -> bool:
     """Whether the field at ``path`` in ``rec`` is declared informational (its value
     free; its schema still checked)."""
@@ -521,11 +550,6 @@ class Claims:
             ref = Reference.of_request(d)
             if isinstance(ref, str):
                 return "Schema", ref
-            if self.committed is not None and ref.label == self.committed.label:
-                self._use(self.committed, "label")
-                return "DetailContradictsCommitted", (
-                    f"request_update names {ref.label!r}, the committed generation's label: "
-                    "validation could not tell the two apart")
         elif step in (Trigger.MUTATE_BEGIN, Trigger.PUBLISH, Trigger.CANCEL_UPDATE):
             key = "label" if step == Trigger.PUBLISH else "target"
             named = self._names(self.target, d.get(key), d.get("identity"), step,

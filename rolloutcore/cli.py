@@ -245,12 +245,12 @@ def _trace_check(args: argparse.Namespace) -> int:
             v = check_file(args.file, after=args.after, strict=args.strict)
     except TraceInputError as e:
         return _bad_input(args, str(e), file=args.file)
-    for w in v.warnings:  # said, never passed silently: a torn final record
-        print(f"warning: {args.file}: {w}", file=sys.stderr)
     if args.json:
         _print_json({"file": args.file, **v.as_json()})
     elif v.accepted:
         print(f"{v.message} (at most {v.states_max} consistent spec states)")
+        for w in v.warnings:  # said, never passed silently: a torn final record
+            print(f"warning: {w}")
     else:
         print(f"rejected at line {v.first_bad_line}: {v.violated}\n  {v.message}")
     return OK if v.accepted else NEGATIVE

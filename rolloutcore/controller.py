@@ -452,6 +452,12 @@ class Controller:
         with self._lock:
             return rollout_id in self._aborted
 
+    def snapshot(self) -> GuardView:
+        """The controller state and the generations of its bindings, read together under
+        the controller's lock (a release on another thread cannot change them mid-read)."""
+        with self._lock:
+            return self._view()
+
     def bound_ids(self) -> list[str]:
         with self._lock:
             return list(self.bindings)

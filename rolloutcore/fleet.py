@@ -25,6 +25,21 @@ after verified re-admission), one that cannot be reached stops serving until an 
 passes, and so does one the application reports unreachable
 (:meth:`Fleet.report_unreachable`, which also audits it at once). Between a replacement
 and the next audit nobody can know: the watchdog's period bounds that window.
+
+Locks, and the one order they are taken in (never the other way round, so no deadlock):
+
+1. ``Fleet._update_lock``: one update, re-admission or audit at a time; held across
+   engine calls (it orders fleet operations, it guards no data read elsewhere);
+2. ``Fleet._lock`` (``_changed`` is its condition): the fleet's phase, generations,
+   members' ``outstanding`` counts and every fleet journal step (a publish group among
+   them);
+3. a member ``Controller``'s lock: its control state and bindings. Everything that reads
+   a member's state for a decision reads it once, with its bindings, under that lock
+   (:meth:`Member.view`, i.e. :meth:`Controller.snapshot`): a release on another thread
+   cannot change the bindings mid-read;
+4. the ``Journal``'s lock, innermost (a controller journals its steps under its own lock).
+
+A thread holding one of these takes only later ones.
 """
 
 from __future__ import annotations
@@ -187,12 +202,9 @@ class Member:
     last_audit: dict[str, Any] | None = None  # outcome, reason, at (wall clock), why
 
     def view(self) -> Any:
-        """The member's controller state, as the fleet spec's predicates read it."""
-        c = self.controller.control
-        return SimpleNamespace(phase=c.phase, committed=c.committed, target=c.target,
-                               pending=c.pending, evidence=c.evidence,
-                               bind=tuple(b.generation for b in
-                                          self.controller.bindings.values()))
+        """The member's controller state, as the fleet spec's predicates read it: one
+        snapshot under the controller's lock (see the lock order in the module doc)."""
+        return self.controller.snapshot()
 
 
 @dataclass(frozen=True)
@@ -300,6 +312,7 @@ class Fleet:
         self._changed = threading.Condition(self._lock)
         self._pool = ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="fleet")
         self._update_lock = threading.Lock()  # one update, readmission or audit at a time
+        self._quorum: int | None = None  # the quorum of the update being decided, if any
         self._watchdog: threading.Thread | None = None
         self._watchdog_stop = threading.Event()
         if existing:
@@ -421,7 +434,9 @@ class Fleet:
         return guard is None or guard[0](self._fleet_state(), m.view(), self._bounds())
 
     def _bounds(self) -> Any:
-        return SimpleNamespace(min_serving=self.min_serving)
+        """The fleet spec's bounds: the quorum of the update being decided, else the
+        fleet's."""
+        return SimpleNamespace(min_serving=self._quorum or self.min_serving)
 
     def _serving(self) -> list[Member]:
         f = self._fleet()
@@ -465,69 +480,84 @@ class Fleet:
 
     # ----------------------------------------------------------------------- update
 
-    def update(self, target: WeightTarget | Mapping[str, WeightTarget]) -> FleetCycleReport:
+    def update(self, target: WeightTarget | Mapping[str, WeightTarget], *,
+               min_serving: int | None = None) -> FleetCycleReport:
         """One fleet cycle: close admissions, prepare every serving member in parallel,
         then publish on the validated members at once if they are a quorum, else abort
         (validated members withdraw and are re-admitted onto the committed generation).
-        A mapping gives each member its own target (its own checkpoint path)."""
-        t0 = time.perf_counter()
+        A mapping gives each member its own target (its own checkpoint path).
+        ``min_serving``: this update's quorum (default the fleet's), journalled with its
+        request and its decision."""
+        if min_serving is not None and not 1 <= min_serving <= len(self.members):
+            raise FleetError(f"min_serving must be in 1..{len(self.members)}")
         with self._update_lock:
-            with self._lock:
-                if self.phase != FleetPhase.READY:
-                    raise FleetError(f"the fleet is {self.phase}: an update needs READY")
-                if not self._enabled("fleet_request_update"):
-                    raise FleetError(f"fewer than {self.min_serving} members serve: an update "
-                                     "needs a quorum (nothing was changed)")
-                participants = self._serving()
-                targets = self._targets_for(target, participants)
-                gens = {t.generation for t in targets.values()}
-                if gens != {self.committed + 1}:
-                    raise FleetError(f"target generation(s) {sorted(gens)} are not the next "
-                                     f"one after {self.committed}")
-                first = next(iter(targets.values()))
-                self.phase, self.target = FleetPhase.UPDATING, self.committed + 1
-                self._step("fleet_request_update", target=first.label,
-                           identity=first.identity, members=[m.name for m in participants])
-            report = FleetCycleReport(first, published=False, aborted=False)
-            report.members = self._parallel(lambda m: m.runner.prepare(targets[m.name]),
-                                            participants)
-            with self._lock:
-                f = self._fleet()
-                views = {m.name: m.view() for m in self.members.values()}
-                ok = [n for n, v in views.items() if validated(f, v)]
-                report.quarantined = [n for n, v in views.items()
-                                      if v.phase is Phase.TAINTED]
-                if self._enabled("fleet_publish"):
-                    self._publish(report, ok)
-                elif self._enabled("fleet_abort"):
-                    self.phase = FleetPhase.ABORTING
-                    held = [n for n, v in views.items() if held_back(f, v)]
-                    self._step("fleet_abort", validated=ok, needed=self.min_serving,
-                               **({"held_back": held} if held else {}))
-                    report.aborted = True
-                else:  # every member's cycle ends settled or held back: a runner bug
-                    raise AssertionError(f"no fleet decision the spec allows: {views}")
-            if report.aborted:
-                for name in ok:  # the engine holds the target: withdraw it, then roll back
-                    m = self.members[name]
-                    m.runner.withdraw(report.members[name], "the fleet aborted the update")
-                    out = m.runner.readmit(m.runner.targets[self.committed],
-                                           who="fleet abort: roll back to the committed "
-                                               "generation")
-                    report.rolled_back[name] = out.trigger
-                with self._lock:
-                    self._reopen_if_quorum()
-            report.phase = self.phase
-            report.total_s = time.perf_counter() - t0
-            self.last_report = report
-            return report
+            self._quorum = min_serving
+            try:
+                return self._update(target)
+            finally:
+                self._quorum = None
 
-    def _publish(self, report: FleetCycleReport, names: list[str]) -> None:
+    def _update(self, target: WeightTarget | Mapping[str, WeightTarget]) -> FleetCycleReport:
+        t0 = time.perf_counter()
+        with self._lock:
+            if self.phase != FleetPhase.READY:
+                raise FleetError(f"the fleet is {self.phase}: an update needs READY")
+            quorum = self._bounds().min_serving
+            if not self._enabled("fleet_request_update"):
+                raise FleetError(f"fewer than {quorum} members serve: an update "
+                                 "needs a quorum (nothing was changed)")
+            participants = self._serving()
+            targets = self._targets_for(target, participants)
+            gens = {t.generation for t in targets.values()}
+            if gens != {self.committed + 1}:
+                raise FleetError(f"target generation(s) {sorted(gens)} are not the next "
+                                 f"one after {self.committed}")
+            first = next(iter(targets.values()))
+            self.phase, self.target = FleetPhase.UPDATING, self.committed + 1
+            self._step("fleet_request_update", target=first.label,
+                       identity=first.identity, members=[m.name for m in participants],
+                       min_serving=quorum)
+        report = FleetCycleReport(first, published=False, aborted=False)
+        report.members = self._parallel(lambda m: m.runner.prepare(targets[m.name]),
+                                        participants)
+        with self._lock:
+            f = self._fleet()
+            views = {m.name: m.view() for m in self.members.values()}
+            ok = [n for n, v in views.items() if validated(f, v)]
+            report.quarantined = [n for n, v in views.items()
+                                  if v.phase is Phase.TAINTED]
+            if self._enabled("fleet_publish"):
+                self._publish(report, ok, quorum)
+            elif self._enabled("fleet_abort"):
+                self.phase = FleetPhase.ABORTING
+                held = [n for n, v in views.items() if held_back(f, v)]
+                self._step("fleet_abort", validated=ok, needed=quorum,
+                           **({"held_back": held} if held else {}))
+                report.aborted = True
+            else:  # every member's cycle ends settled or held back: a runner bug
+                raise AssertionError(f"no fleet decision the spec allows: {views}")
+            self._quorum = None  # decided: the fleet's own quorum again
+        if report.aborted:
+            for name in ok:  # the engine holds the target: withdraw it, then roll back
+                m = self.members[name]
+                m.runner.withdraw(report.members[name], "the fleet aborted the update")
+                out = m.runner.readmit(m.runner.targets[self.committed],
+                                       who="fleet abort: roll back to the committed "
+                                           "generation")
+                report.rolled_back[name] = out.trigger
+            with self._lock:
+                self._reopen_if_quorum()
+        report.phase = self.phase
+        report.total_s = time.perf_counter() - t0
+        self.last_report = report
+        return report
+
+    def _publish(self, report: FleetCycleReport, names: list[str], quorum: int) -> None:
         """One group in the journal: the fleet's record, then each member's publish."""
         self.committed, self.target = self.target, 0
         self.phase = FleetPhase.READY
         self._step("fleet_publish", members=names, label=report.target.label,
-                   identity=report.target.identity)
+                   identity=report.target.identity, min_serving=quorum)
         for name in names:
             self.members[name].runner.commit(report.members[name])
         report.published = True
@@ -841,11 +871,11 @@ class Fleet:
             f = self._fleet()
             out = []
             for m in self.members.values():
-                c = m.controller.control
+                c = m.view()  # one read: phase, generation and bindings agree
                 t = m.runner.targets.get(c.committed)
                 out.append(MemberStatus(
                     m.name, m.url, c.phase.value, c.committed, t.label if t else None,
-                    m.controller.identity, serving(f, m.view()), c.phase is Phase.TAINTED,
+                    m.controller.identity, serving(f, c), c.phase is Phase.TAINTED,
                     m.outstanding, m.last_audit))
             return out
 

@@ -81,6 +81,7 @@ class FleetTraceChecker:
     _views: dict[str, Any] = field(default_factory=dict)
     _memo: Memo = field(default_factory=Memo)  # one memo for every member
     flabel: str | None = None  # the label the fleet's update names
+    quorum: int | None = None  # the quorum of the update being decided
     #: Tracking (see Claims.on_unused): the open's quorum, reported if nothing compared it.
     on_unused: Any = None
     _quorum_origin: int | None = None
@@ -125,7 +126,9 @@ class FleetTraceChecker:
                                eng=tuple(self._view(n) for n in sorted(self.members)))
 
     def _bounds(self) -> Any:
-        return SimpleNamespace(min_serving=self.min_serving)
+        """The quorum of the update being decided (its request names it), else the
+        fleet's."""
+        return SimpleNamespace(min_serving=self.quorum or self.min_serving)
 
     def serving(self, name: str) -> bool:
         return name in self.members and serving(self._fleet(), self._view(name))
@@ -236,6 +239,7 @@ class FleetTraceChecker:
                                                 f"members are {names}")
                 self.group = names
                 self.fcommitted, self.ftarget = self.ftarget, 0
+                self.quorum = None
             elif step == "fleet_request_update":
                 self.ftarget = self.fcommitted + 1
                 self.flabel = detail["target"]
@@ -243,6 +247,8 @@ class FleetTraceChecker:
             elif step == "fleet_reopen":
                 self.ftarget = 0
             self.fphase = fa.dest
+            if step == "fleet_abort":
+                self.quorum = None  # decided: the fleet's own quorum again
         if (r.get("phase"), r.get("committed"), r.get("target")) != (
                 self.fphase, self.fcommitted, self.ftarget):
             return "spec", (f"{step} -> {r.get('phase')} (committed {r.get('committed')}, target "
@@ -262,10 +268,14 @@ class FleetTraceChecker:
                                      if self.members[n].control.phase is Phase.READY)
         elif step == "fleet_request_update":
             want["members"] = self._names(serving)
+            k = d.get("min_serving")
+            if not (isinstance(k, int) and 1 <= k <= len(self.members)):
+                return f"{step} names quorum {k!r}, not one of 1..{len(self.members)}"
+            self.quorum = k  # the request's guard is evaluated with its own quorum
         elif step == "fleet_publish":
-            want["label"] = self.flabel
+            want.update(label=self.flabel, min_serving=self.quorum)
         elif step == "fleet_abort":
-            want.update(validated=self._names(validated), needed=self.min_serving)
+            want.update(validated=self._names(validated), needed=self.quorum)
             held = self._names(held_back)
             if held or "held_back" in d:
                 want["held_back"] = held
@@ -278,8 +288,8 @@ class FleetTraceChecker:
                                               fcommitted=self.fcommitted, ftarget=0)
             want.update(serving=sum(serving(open_fleet, s) for s in self._fleet().eng),
                         min_serving=self.min_serving)
-        if {"needed", "min_serving"} & set(want):
-            self._quorum_origin = None  # compared: used
+        if step in ("fleet_close", FLEET_RECOVER):
+            self._quorum_origin = None  # the fleet's own quorum compared: used
         for key, value in want.items():
             got = d.get(key)
             if (sorted(got) if isinstance(got, list) else got) != value:

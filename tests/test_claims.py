@@ -119,7 +119,7 @@ def _cases() -> Iterator[tuple[str, str, int, tuple[Any, ...], Any, str]]:
     yield "update_cycle", "validate_ok", 0, ("evidence", "evidence", 0, "paused"), False, \
         "EvidenceIncoherent"
     yield "update_cycle", "request_update", 0, ("detail", "target"), "gen-1", \
-        "DetailContradictsCommitted"
+        "DetailContradictsTarget"
     yield "update_cycle", "reset_ok", 0, ("evidence", "evidence", 0, "http_status"), "200", \
         "Schema"
     yield "audit", "readmit_begin", 0, ("detail", "identity"), OTHER, \
@@ -216,8 +216,11 @@ def test_a_torn_final_record_is_said_and_strict_rejects_it(
     torn = GOOD / "torn_tail.jsonl"
     assert main(["trace", "check", str(torn)]) == 0
     out, err = capsys.readouterr()
-    assert err.startswith(f"warning: {torn}: line ") and "torn final record" in err
-    assert err.count("\n") == 1
+    assert err == "" and out.splitlines()[1] == (
+        "warning: line 10 is a torn final record (a crash in mid-write), ignored"), out
+    assert main(["trace", "check", str(torn), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["warnings"] == [
+        "line 10 is a torn final record (a crash in mid-write), ignored"]
     assert main(["trace", "check", str(torn), "--strict"]) == 1
     out, err = capsys.readouterr()
     assert "TornRecord" in out

@@ -274,18 +274,14 @@ class Gateway:
 
     def _update(self, target: WeightTarget, min_serving: int | None) -> FleetCycleReport:
         fleet = self.fleet
-        saved = fleet.min_serving
         t0 = time.perf_counter()
         try:
-            if min_serving is not None:
-                fleet.min_serving = min_serving  # this update's quorum only
-            report = fleet.update(target)
+            report = fleet.update(target, min_serving=min_serving)  # journalled with it
         except FleetError as e:
             self.metrics.cycle.labels("refused").observe(time.perf_counter() - t0)
             self.last_error = str(e)
             raise
         finally:
-            fleet.min_serving = saved
             self._free()
         outcome = ("published" if report.published else "aborted" if report.aborted
                    else "not_published")
