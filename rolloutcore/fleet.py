@@ -49,7 +49,7 @@ import threading
 import time
 import tomllib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,7 +79,7 @@ from rolloutcore.spec.fleet import (
     serving,
     validated,
 )
-from rolloutcore.spec.lifecycle import Phase, Result, verified
+from rolloutcore.spec.lifecycle import FENCED, Phase, Result, verified
 from rolloutcore.spec.triggers import OUTCOMES, Trigger
 
 UNINITIALIZED = "UNINITIALIZED"
@@ -125,6 +125,7 @@ class FleetConfig:
     engines: tuple[EngineConfig, ...]
     min_serving: int
     journal: Path | None = None
+    watchdog_s: float | None = None  # None: not given (``serve`` has a default)
 
 
 def load_fleet_file(path: str | Path) -> FleetConfig:
@@ -133,6 +134,7 @@ def load_fleet_file(path: str | Path) -> FleetConfig:
         [fleet]
         min_serving = 2          # optional, default: every engine
         journal = "fleet.jsonl"  # optional, relative to the file
+        watchdog_s = 10          # optional: audit every serving engine this often
 
         [[engine]]
         name = "a"
@@ -177,15 +179,20 @@ def load_fleet_file(path: str | Path) -> FleetConfig:
     if len(set(names)) != len(names):
         raise FleetFileError(f"{p}: engine names must be distinct: {names}")
     fleet = data.get("fleet", {})
-    if not isinstance(fleet, dict) or set(fleet) - {"min_serving", "journal"}:
-        raise FleetFileError(f"{p}: [fleet] takes min_serving and journal only")
+    if not isinstance(fleet, dict) or set(fleet) - {"min_serving", "journal", "watchdog_s"}:
+        raise FleetFileError(f"{p}: [fleet] takes min_serving, journal and watchdog_s only")
     k = fleet.get("min_serving", len(engines))
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= len(engines):
         raise FleetFileError(f"{p}: min_serving must be an integer in 1..{len(engines)}")
     journal = fleet.get("journal")
     if journal is not None and not isinstance(journal, str):
         raise FleetFileError(f"{p}: journal must be a path string")
-    return FleetConfig(tuple(engines), k, (p.parent / journal) if journal else None)
+    watchdog = fleet.get("watchdog_s")
+    if watchdog is not None and (isinstance(watchdog, bool) or not isinstance(
+            watchdog, int | float) or not 0 < watchdog < float("inf")):
+        raise FleetFileError(f"{p}: watchdog_s must be a positive number of seconds")
+    return FleetConfig(tuple(engines), k, (p.parent / journal) if journal else None,
+                       None if watchdog is None else float(watchdog))
 
 
 # --------------------------------------------------------------------------- runtime
@@ -200,6 +207,19 @@ class Member:
     runner: LifecycleRunner
     outstanding: int = 0  # rollouts admitted and not yet released
     last_audit: dict[str, Any] | None = None  # outcome, reason, at (wall clock), why
+    requested: str | None = None  # the label of the last update requested (journal)
+    work: Future[Any] | None = None  # its cycle, if still running after the decision
+
+    def settle_work(self, timeout: float) -> None:
+        """Wait (bounded) for a cycle the fleet decided without: a tainted member's fence."""
+        work = self.work
+        if work is not None:
+            try:
+                work.result(timeout=timeout)
+            except TimeoutError:
+                log.warning("%s: its cycle still runs %.1f s later", self.name, timeout)
+            except Exception:  # its report says what happened
+                log.exception("%s: the cycle left running failed", self.name)
 
     def view(self) -> Any:
         """The member's controller state, as the fleet spec's predicates read it: one
@@ -318,6 +338,7 @@ class Fleet:
         if existing:
             with self._lock:
                 self._restart()
+            self._fence_recovered()
         if watchdog_s is not None:
             self.start_watchdog(watchdog_s)
 
@@ -365,9 +386,11 @@ class Fleet:
     def _replay_target(m: Member, rec: Mapping[str, Any], target_of: TargetFactory | None
                        ) -> None:
         detail = rec.get("detail")
+        step = rec.get("step")
+        if step == Trigger.REQUEST_UPDATE and isinstance(detail, dict):
+            m.requested = detail.get("target")
         if not isinstance(detail, dict) or target_of is None:
             return
-        step = rec.get("step")
         gen = int(rec.get("committed") or 0)
         if step == Trigger.PUBLISH or (step == Trigger.BOOTSTRAP_OK and gen == 1):
             source, label = detail.get("checkpoint"), detail.get("label")
@@ -390,6 +413,25 @@ class Fleet:
         self.target = 0
         self._step("fleet_recover", serving=n, min_serving=self.min_serving)
 
+    def _fence_recovered(self) -> None:
+        """Every member recovered TAINTED and not fenced before the crash is fenced now,
+        before anyone can use the fleet (its engine may run an unpublished generation,
+        unpaused, under its label): what TAINTED leaves behind holds after a restart too.
+        Best effort and bounded, as every fence; the journal says how it went."""
+        def fence(m: Member) -> bool:
+            c = m.controller.control
+            label = m.requested if c.target else (
+                t.label if (t := m.runner.targets.get(c.committed)) else None)
+            if label is None:  # a journal that never named the generation: a bare fence
+                label = f"generation {c.target or c.committed}"
+            return m.runner.fence(label)
+
+        todo = [m for m in self.members.values() if m.controller.phase is Phase.TAINTED
+                and FENCED not in m.controller.control.evidence]
+        for name, ok in self._parallel(fence, todo).items():
+            log.info("recovery: %s was TAINTED: fence %s", name,
+                     "confirmed" if ok else "not confirmed")
+
     def _serving_now(self) -> list[Member]:
         f: Any = SimpleNamespace(fphase=FleetPhase.READY, fcommitted=self.committed, ftarget=0)
         return [m for m in self.members.values() if serving(f, m.view())]
@@ -401,7 +443,11 @@ class Fleet:
         return hook
 
     def close(self) -> None:
+        """Stop the watchdog, let cycles the fleet decided without end (a tainted member's
+        fence, bounded by its deadline), close the journal."""
         self.stop_watchdog()
+        for m in self.members.values():
+            m.settle_work(self.policy.fence_timeout_s + 5.0)
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.journal.close()
 
@@ -518,8 +564,13 @@ class Fleet:
                        identity=first.identity, members=[m.name for m in participants],
                        min_serving=quorum)
         report = FleetCycleReport(first, published=False, aborted=False)
-        report.members = self._parallel(lambda m: m.runner.prepare(targets[m.name]),
-                                        participants)
+        report.members = {m.name: CycleReport(targets[m.name], published=False,
+                                              final_phase=m.controller.phase)
+                          for m in participants}
+        for m in participants:
+            m.work = self._pool.submit(m.runner.prepare, targets[m.name],
+                                       report.members[m.name])
+        self._await_decision(participants)
         with self._lock:
             f = self._fleet()
             views = {m.name: m.view() for m in self.members.values()}
@@ -547,10 +598,31 @@ class Fleet:
                 report.rolled_back[name] = out.trigger
             with self._lock:
                 self._reopen_if_quorum()
+        for m in participants:  # admissions are open: the report waits for late fences
+            m.settle_work(self.policy.fence_timeout_s + 5.0)
         report.phase = self.phase
         report.total_s = time.perf_counter() - t0
         self.last_report = report
         return report
+
+    @staticmethod
+    def _await_decision(participants: Sequence[Member]) -> None:
+        """Until every participant's cycle has ended, or its member is TAINTED (settled,
+        in the spec: its fence may still be in flight, and a member that does not answer
+        it costs the others only its own step's deadline, once)."""
+        left = list(participants)
+        while True:
+            for m in list(left):
+                work = m.work
+                assert work is not None
+                if work.done():
+                    work.result()  # a runner bug surfaces here
+                    m.work = None
+                    left.remove(m)
+            running = [m.work for m in left if m.controller.phase is not Phase.TAINTED]
+            if not running:
+                return
+            wait(running, timeout=0.01, return_when=FIRST_COMPLETED)  # type: ignore[arg-type]
 
     def _publish(self, report: FleetCycleReport, names: list[str], quorum: int) -> None:
         """One group in the journal: the fleet's record, then each member's publish."""

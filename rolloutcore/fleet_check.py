@@ -13,7 +13,9 @@ own predicates on the members' controller halves:
   publish only to catch up);
 * a fleet step must be one the fleet spec takes from the fleet's state, with the phase
   and generations the record states; ``fleet_publish`` must name exactly the validated
-  members, and their ``publish`` records follow it before anything else (one group);
+  members, and their ``publish`` records follow it before anything else (one group)
+  but the steps of a member quarantined all along (a fence still in flight: they
+  commute with the publish);
 * after every record (every group), the fleet invariants that speak of the controller
   halves hold: no member ahead of the fleet, rollouts only on serving members, a READY
   fleet has a quorum; invariants about the engines' weights are the members' own
@@ -160,10 +162,15 @@ class FleetTraceChecker:
 
     def _member_step(self, name: str, r: Mapping[str, Any], line: int) -> tuple[str, str] | None:
         step = r.get("step")
-        if self.group and (step != "publish" or name not in self.group):
+        checker = self.members.get(name)
+        # Inside a publish group only the group's publishes, and the steps of a member
+        # quarantined all along (its fence, still in flight when the fleet decided: it
+        # reads and writes that member alone, so it commutes with the publish).
+        quarantined = checker is not None and checker.control.phase is Phase.TAINTED \
+            and str(r.get("phase")) == Phase.TAINTED.value and name not in self.group
+        if self.group and not quarantined and (step != "publish" or name not in self.group):
             return "PublishNotAtomic", (f"{name} {step} before every member of the publish "
                                         f"group {self.group} published")
-        checker = self.members.get(name)
         if checker is None:
             if self.fphase != "UNINITIALIZED":
                 return "Schema", f"member {name!r} appears after the fleet opened"

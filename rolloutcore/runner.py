@@ -199,9 +199,10 @@ def call_with_deadline(fn: Callable[[], T], seconds: float, what: str,
     return call.wait(seconds, what, stuck)  # type: ignore[no-any-return]
 
 
-def taint_label(target: WeightTarget) -> str:
-    """The label a fenced engine carries: never a generation's label."""
-    return f"tainted:{target.label}"
+def taint_label(target: WeightTarget | str) -> str:
+    """The label a fenced engine carries (of a target, or of a generation's label): never
+    a generation's label."""
+    return f"tainted:{target if isinstance(target, str) else target.label}"
 
 
 #: How late (past its deadline) an idempotent call may return before it is reported as
@@ -351,11 +352,14 @@ class LifecycleRunner:
             return lambda d: Decision(Op.PROBE, (self._probe_call(t, d),), self._expected(
                 t, first_since_reset=first_since_reset))
         if op is Op.FENCE:
-            label = taint_label(t)
-            return lambda d: Decision(Op.FENCE, (a.fence(label, d),))
+            return self._fence_attempt(t)
         if op is Op.AUDIT:
             return audit_attempt(self, t)
         raise ValueError(f"{op} is not an idempotent operation")
+
+    def _fence_attempt(self, target: WeightTarget | str) -> Callable[[float], Decision]:
+        label = taint_label(target)
+        return lambda d: Decision(Op.FENCE, (self.adapter.fence(label, d),))
 
     def perform(self, op: Op, param: str | None = None, target: WeightTarget | None = None,
                 *, first_since_reset: bool = True) -> Outcome:
@@ -392,15 +396,18 @@ class LifecycleRunner:
             self.commit(report)
         return report
 
-    def prepare(self, target: WeightTarget) -> CycleReport:
+    def prepare(self, target: WeightTarget, report: CycleReport | None = None) -> CycleReport:
         """Every step of the transition up to the publish: on success the engine runs the
         verified target, admissions still closed (RESUMING with all evidence). A fleet
-        prepares all its members, then commits the ones it publishes on."""
+        prepares all its members, then commits the ones it publishes on; it passes a
+        ``report`` of its own to read while the cycle runs (a tainted member's fence may
+        still be in flight when the fleet decides)."""
         c = self.controller
         if target.generation != c.control.committed + 1:
             raise ValueError(f"target generation {target.generation} is not the next one "
                              f"after {c.control.committed}")
-        report = CycleReport(target, published=False, final_phase=c.phase)
+        if report is None:
+            report = CycleReport(target, published=False, final_phase=c.phase)
         report.started = time.perf_counter()
         try:
             self._cycle(target, report)
@@ -510,11 +517,11 @@ class LifecycleRunner:
             return
         report.prepared = True
 
-    def fence(self, target: WeightTarget, report: CycleReport | None = None) -> bool:
+    def fence(self, target: WeightTarget | str, report: CycleReport | None = None) -> bool:
         """TAINTED: pause the engine in abort mode and relabel it, best effort (bounded by
-        the fence deadline); True if the fence is confirmed."""
-        outcome = self._idempotent(report, Op.FENCE, None,
-                                   self.attempt_of(Op.FENCE, target=target))
+        the fence deadline); True if the fence is confirmed. ``target`` may be the label
+        alone (after a restart the journal names it; the weights need not be known)."""
+        outcome = self._idempotent(report, Op.FENCE, None, self._fence_attempt(target))
         return outcome.trigger == Trigger.FENCE_OK
 
     def readmit(self, target: WeightTarget, *, who: str) -> Outcome:

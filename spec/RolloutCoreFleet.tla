@@ -30,7 +30,7 @@ Init ==
 
 TierFirst(e, t) == \A k \in 1..Len(TierOrder) : TierOrder[k] = t =>
     \A j \in 1..(k - 1) : TierOrder[j] \in e.cleared
-Settled(e) == (e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none") \/ (e.pending = "none" /\ (e.phase = "TAINTED" \/ (e.phase = "READY" /\ \A i \in Slots : e.bind[i] = 0)))
+Settled(e) == (e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none") \/ e.phase = "TAINTED" \/ (e.pending = "none" /\ e.phase = "READY" /\ \A i \in Slots : e.bind[i] = 0)
 Scheduled(n) == fphase # "UPDATING" \/ \A m \in 1..(n - 1) : Settled(eng[m])
 Serving(e) == e.phase = "READY" /\ e.committed = fcommitted /\ e.evidence = AllEvidence
 

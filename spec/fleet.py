@@ -22,8 +22,9 @@ Two-phase commit of a generation. ``fleet_request_update`` closes admissions fle
 and names the target; every serving member then runs its own cycle (drain, quiesce,
 mutate, invalidate, validate, resume, probe), in parallel, up to RESUMING with every
 piece of evidence, where it waits: a member may not publish on its own. Once every
-member has *settled* (validated and waiting, READY, or TAINTED), ``fleet_publish``
-commits the target on every validated member at once, if there are at least
+member has *settled* (validated and waiting, READY, or TAINTED: a quarantined member's
+fence holds nobody closed), ``fleet_publish`` commits the target on every validated
+member at once, if there are at least
 ``min_serving`` of them; with fewer, ``fleet_abort`` keeps the fleet on its generation:
 validated members give up (TAINTED, quarantined) and are brought back to the committed
 generation by verified re-admission, members whose mutation was refused reopen on it.
@@ -151,12 +152,14 @@ def held_back(f: FleetState, s: State) -> bool:
 
 
 def settled(f: FleetState, s: State) -> bool:
-    """A member the fleet's decision can go ahead without: validated; quarantined; or READY
-    with nothing bound (its update refused, or behind the fleet). A READY member still
-    holding rollouts of the committed generation has not settled: publishing would leave
-    them on a member that no longer serves."""
-    return validated(f, s) or (s.pending == "none" and (
-        s.phase is Phase.TAINTED or (s.phase is Phase.READY and not any(s.bind))))
+    """A member the fleet's decision can go ahead without: validated; quarantined (TAINTED,
+    even while its fence is still in flight: nothing it does from there changes the
+    decision, so a member that does not answer its fence holds nobody else closed); or
+    READY with nothing bound (its update refused, or behind the fleet). A READY member
+    still holding rollouts of the committed generation has not settled: publishing would
+    leave them on a member that no longer serves."""
+    return validated(f, s) or s.phase is Phase.TAINTED or (
+        s.pending == "none" and s.phase is Phase.READY and not any(s.bind))
 
 
 # ---------------------------------------------------------------------- fleet guards
@@ -707,8 +710,8 @@ def fleet_module(spec: FleetSpec = FLEET) -> str:
         "",
         "TierFirst(e, t) == \\A k \\in 1..Len(TierOrder) : TierOrder[k] = t =>",
         "    \\A j \\in 1..(k - 1) : TierOrder[j] \\in e.cleared",
-        f"Settled(e) == ({_VALIDATED_TLA}) \\/ (e.pending = \"none\" /\\ (e.phase = \"TAINTED\" "
-        "\\/ (e.phase = \"READY\" /\\ \\A i \\in Slots : e.bind[i] = 0)))",
+        f"Settled(e) == ({_VALIDATED_TLA}) \\/ e.phase = \"TAINTED\" \\/ (e.pending = \"none\" "
+        "/\\ e.phase = \"READY\" /\\ \\A i \\in Slots : e.bind[i] = 0)",
         'Scheduled(n) == fphase # "UPDATING" \\/ \\A m \\in 1..(n - 1) : Settled(eng[m])',
         'Serving(e) == e.phase = "READY" /\\ e.committed = fcommitted /\\ '
         + lift_tla(VERIFIED_TLA),

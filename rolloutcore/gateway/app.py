@@ -61,10 +61,9 @@ _HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-autho
                   "upgrade", "host", "content-length", "accept-encoding", "date", "server"})
 ADMIN_BODY_LIMIT = 64 << 10
 CLIENT_GONE = 499  # nginx's "client closed request", for metrics only
-#: path -> (method, endpoint label): served before Starlette's router
+#: path -> (method, endpoint label): served before Starlette's router, under an admission
 OPENAI_ROUTES = {"/v1/completions": ("POST", "completions"),
-                 "/v1/chat/completions": ("POST", "chat"),
-                 "/v1/models": ("GET", "models")}
+                 "/v1/chat/completions": ("POST", "chat")}
 UPSTREAM_POOLS = 8
 
 
@@ -129,11 +128,13 @@ class GatewayApp:
         self.app = self
         self.starlette = Starlette(
             routes=[
+                Route("/v1/models", self._models, methods=["GET"]),
                 Route("/metrics", self._metrics, methods=["GET"]),
                 Route("/health", self._health, methods=["GET"]),
                 Route("/admin/status", self._admin_status, methods=["GET"]),
                 Route("/admin/update", self._admin_update, methods=["POST"]),
                 Route("/admin/readmit", self._admin_readmit, methods=["POST"]),
+                Route("/admin/audit", self._admin_audit, methods=["POST"]),
                 Route("/admin/floor", self._admin_floor, methods=["POST"]),
             ],
             exception_handlers={HTTPException: self._http_error, Exception: self._crash},
@@ -205,6 +206,17 @@ class GatewayApp:
             receive, send)
 
     # ------------------------------------------------------------------ the rest
+
+    async def _models(self, _request: Request) -> Response:
+        """The served model, answered here: it generates nothing, so it takes no admission
+        and never waits for an update (the header says the committed generation, not a
+        binding)."""
+        f, model = self.gw.fleet, self.gw.config.model
+        self.gw.metrics.requests.labels("models", "none", "200").inc()
+        return JSONResponse({"object": "list", "data": [{
+            "id": model, "object": "model", "created": self.gw.started, "owned_by":
+            "rolloutcore", "root": model, "parent": None}]},
+            headers={H_GENERATION: str(f.committed)})
 
     async def _metrics(self, _request: Request) -> Response:
         return Response(self.gw.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
@@ -302,6 +314,28 @@ class GatewayApp:
                 raise Refusal(409, str(e), code="readmit_refused") from None
             return JSONResponse({"engine": engine, "outcome": out.trigger,
                                  "reason": out.reason, "committed": self.gw.fleet.committed})
+        return await self._admin(request, op)
+
+    async def _admin_audit(self, request: Request) -> Response:
+        async def op(obj: dict[str, Any]) -> Response:
+            _only(obj, {"engines"})
+            try:
+                fut = self.gw.start_audit(obj.get("engines"))
+            except KeyError as e:
+                raise Refusal(404, f"no engine named {e.args[0]}; engines: "
+                              f"{sorted(self.gw.fleet.members)}", param="engines",
+                              code="unknown_engine") from None
+            except ValueError as e:
+                raise _bad(str(e), param="engines") from None
+            except Busy as e:
+                raise Refusal(409, str(e), code="busy") from None
+            try:
+                out = await _wrap(fut)
+            except FleetError as e:
+                raise Refusal(409, str(e), code="audit_refused") from None
+            return JSONResponse({"audits": {n: {"outcome": o.trigger, "reason": o.reason}
+                                            for n, o in out.items()},
+                                 "committed": self.gw.fleet.committed})
         return await self._admin(request, op)
 
     async def _admin_floor(self, request: Request) -> Response:
@@ -418,7 +452,8 @@ class _Exchange:
         self.inject = inject
         self.collector = Collector(endpoint, obj) if (
             obj is not None and self.gw.records is not None) else None
-        self.lease: Lease | None = None
+        self.lease: Lease | None = None  # held until released
+        self.bound: Lease | None = None  # the last lease, kept after its release
         self.upstream: httpx.Response | None = None
         self.pool: int | None = None  # the upstream client held (Upstreams.take)
         self.status: int | None = None  # what the client is sent
@@ -449,45 +484,75 @@ class _Exchange:
     async def _run(self, send: Send, cancel: threading.Event) -> None:
         gw = self.gw
         self.t0, self.started_at = time.perf_counter(), time.time()
+        # An engine that cannot be reached never saw the request: it is suspected (no
+        # admission until an audit passes) and the request admitted anew, on another
+        # member, at most once per other member.
+        retries = len(gw.fleet.members) - 1
+        while await self._admit(send, cancel):
+            try:
+                await self._forward(send)
+                if self.status is not None and self.status >= 500:
+                    await self._suspect(f"answered HTTP {self.status}", retried=False)
+                return
+            except httpx.HTTPError as e:
+                lease = self.lease
+                assert lease is not None
+                retry = retries > 0 and not self.started and isinstance(
+                    e, httpx.ConnectError | httpx.ConnectTimeout)
+                self.outcome = f"engine error: {type(e).__name__}"
+                log.warning("%s on %s: %s: %s%s", lease.rollout_id, lease.engine,
+                            type(e).__name__, e, " (admitted again)" if retry else "")
+                if isinstance(e, httpx.TransportError):
+                    await self._suspect(f"{type(e).__name__}: {e}", retried=retry)
+                if retry:
+                    retries -= 1
+                    self.status = 502
+                    await self._finish_shielded()
+                    self.outcome, self.status, self.upstream = "ok", None, None
+                    continue
+                if not self.started:  # nothing sent yet: say so (else the stream breaks off)
+                    self.status = 502
+                    await self._finish_shielded()
+                    await self._send_refusal(send, Refusal(
+                        502, f"engine {lease.engine} failed: {type(e).__name__}",
+                        type="server_error", code="engine_error"))
+                return
+            finally:
+                if self.gone and not self.done:  # (after the last event, nothing was lost)
+                    self.outcome = "client disconnected"
+                await self._finish_shielded()
+
+    async def _admit(self, send: Send, cancel: threading.Event) -> bool:
+        """Admit (now, or from the queue); False if refused (the refusal is sent)."""
+        gw = self.gw
         loop = asyncio.get_running_loop()
         try:
             with anyio.CancelScope(shield=True):  # a lease, once made, is never dropped
                 first = await loop.run_in_executor(
                     gw.quick, gw.admit_now, gw.new_rollout_id(), self.endpoint,
                     self.min_generation)
-                self.lease = first if isinstance(first, Lease) else \
+                self.lease = self.bound = first if isinstance(first, Lease) else \
                     await loop.run_in_executor(gw.waits, gw.admit_queued, first, cancel)
+            return True
         except Refusal as r:
             code = CLIENT_GONE if self.gone else r.status
             gw.metrics.requests.labels(self.endpoint, "none", str(code)).inc()
             if not self.gone:
                 await self._send_refusal(send, r)
-            return
         except Exception as e:  # the journal failed: nothing was admitted that can be used
             log.error("admission failed: %s: %s", type(e).__name__, e)
             gw.metrics.requests.labels(self.endpoint, "none", "500").inc()
             await self._send_refusal(send, Refusal(
                 500, f"admission failed: {type(e).__name__}", type="server_error",
                 code="internal_error"))
-            return
-        try:
-            await self._forward(send)
-        except httpx.HTTPError as e:
-            lease = self.lease
-            assert lease is not None
-            self.outcome = f"engine error: {type(e).__name__}"
-            log.warning("%s on %s: %s: %s", lease.rollout_id, lease.engine,
-                        type(e).__name__, e)
-            if not self.started:  # nothing sent yet: say so (else the stream breaks off)
-                self.status = 502
-                await self._finish_shielded()
-                await self._send_refusal(send, Refusal(
-                    502, f"engine {lease.engine} failed: {type(e).__name__}",
-                    type="server_error", code="engine_error"))
-        finally:
-            if self.gone and not self.done:  # (after the last event, nothing was lost)
-                self.outcome = "client disconnected"
-            await self._finish_shielded()
+        return False
+
+    async def _suspect(self, error: str, *, retried: bool) -> None:
+        lease = self.bound
+        assert lease is not None
+        await asyncio.get_running_loop().run_in_executor(
+            self.gw.quick, lambda: self.gw.report_engine_failure(lease, error,
+                                                                 retried=retried))
 
     async def _forward(self, send: Send) -> None:
         lease = self.lease

@@ -120,6 +120,7 @@ class Gateway:
         self.metrics = GatewayMetrics(fleet, floor=lambda: self.floor, clock=clock)
         self.records = RecordWriter(config.records) if config.records else None
         self.floor = 0  # fleet-wide minimum generation (admin API)
+        self.started = int(time.time())  # /v1/models' "created"
         self._lock = threading.Lock()
         self._queued = 0
         self._waiting: set[threading.Event] = set()
@@ -308,6 +309,36 @@ class Gateway:
         self.metrics.readmissions.labels(engine, out.trigger).inc()
         log.info("readmission of %s: %s (%s)", engine, out.trigger, out.reason)
         return out
+
+    def start_audit(self, engines: object) -> Future[dict[str, Outcome]]:
+        """Audit the named engines (None: every READY member) on the admin worker:
+        label, identity, run state and a probe against the committed generation."""
+        if engines is not None and (not isinstance(engines, list) or not engines or not all(
+                isinstance(e, str) for e in engines)):
+            raise ValueError("engines must be a non-empty list of engine names")
+        unknown = sorted(set(engines or ()) - set(self.fleet.members))
+        if unknown:
+            raise KeyError(", ".join(unknown))
+        self._claim("audit")
+        return self._admin.submit(self._audit, engines)
+
+    def _audit(self, engines: list[str] | None) -> dict[str, Outcome]:
+        try:
+            out = self.fleet.audit(engines, why="gateway admin API")
+        finally:
+            self._free()
+        for name, o in out.items():
+            self.metrics.audits.labels(name, o.trigger).inc()
+            log.info("audit of %s: %s (%s)", name, o.trigger, o.reason)
+        return out
+
+    def report_engine_failure(self, lease: Lease, error: str, *, retried: bool) -> None:
+        """The engine of ``lease`` could not be reached, or answered 5xx: suspect it (no
+        admission until an audit passes; one starts at once)."""
+        self.metrics.engine_failures.labels(lease.engine, str(retried).lower()).inc()
+        if self.fleet.report_unreachable(lease, error):
+            log.warning("%s suspected (%s): no admission until an audit passes",
+                        lease.engine, error)
 
     # ---------------------------------------------------------------------- status
 

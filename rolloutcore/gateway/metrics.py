@@ -75,6 +75,13 @@ class GatewayMetrics:
                                    "by an update", ["engine"], registry=r)
         self.readmissions = Counter("rolloutcore_readmissions", "Re-admissions, by engine and "
                                     "outcome", ["engine", "outcome"], registry=r)
+        self.engine_failures = Counter(
+            "rolloutcore_gateway_engine_failures", "Requests whose engine could not be reached "
+            "or answered 5xx (the member is suspected: no admission until an audit passes), "
+            "by engine and whether the request was retried on another member",
+            ["engine", "retried"], registry=r)
+        self.audits = Counter("rolloutcore_audits", "Audits asked through the admin API, by "
+                              "engine and outcome", ["engine", "outcome"], registry=r)
         self._paused_since: dict[str, float] = {}
         self._lock = threading.Lock()
         r.register(_FleetCollector(self, floor))
