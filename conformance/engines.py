@@ -239,6 +239,15 @@ class HarnessEngine(abc.ABC):
     def disarm(self) -> None:  # noqa: B027 - engines without armed mutations
         """Mutations install what their target declares again (undo ``arm_*``)."""
 
+    @abc.abstractmethod
+    def freeze(self) -> None:
+        """The engine stops answering anything (a SIGSTOP, a GC pause, a hung driver);
+        connections stay open. Undone by :meth:`thaw`."""
+
+    @abc.abstractmethod
+    def thaw(self) -> None:
+        ...
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the engine owns (stop a server it started)."""
 
@@ -395,6 +404,13 @@ class SimHarnessEngine(HarnessEngine):
         self.engine = self._sim.SimEngine(initial, token_seconds=self.token_seconds,
                                           label=INITIAL_LABEL)
         self.sim_adapter.reconnect(self.engine)
+
+    def freeze(self) -> None:
+        for op in self._sim.OPS:
+            self.sim_adapter.faults.add(op, "hang", None)
+
+    def thaw(self) -> None:
+        self.clear_faults()
 
     def inject_sim(self, op: str, kind: str) -> None:
         """A simulator-only fault (a buggy adapter's or loader's behaviour that the real
@@ -656,6 +672,12 @@ class VllmHarnessEngine(HarnessEngine):
 
     def disarm(self) -> None:
         self.http.mutation_method = "rc_reload_weights"
+
+    def freeze(self) -> None:
+        self.server.freeze()
+
+    def thaw(self) -> None:
+        self.server.thaw()
 
     def restore(self, initial: str = "v1") -> None:
         self.clear_faults()

@@ -12,6 +12,7 @@ engine through vLLM's trainer-side API).
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -38,6 +39,10 @@ VERSION = {1: "v1", 2: "v2"}  # generation -> checkpoint
 #: deadline just above it (the adapter's evidence is what the runner sees).
 TRANSFER_BASE_S = 5.0
 TAINT_MARGIN_S = 1.0
+#: The frozen-member scenario's deadlines (a frozen engine answers nothing: each of its
+#: steps ends at its deadline).
+FROZEN_MUTATION_S = 3.0
+FROZEN_FENCE_S = 3.0
 
 
 # --------------------------------------------------------------------------- the rig
@@ -108,6 +113,13 @@ class FleetRig:
     def adapters(self) -> dict[str, LifecycleAdapter]:
         return {n: e.adapter for n, e in self.engines.items()}
 
+    def target_of(self, source: str, generation: int, label: str) -> WeightTarget:
+        """What a recovering fleet needs: the target a journal's checkpoint names."""
+        e = next(iter(self.engines.values()))
+        models: Mapping[str, Path] = getattr(e, "models", {})
+        version = next((v for v, p in models.items() if str(p) == source), source)
+        return e.target(generation, version, label=label)
+
     def transfer_adapters(self) -> dict[str, LifecycleAdapter]:
         """Each member's mutation a weight transfer from this process (vLLM: gloo; the
         simulator has no transfer: its reload stands in, faults injected the same way)."""
@@ -124,14 +136,18 @@ class FleetRig:
         return out
 
     def open(self, name: str, *, min_serving: int, policy: RunnerPolicy | None = None,
-             adapters: Mapping[str, LifecycleAdapter] | None = None) -> Fleet:
+             adapters: Mapping[str, LifecycleAdapter] | None = None,
+             recover: bool = False) -> Fleet:
+        """A fleet over the rig's engines on journal ``<name>-<kind>.jsonl``: a new one,
+        or with ``recover`` the one there (a restarted fleet controller)."""
         ads = adapters or self.adapters()
         journal = self.work / f"{name}-{self.kind}.jsonl"
-        journal.unlink(missing_ok=True)
+        if not recover:
+            journal.unlink(missing_ok=True)
         urls = self.urls()
         members = [(n, ads[n], urls[n]) for n in self.engines]
         return Fleet(members, journal=journal, min_serving=min_serving,
-                     policy=policy or POLICY, fsync=False)
+                     policy=policy or POLICY, fsync=False, target_of=self.target_of)
 
 
 #: Deadlines generous enough never to decide an outcome (faults decide them).
@@ -185,9 +201,10 @@ class FleetContext:
         return bool(ok)
 
     def open(self, *, min_serving: int, policy: RunnerPolicy | None = None,
-             adapters: Mapping[str, LifecycleAdapter] | None = None) -> Fleet:
-        self.fleet = self.rig.open(self.result.name, min_serving=min_serving, policy=policy,
-                                   adapters=adapters)
+             adapters: Mapping[str, LifecycleAdapter] | None = None, name: str | None = None,
+             recover: bool = False) -> Fleet:
+        self.fleet = self.rig.open(name or self.result.name, min_serving=min_serving,
+                                   policy=policy, adapters=adapters, recover=recover)
         self.result.journal = str(self.fleet.journal.path)
         return self.fleet
 
@@ -514,6 +531,116 @@ def s_killed_mid_broadcast(ctx: FleetContext) -> None:
               and {lease.engine for lease, _ in after} == set(rig.names), _seen(after))
 
 
+class _FreezesAtMutate:
+    """The victim's adapter: its engine freezes as the mutation is asked (a cause the
+    scenario controls), and answers nothing from then on."""
+
+    def __init__(self, inner: LifecycleAdapter, engine: HarnessEngine) -> None:
+        self.inner, self.engine = inner, engine
+        self.frozen_at: float | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def mutate(self, target: WeightTarget, deadline: float) -> Any:
+        if self.frozen_at is None:  # the update's mutation (not a later re-admission's)
+            self.engine.freeze()
+            self.frozen_at = time.time()
+        return self.inner.mutate(target, deadline)
+
+
+def _journal_t(journal: Path, engine: str | None, step: str) -> float | None:
+    """The journal's time of the first ``step`` of ``engine`` (None: a fleet step)."""
+    for _, rec in JournalReader(journal):
+        if rec.get("engine") == engine and rec.get("step") == step:
+            return float(rec["t"])
+    return None
+
+
+def s_frozen_member(ctx: FleetContext) -> None:
+    """min_serving N-1: the last member's engine freezes as its mutation is asked (it
+    answers nothing, not even the fence). The fleet decides as soon as the others have
+    validated and the frozen member's mutation deadline has passed: admissions stay closed
+    for that deadline once, not for the fence's deadline after it."""
+    rig, v = ctx.rig, ctx.rig.victim
+    e = rig.engines[v]
+    frozen = _FreezesAtMutate(e.adapter, e)
+    policy = RunnerPolicy(step_timeout_s=60.0, pause_timeout_s=120.0, drain_timeout_s=300.0,
+                          mutation_base_s=FROZEN_MUTATION_S, fence_timeout_s=FROZEN_FENCE_S)
+    fleet = ctx.open(min_serving=len(rig.names) - 1, policy=policy,
+                     adapters={**rig.adapters(), v: frozen})
+    ctx.bootstrap(fleet)
+    try:
+        rep = fleet.update(rig.targets(2))
+    finally:
+        e.thaw()
+    ctx.report("update", rep)
+    journal = fleet.journal.path
+    opened = _journal_t(journal, None, "fleet_request_update")
+    published = _journal_t(journal, None, "fleet_publish")
+    fence_end = _journal_t(journal, v, Trigger.FENCE_FAILED)
+    deadline = policy.mutation_deadline(rig.targets(2)[v])
+    closed = None if opened is None or published is None else published - opened
+    ctx.result.evidence.update(
+        closed_s=None if closed is None else round(closed, 3),
+        victim_fence_ended_s=None if fence_end is None or opened is None
+        else round(fence_end - opened, 3),
+        mutation_deadline_s=round(deadline, 3), fence_deadline_s=FROZEN_FENCE_S)
+    ctx.check(f"{v} froze at its mutation: ambiguous at the deadline, TAINTED, its fence "
+              "unanswered", frozen.frozen_at is not None and v in rep.quarantined
+              and any(s.outcome == Trigger.MUTATE_AMBIGUOUS for s in rep.members[v].steps)
+              and rep.members[v].fenced is False, rep.members[v].steps)
+    ctx.check(f"published on {', '.join(rig.others)}", rep.published
+              and sorted(rep.committed_on) == sorted(rig.others), rep.committed_on)
+    ctx.check(f"the fleet published before {v}'s fence ended: its fence held nobody closed",
+              published is not None and fence_end is not None and published < fence_end,
+              {"published": published, "fence_ended": fence_end})
+    ctx.members_serve(fleet, rig.others, 2)
+    _restart_and_readmit(ctx, fleet, 2)
+    _victim_serves_again(ctx, fleet, 2)
+
+
+def s_recovered_tainted_fenced(ctx: FleetContext) -> None:
+    """The fleet controller dies just before it publishes: every member has resumed on the
+    unpublished v2, under v2's label, serving direct callers. The restarted controller
+    recovers every member TAINTED from the journal and fences each (paused, taint label)
+    before anyone can use the fleet; verified re-admission brings them back on v1."""
+    rig = ctx.rig
+    fleet = ctx.open(min_serving=len(rig.names))
+    ctx.bootstrap(fleet)
+    rep = fleet.update(rig.targets(2))
+    ctx.check("the update reached its publish", rep.published, rep.committed_on)
+    fleet.close()
+    # The crash: the journal as it stood just before the fleet_publish record.
+    lines = Path(fleet.journal.path).read_bytes().splitlines(keepends=True)
+    cut = next(i for i, line in enumerate(lines)
+               if json.loads(line).get("step") == "fleet_publish")
+    crashed = f"{ctx.result.name}-crashed"
+    (rig.work / f"{crashed}-{rig.kind}.jsonl").write_bytes(b"".join(lines[:cut]))
+    want = rig.targets(2)
+    seen = {n: (e.label(), e.is_paused_raw()) for n, e in rig.engines.items()}
+    ctx.check("what the crash left: every engine runs the unpublished v2 under its label",
+              all(seen[n] == (want[n].label, False) for n in rig.names), seen)
+    fleet = ctx.open(min_serving=len(rig.names), name=crashed, recover=True)
+    seen = {n: (e.label(), e.is_paused_raw()) for n, e in rig.engines.items()}
+    ctx.check("recovered: every member TAINTED, the fleet closed",
+              fleet.recovered == dict.fromkeys(rig.names, Trigger.RESTART_TAINTED)
+              and fleet.phase == FleetPhase.ABORTING and fleet.committed == 1,
+              {"recovered": fleet.recovered, "phase": fleet.phase})
+    ctx.check("fenced before the fleet could be used: every engine paused under the taint "
+              "label", all(seen[n] == (f"tainted:{want[n].label}", True)
+                           for n in rig.names), seen)
+    outs = {n: fleet.readmit(n, who="operator, after the recovery") for n in rig.names}
+    ctx.check("every member re-admitted onto generation 1 (verified); the fleet reopens",
+              all(o.trigger == Trigger.READMIT_OK for o in outs.values())
+              and fleet.phase == FleetPhase.READY and fleet.committed == 1,
+              {n: o.reason for n, o in outs.items()})
+    ctx.members_serve(fleet, rig.names, 1)
+    after = ctx.spread(fleet, "after", len(rig.names))
+    ctx.check("rollouts: generation 1 on every server, v1's tokens", _all_on(after, 1),
+              _seen(after))
+
+
 def _kill_midway(adapter: Any, engine: Any, box: dict[str, float]) -> None:
     """Once bytes are on their way to c, SIGKILL its server."""
     deadline = time.monotonic() + 120
@@ -535,6 +662,8 @@ SCENARIOS: dict[str, Scenario] = {
     "dies_halfway_no_quorum": s_dies_halfway_no_quorum,
     "killed_mid_broadcast": s_killed_mid_broadcast,
     "restarted_out_of_band": s_restarted_out_of_band,
+    "frozen_member": s_frozen_member,
+    "recovered_tainted_fenced": s_recovered_tainted_fenced,
 }
 
 
