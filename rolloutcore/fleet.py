@@ -870,15 +870,16 @@ class Fleet:
     # -------------------------------------------------------------------- admission
 
     def admit(self, rollout_id: str, *, wait: float = 0.0, min_generation: int = 0,
-              cancel: threading.Event | None = None, detail: Mapping[str, Any] | None = None
-              ) -> Lease:
+              cancel: threading.Event | None = None, detail: Mapping[str, Any] | None = None,
+              exclude: Sequence[str] = ()) -> Lease:
         """Bind a rollout to the committed generation on the serving member with the
         fewest outstanding rollouts. While admissions are closed (an update), or the
         committed generation is below ``min_generation`` (a staleness bound, checked
         against the committed generation itself), wait up to ``wait`` seconds, woken by
-        the step that opens them; ``cancel`` ends the wait."""
+        the step that opens them; ``cancel`` ends the wait. ``exclude``: members not to
+        bind it to (they failed this request already)."""
         deadline = time.monotonic() + wait
-        refused: set[str] = set()  # members that refused this rollout (suspected meanwhile)
+        refused = set(exclude)  # and members that refused it (suspected meanwhile)
         with self._changed:
             while True:
                 candidates = [m for m in self._admissible() if m.name not in refused]

@@ -715,6 +715,11 @@ def test_engine_errors_are_passed_on_and_released(tmp_path: Path,
         assert resp.status_code == 500 and resp.json()["error"]["message"] == "injected"
         assert resp.headers["x-rolloutcore-generation"] == "1"
         assert r.bound() == 0
+        # a 5xx answer suspects the engine (no admission until an audit passes)
+        engine = resp.headers["x-rolloutcore-engine"]
+        assert any(x["step"] == "suspect" and x["engine"] == engine
+                   for x in r.journal_records())
+        wait_until(lambda: r.fleet.members[engine].last_audit is not None, "its audit")
         r.check()
     with rig(tmp_path, upstream, names=("dead",), dead=("dead",)) as r:
         resp = completion(r.url)
@@ -722,6 +727,52 @@ def test_engine_errors_are_passed_on_and_released(tmp_path: Path,
         assert r.bound() == 0
         release = [x for x in r.journal_records() if x["step"] == "release"][-1]
         assert release["detail"]["status"] == 502
+        r.check()
+
+
+def test_unreachable_member_is_suspected_and_the_request_admitted_again(
+        tmp_path: Path, upstream: FakeUpstream) -> None:
+    """b's address refuses connections: the request admitted on it is released, b is
+    suspected (its admissions stop until an audit passes; the audit starts at once) and
+    the request is admitted again on a, which answers it: the client sees a 200."""
+    with rig(tmp_path, upstream, dead=("b",)) as r:
+        t, box = in_thread(lambda: completion(r.url, headers={"x-test-hold": "a"}))
+        wait_until(lambda: r.fakes["a"].running == 1, "a busy")  # so b is least loaded
+        resp = completion(r.url, return_token_ids=True)
+        upstream.gates["a"].set()
+        t.join(BOUND)
+        assert resp.status_code == 200 and resp.headers["x-rolloutcore-engine"] == "a"
+        assert resp.json()["choices"][0]["token_ids"] == r.reference(1, PROMPT, 4)
+        recs = r.journal_records()
+        suspect = [x for x in recs if x["step"] == "suspect"]
+        assert [x["engine"] for x in suspect] == ["b"]
+        assert "ConnectError" in suspect[0]["detail"]["error"]
+        released_b = [x for x in recs if x["step"] == "release" and x["engine"] == "b"]
+        assert [x["detail"]["status"] for x in released_b] == [502]
+        assert r.metric("rolloutcore_gateway_engine_failures_total", engine="b",
+                        retried="true") == 1
+        wait_until(lambda: r.fleet.members["b"].last_audit is not None, "b's audit")
+        r.check()
+
+
+def test_admin_audit(tmp_path: Path, upstream: FakeUpstream) -> None:
+    """POST /admin/audit audits the named engines (default: every READY one): label,
+    identity, run state, a probe; an engine replaced out of band is quarantined."""
+    with rig(tmp_path, upstream, min_serving=1) as r:
+        url = f"{r.url}/admin/audit"
+        for bad, status in (({"engines": "a"}, 400), ({"engines": []}, 400),
+                            ({"engines": ["zz"]}, 404), ({"other": 1}, 400)):
+            assert httpx.post(url, json=bad, timeout=BOUND).status_code == status, bad
+        assert not any(x["step"].startswith("audit") for x in r.journal_records())
+        out = httpx.post(url, json={"engines": ["a"]}, timeout=BOUND).json()
+        assert out["audits"] == {"a": {"outcome": "audit_ok", "reason": out["audits"]["a"][
+            "reason"]}}
+        r.adapters["b"].reconnect(SimEngine("ckpt-9"))  # replaced behind the fleet's back
+        out = httpx.post(url, timeout=BOUND).json()["audits"]
+        assert out["a"]["outcome"] == "audit_ok" and out["b"]["outcome"] == "audit_mismatch"
+        assert r.metric("rolloutcore_audits_total", engine="b", outcome="audit_mismatch") == 1
+        for _ in range(3):
+            assert completion(r.url).headers["x-rolloutcore-engine"] == "a"
         r.check()
 
 

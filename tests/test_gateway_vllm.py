@@ -47,6 +47,7 @@ from rolloutcore.gateway.core import Gateway, GatewayConfig  # noqa: E402
 from rolloutcore.gateway.server import ServerThread  # noqa: E402
 from rolloutcore.identity import checkpoint_identity  # noqa: E402
 from rolloutcore.journal import read_journal  # noqa: E402
+from rolloutcore.spec.lifecycle import Phase  # noqa: E402
 from rolloutcore.targets import checkpoint_target, load_references  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -310,6 +311,85 @@ def test_metrics_after_the_load(env: Env) -> None:
     out = os.environ.get("ROLLOUTCORE_METRICS_SAMPLE")
     if out:  # the report's sample, when asked for
         Path(out).write_text(sample)
+
+
+WATCHDOG_S = 2.0  # the watchdog's period in the replacement test
+LOAD_CLIENTS = 4
+
+
+def test_member_replaced_under_load_is_found_within_the_bound(env: Env) -> None:
+    """Under load through the gateway, engine b is SIGKILLed, restarted out of band on the
+    other checkpoint and relabelled with the committed label (a launcher reusing a stale
+    path and the current version name). Its connection failures suspect it (no admission
+    until an audit passes; the requests are admitted again on a), and the watchdog's
+    audit finds it by its weight identity within the bound (period + one audit): no
+    answer with wrong tokens, before the bound or after it. Re-admitted, it serves again."""
+    fleet, victim = env.fleet, "b"
+    committed = fleet.committed
+    ckpt = env.checkpoints[committed]
+    other = "v1" if ckpt == "v2" else "v2"
+    label = fleet.committed_target().label  # type: ignore[union-attr]
+    want = env.refs[ckpt]["medium"]
+    bound = WATCHDOG_S + fleet.policy.step_timeout_s
+    answers: list[tuple[float, str | None, int, Any]] = []  # (t, engine, status, tokens)
+    stop = threading.Event()
+
+    def client() -> None:
+        with httpx.Client(timeout=BOUND) as c:
+            while not stop.is_set():
+                r = c.post(f"{env.url}/v1/completions", json=body(env, "medium"))
+                tokens = r.json()["choices"][0]["token_ids"] if r.status_code == 200 else None
+                answers.append((time.monotonic(), r.headers.get("x-rolloutcore-engine"),
+                                r.status_code, tokens))
+
+    def until(what: str, cond: Any) -> float:
+        deadline = time.monotonic() + BOUND
+        while not cond():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.05)
+        return time.monotonic()
+
+    member = fleet.members[victim]
+    fleet.start_watchdog(WATCHDOG_S)
+    clients = [threading.Thread(target=client) for _ in range(LOAD_CLIENTS)]
+    for t in clients:
+        t.start()
+    try:
+        until("b answers", lambda: any(a[1] == victim for a in answers))
+        server = env.servers[victim]
+        server.kill()
+        until("b suspected by its connection failures",
+              lambda: not any(s.serving for s in fleet.status() if s.name == victim))
+        server.restart(env.models[other])
+        r = httpx.post(f"{server.url}/update_weight_version", json={"new_version": label},
+                       timeout=BOUND)
+        assert r.status_code == 200, r.text
+        back = time.monotonic()
+        found = until("the audit finds b", lambda: member.controller.phase is Phase.TAINTED)
+        time.sleep(1.0)  # the load goes on after it
+    finally:
+        stop.set()
+        for t in clients:
+            t.join(BOUND)
+        fleet.stop_watchdog()
+    wrong = [a for a in answers if a[2] == 200 and a[3] != want]
+    statuses = Counter(a[2] for a in answers)
+    print(f"replaced member: {len(answers)} answers {dict(statuses)}, {len(wrong)} wrong; "
+          f"found {found - back:.2f} s after its restart (bound {bound:g} s: watchdog "
+          f"{WATCHDOG_S:g} s + one audit); last audit {member.last_audit}")
+    assert member.last_audit is not None and member.last_audit["outcome"] == "audit_mismatch"
+    assert found - back <= bound
+    assert wrong == [], wrong[:3]
+    assert not [a for a in answers if a[1] == victim and a[0] > back and a[2] == 200]
+    engine_failures = env.metrics()
+    assert sum(v for (n, labels), v in engine_failures.items()
+               if n == "rolloutcore_gateway_engine_failures_total"
+               and ("engine", victim) in labels) >= 1
+    out = fleet.readmit(victim, who="test: after the out-of-band restart")
+    assert out.trigger == "readmit_ok", out.reason
+    r = httpx.post(f"{env.url}/v1/completions", json=body(env, "medium"), timeout=BOUND)
+    assert r.status_code == 200 and r.json()["choices"][0]["token_ids"] == want
+    assert check_fleet_file(env.journal).accepted
 
 
 def test_serve_command_over_the_same_engines(env: Env, tmp_path: Path) -> None:

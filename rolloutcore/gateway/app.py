@@ -454,6 +454,7 @@ class _Exchange:
             obj is not None and self.gw.records is not None) else None
         self.lease: Lease | None = None  # held until released
         self.bound: Lease | None = None  # the last lease, kept after its release
+        self.failed_on: list[str] = []  # engines that could not be reached for it
         self.upstream: httpx.Response | None = None
         self.pool: int | None = None  # the upstream client held (Upstreams.take)
         self.status: int | None = None  # what the client is sent
@@ -506,6 +507,7 @@ class _Exchange:
                     await self._suspect(f"{type(e).__name__}: {e}", retried=retry)
                 if retry:
                     retries -= 1
+                    self.failed_on.append(lease.engine)
                     self.status = 502
                     await self._finish_shielded()
                     self.outcome, self.status, self.upstream = "ok", None, None
@@ -530,7 +532,7 @@ class _Exchange:
             with anyio.CancelScope(shield=True):  # a lease, once made, is never dropped
                 first = await loop.run_in_executor(
                     gw.quick, gw.admit_now, gw.new_rollout_id(), self.endpoint,
-                    self.min_generation)
+                    self.min_generation, tuple(self.failed_on))
                 self.lease = self.bound = first if isinstance(first, Lease) else \
                     await loop.run_in_executor(gw.waits, gw.admit_queued, first, cancel)
             return True

@@ -22,6 +22,10 @@ from rolloutcore.inputs import unreadable
 
 OK, NEGATIVE, BAD_INPUT = 0, 1, 2
 STALE_MODES = ("wait", "refuse")
+#: Seconds between two audits of every serving engine, unless the fleet file or the
+#: command line says otherwise: how long an engine replaced behind the fleet's back can
+#: serve before it is found (plus one audit's duration).
+DEFAULT_WATCHDOG_S = 10.0
 
 
 def _fail(message: str) -> int:
@@ -105,6 +109,10 @@ def serve(args: argparse.Namespace) -> int:
                     fleet.close()
                     return NEGATIVE
             gateway = Gateway(fleet, config, target_of=checkpoint_target)
+            watchdog = None if args.no_watchdog else (
+                args.watchdog or cfg.watchdog_s or DEFAULT_WATCHDOG_S)
+            if watchdog is not None:
+                fleet.start_watchdog(watchdog)
         except (TargetError, FleetError) as e:
             fleet.close()
             return _fail(str(e))
@@ -113,7 +121,9 @@ def serve(args: argparse.Namespace) -> int:
                 "admin API has no token: listening on loopback only")
         print(f"rolloutcore gateway on http://{args.host}:{sock.getsockname()[1]} for model "
               f"{config.model!r}: fleet {fleet.phase}, committed generation "
-              f"{fleet.committed}, {len(fleet.members)} engines; {auth}; journal "
+              f"{fleet.committed}, {len(fleet.members)} engines; "
+              + (f"watchdog every {watchdog:g} s" if watchdog else "no watchdog")
+              + f"; {auth}; journal "
               f"{fleet.journal.path}" + (f"; records {records}" if records else ""),
               flush=True)
         try:
@@ -168,6 +178,14 @@ def add_serve_parser(sub: Any) -> None:
     p.add_argument("--max-body-bytes", type=_at_least(1, int), default=16 << 20)
     p.add_argument("--records", help="append a trajectory record per answered request")
     p.add_argument("--access-log", action="store_true", help="log every request line")
+    watch = p.add_mutually_exclusive_group()
+    watch.add_argument("--watchdog", type=_at_least(0.001, float), metavar="SECONDS",
+                       help="audit every serving engine this often (default: the fleet "
+                       f"file's watchdog_s, else {DEFAULT_WATCHDOG_S:g}): an engine replaced "
+                       "behind the fleet's back serves at most this long plus one audit")
+    watch.add_argument("--no-watchdog", action="store_true",
+                       help="no periodic audit (replacements are found only by requests "
+                       "that fail, or by POST /admin/audit)")
     p.add_argument("--initial", help="a new fleet: the checkpoint the engines started with")
     p.add_argument("--initial-label", default="default",
                    help="the label the engines report at start (vLLM: default)")

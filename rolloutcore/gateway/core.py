@@ -98,6 +98,7 @@ class Queued:
     rollout_id: str
     endpoint: str
     floor: int
+    exclude: tuple[str, ...] = ()
 
 
 class Busy(Exception):
@@ -151,22 +152,23 @@ class Gateway:
               cancel: threading.Event) -> Lease:
         """Admit now, or wait in the bounded queue; raise :class:`Refusal` otherwise.
         Returns once the admission is durable in the journal."""
-        first = self.admit_now(rollout_id, endpoint, min_generation)
+        first = self.admit_now(rollout_id, endpoint, min_generation, ())
         return first if isinstance(first, Lease) else self.admit_queued(first, cancel)
 
-    def admit_now(self, rollout_id: str, endpoint: str, min_generation: int
-                  ) -> Lease | Queued:
+    def admit_now(self, rollout_id: str, endpoint: str, min_generation: int,
+                  exclude: tuple[str, ...] = ()) -> Lease | Queued:
         """Admit at once if admissions are open (durably: returns once journalled), or
         take a place in the queue (then :meth:`admit_queued`, always), or refuse. Never
         waits for admissions: the ASGI half runs this on a pool of its own, so that
-        queued requests cannot starve admissions and releases of threads."""
+        queued requests cannot starve admissions and releases of threads. ``exclude``:
+        engines this request failed on already."""
         floor = max(min_generation, self.floor)
         if self._closing:
             raise Refusal(503, "the gateway is shutting down", type="server_error",
                           code="shutting_down", retry_after=self.config.retry_after_s)
         try:
             with self.fleet.journal.deferred():
-                return self.fleet.admit(rollout_id, min_generation=floor,
+                return self.fleet.admit(rollout_id, min_generation=floor, exclude=exclude,
                                         detail={"via": "gateway", "endpoint": endpoint})
         except AdmissionTimeout:
             pass  # closed for an update, or below the floor: queue (or refuse)
@@ -186,7 +188,7 @@ class Gateway:
                               retry_after=self.config.retry_after_s)
             self._queued += 1
             self.metrics.queue_depth.set(self._queued)
-        return Queued(rollout_id, endpoint, floor)
+        return Queued(rollout_id, endpoint, floor, exclude)
 
     def admit_queued(self, q: Queued, cancel: threading.Event) -> Lease:
         """Wait in the queue place ``q`` (bounded by the configured wait; ``cancel`` ends
@@ -201,6 +203,7 @@ class Gateway:
             with self.fleet.journal.deferred():
                 return self.fleet.admit(q.rollout_id, wait=self.config.queue_wait_s,
                                         min_generation=q.floor, cancel=cancel,
+                                        exclude=q.exclude,
                                         detail={"via": "gateway", "endpoint": q.endpoint})
         except AdmissionTimeout:
             outcome = "timeout"
