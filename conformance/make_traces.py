@@ -123,7 +123,8 @@ def sample_decision(c: Controller, trigger: str, param: str | None = None, *,
         "mutate_ok": Decision(Op.MUTATE, (MutationEvidence(
             MutationOutcome.COMPLETED, f"loaded and finalised as {_label(g)}", 0.25, 4096),)),
         "mutate_refused": Decision(Op.MUTATE, (MutationEvidence(
-            MutationOutcome.NOT_MUTATED, "refused before any byte moved", 0.25),)),
+            MutationOutcome.NOT_MUTATED, "refused before any byte moved", 0.25),
+            EngineReport(_label(k), _identity(k), True, 0)), _expected(k)),
         "mutate_ambiguous": Decision(Op.MUTATE, (MutationEvidence(
             MutationOutcome.AMBIGUOUS, "mutate did not return within 10.00 s", 10.0),)),
         "reset_ok": Decision(Op.RESET, (ResetEvidence(str(param), 200, True) if param ==

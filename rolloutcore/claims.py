@@ -301,7 +301,7 @@ PAUSE_MODE = {"pause": "wait", "pause_abort": "abort", "readmit": "abort"}
 #: Operations whose engine read is taken while the engine must be quiet (paused, nothing
 #: running: EngineQuietWhileClosed; a re-admission's read comes after its abort-mode
 #: pause and before its resume).
-QUIET_READS = frozenset({"validate", "readmit"})
+QUIET_READS = frozenset({"validate", "readmit", "mutate"})
 
 
 def _mode(decision: Mapping[str, Any]) -> str:
@@ -584,15 +584,15 @@ class Claims:
         op = str(dec.get("op"))
         evs = [e for e in dec.get("evidence") or [] if isinstance(e, Mapping)]
         exp = dec.get("expected")
-        about = self.committed if op in ("audit", "readmit") else \
+        about = self.committed if op in ("audit", "readmit", "mutate") else \
             self.target if op in ("validate", "probe") else None
-        if op in ("audit", "readmit", "validate", "probe") and not (
-                exp is None and "error" in dec):  # a call that failed expected nothing
+        if op in ("audit", "readmit", "validate", "probe", "mutate") and not (
+                exp is None and ("error" in dec or op == "mutate")):  # expected nothing
             if about is not None:
                 self._use(about, "label", "identity", "tokens", "logprobs", "tolerance")
                 bad = about.expected_problem(exp, step)
                 if bad:
-                    which = "Committed" if op in ("audit", "readmit") else "Target"
+                    which = "Committed" if op in ("audit", "readmit", "mutate") else "Target"
                     return f"EvidenceContradicts{which}", bad
             elif op in ("validate", "probe"):
                 return "EvidenceContradictsTarget", f"{step} is decided, but no update named " \
@@ -717,6 +717,7 @@ class Claims:
 _FIRST_SINCE_RESET: dict[str, Callable[[Claims], bool]] = {
     "probe": lambda c: not c.probed_since_invalidation,
     "readmit": lambda c: True,
+    "mutate": lambda c: True,  # a refusal's read (no probe: the field is the default)
     "audit": lambda c: False,
     "validate": lambda c: True,
     "bootstrap": lambda c: True,

@@ -97,13 +97,35 @@ def _resume(ev: ResumeEvidence) -> Outcome:
     return _failed(Op.RESUME, f"status={ev.http_status} paused={ev.paused_read_back}")
 
 
-def _mutation(ev: MutationEvidence) -> Outcome:
+def _mutation(d: Decision) -> Outcome:
+    """A refusal is definite (the old evidence stands again) only if a read after it shows
+    the engine still on the committed generation: its label and its weights' identity
+    (``expected``). Whatever else it shows (a label set by hand, other weights, no
+    answer), the committed evidence no longer stands: ambiguous, so TAINTED and fenced."""
+    ev = d.evidence[0] if d.evidence else None
+    rest = d.evidence[1:]
+    if not isinstance(ev, MutationEvidence) or len(rest) > 1 or (
+            rest and not isinstance(rest[0], EngineReport)):
+        raise EvidenceFormatError(f"{d.op}: expected a MutationEvidence, then at most one "
+                                  f"EngineReport, got {[type(e).__name__ for e in d.evidence]}")
     result = {
         MutationOutcome.COMPLETED: Result.OK,
         MutationOutcome.NOT_MUTATED: Result.REFUSED,
         MutationOutcome.AMBIGUOUS: Result.AMBIGUOUS,
     }[ev.outcome]
-    return _outcome(Op.MUTATE, result, ev.observed)
+    if result is not Result.REFUSED:
+        return _outcome(Op.MUTATE, result, ev.observed)
+    report = rest[0] if rest else None
+    if d.expected is None or report is None:
+        return _outcome(Op.MUTATE, Result.AMBIGUOUS, f"{ev.observed}; the refusal was not "
+                        "confirmed by a read of the engine")
+    if report.label != d.expected.label or report.identity != d.expected.identity:
+        return _outcome(Op.MUTATE, Result.AMBIGUOUS, f"{ev.observed}; but the engine reports "
+                        f"label {report.label!r}, identity {str(report.identity)[:16]}, not "
+                        f"the committed {d.expected.label!r}, "
+                        f"{str(d.expected.identity)[:16]}")
+    return _outcome(Op.MUTATE, result, f"{ev.observed}; the engine still reports the "
+                    f"committed label {report.label!r} and identity")
 
 
 def _reset(ev: ResetEvidence) -> Outcome:
@@ -209,7 +231,7 @@ def _readmit(d: Decision) -> Outcome:
         return _failed(op, f"the procedure stopped before: {', '.join(missing)}")
     if _pause(Op.PAUSE_ABORT, evs["PauseEvidence"][0]).trigger != Trigger.PAUSE_ABORT_OK:
         return _failed(op, "the engine could not be shown paused and idle")
-    m = _mutation(evs["MutationEvidence"][0])
+    m = _mutation(Decision(Op.MUTATE, (evs["MutationEvidence"][0],)))
     if m.trigger != Trigger.MUTATE_OK:
         return _failed(op, f"reload: {m.reason}")
     resets = evs["ResetEvidence"]
@@ -266,7 +288,7 @@ _DECIDERS: dict[Op, Callable[[Decision], Outcome]] = {
     Op.PAUSE: lambda d: _pause(Op.PAUSE, _one(d, PauseEvidence)),
     Op.PAUSE_ABORT: lambda d: _pause(Op.PAUSE_ABORT, _one(d, PauseEvidence)),
     Op.RESUME: lambda d: _resume(_one(d, ResumeEvidence)),
-    Op.MUTATE: lambda d: _mutation(_one(d, MutationEvidence)),
+    Op.MUTATE: _mutation,
     Op.RESET: lambda d: _reset(_one(d, ResetEvidence)),
     Op.VALIDATE: lambda d: _validation(Op.VALIDATE, _one(d, EngineReport), _expected(d)),
     Op.PROBE: lambda d: _probe(Op.PROBE, _one(d, ProbeEvidence), _expected(d)),

@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -602,10 +602,25 @@ class LifecycleRunner:
             ev = MutationEvidence(MutationOutcome.AMBIGUOUS, f"{type(e).__name__}: {e}",
                                   time.perf_counter() - t0)
         decision = Decision(Op.MUTATE, (ev,))
+        if ev.outcome is MutationOutcome.NOT_MUTATED:
+            decision = self._refusal_read(ev)
         outcome = post.decide(decision)
         self._fire(outcome.trigger, evidence=decision, reason=outcome.reason)
         self._record(report, "mutate", outcome.trigger, outcome.reason, t0, 1)
         return outcome
+
+    def _refusal_read(self, ev: MutationEvidence) -> Decision:
+        """A refusal counts only with a read showing the engine still on the committed
+        generation (postconditions decide): the engine's label and identity, read within a
+        step's deadline, against the committed generation's reference."""
+        committed = self.targets.get(self.controller.control.committed)
+        expected = None if committed is None else self._expected(committed)
+        try:
+            read = self.adapter.read_state(time.monotonic() + self.policy.step_timeout_s)
+        except (AdapterError, DeadlineExceeded, OSError) as e:
+            observed = f"{ev.observed}; the read after it failed: {type(e).__name__}: {e}"
+            return Decision(Op.MUTATE, (replace(ev, observed=observed),), expected)
+        return Decision(Op.MUTATE, (ev, read), expected)
 
     # ---------------------------------------------------------------- rollouts (the app)
 

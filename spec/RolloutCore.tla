@@ -113,6 +113,7 @@ MutateOkBrokenEffect ==
 MutateRefusedEffect ==
     /\ phase \in {"UPDATING"}
     /\ pending = "mutate"
+    /\ label = committed /\ weights = committed
     /\ UNCHANGED <<weights, label, paused, req, caches, amb, stale, replaced, doubt>>
 
 MutateAmbiguousEffect ==
@@ -482,10 +483,11 @@ MutateOkBroken ==
     /\ faults' = faults + 1
     /\ UNCHANGED <<committed, target, bind, cleared, evidence, paused, req, caches, amb, stale, replaced, doubt>>
 
-\* mutate_refused [outcome]: Refused with proof that nothing moved (identity mismatch, no headroom, init refused): the update is over, the old evidence stands again.
+\* mutate_refused [outcome]: Refused with proof that nothing moved (identity mismatch, no headroom, init refused), and a read after it shows the engine still on the committed label and weights: the update is over, the old evidence stands again. A refusal that leaves the engine on anything else (a label set by hand) is ambiguous.
 MutateRefused ==
     /\ phase \in {"UPDATING"}
     /\ pending = "mutate"
+    /\ label = committed /\ weights = committed
     /\ faults < MaxFaults
     /\ phase' = "QUIESCED"
     /\ target' = 0

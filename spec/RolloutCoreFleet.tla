@@ -186,6 +186,7 @@ MMutateRefused(n) ==
     LET e == eng[n] IN
     /\ e.phase \in {"UPDATING"}
     /\ e.pending = "mutate"
+    /\ e.label = e.committed /\ e.weights = e.committed
     /\ Scheduled(n)
     /\ faults < MaxFaults
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "QUIESCED", !.target = 0, !.evidence = WeightEvidence, !.pending = "none"]]

@@ -586,7 +586,12 @@ ACTIONS: tuple[Action, ...] = (
         refused={
             "dest": P.QUIESCED,
             "doc": "Refused with proof that nothing moved (identity mismatch, no headroom, "
-            "init refused): the update is over, the old evidence stands again.",
+            "init refused), and a read after it shows the engine still on the committed "
+            "label and weights: the update is over, the old evidence stands again. A "
+            "refusal that leaves the engine on anything else (a label set by hand) is "
+            "ambiguous.",
+            "truth": lambda s, _p: s.label == s.committed and s.weights == s.committed,
+            "truth_tla": r"label = committed /\ weights = committed",
             "control": lambda _c, _p: {"target": 0, "evidence": WEIGHT_EVIDENCE},
             "control_tla": {"target": "0", "evidence": "WeightEvidence"}},
         ambiguous={
