@@ -284,6 +284,27 @@ def s_failed_load(ctx: ScenarioContext) -> None:
     ctx.evidence.update(naive_resume=naive)
 
 
+def s_refused_forged_label(ctx: ScenarioContext) -> None:
+    """Someone relabels the engine by hand (it still holds generation 1's weights); the
+    next load is refused with proof that nothing moved. The refusal's read shows the
+    forged label, so the old evidence does not stand again: the mutation is ambiguous,
+    the engine TAINTED and fenced, never READY under a label nobody published."""
+    e = ctx.engine
+    runner = ctx.bootstrap()
+    c = runner.controller
+    e.relabel_outside("set-by-hand")
+    target = e.arm_refused_mutation(e.target(2, "v2"))
+    rep = runner.update(target)
+    ctx.cycle_evidence("refused_forged_cycle", rep)
+    mut = [s for s in rep.steps if s.step == "mutate"]
+    ctx.check("the worker refused the load, but the read after it shows the forged label: "
+              "mutate_ambiguous, TAINTED, not published",
+              bool(mut) and mut[0].outcome == "mutate_ambiguous" and "set-by-hand" in
+              mut[0].reason and c.phase is Phase.TAINTED and not rep.published,
+              {"phase": c.phase.value, "mutate": [(s.outcome, s.reason[:200]) for s in mut]})
+    check_fenced(ctx, rep)
+
+
 # ------------------------------------------------------------------- wrong checkpoint
 
 
@@ -502,6 +523,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("wrong_checkpoint", "a mutation that installs another checkpoint than the one "
              "declared (equal manifest) is caught before publish: TAINTED",
              s_wrong_checkpoint),
+    Scenario("refused_forged_label", "a refused load on an engine relabelled by hand is "
+             "ambiguous (the read after it shows the forged label): TAINTED, fenced",
+             s_refused_forged_label),
     Scenario("failed_load", "a refused load resumes the old generation; a load dying halfway "
              "latches TAINTED; a naive resume kills the engine", s_failed_load,
              destructive=True),

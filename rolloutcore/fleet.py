@@ -13,6 +13,12 @@ fleet's own steps untagged, one hash chain and one sequence. A publish is one gr
 the ``fleet_publish`` record names the members it commits, and their ``publish``
 records follow it before anything else (the fleet's lock is held across the group).
 
+The fleet decides an update (publish or abort) once every participant has ended its
+cycle or is TAINTED (settled, in the spec): a tainted member's fence may still be in
+flight, bounded by its deadline, and holds nobody closed; :meth:`Fleet.update` returns its
+report once that fence has ended too, with admissions open meanwhile. A fleet recovered
+from its journal fences every member it restarts TAINTED before it is returned.
+
 Members are addressed by URL (any launcher: Kubernetes, Ray, a shell script); a fleet
 file (TOML) names them: ``[[engine]] name, url, model, token, transfer``.
 

@@ -736,11 +736,12 @@ def test_unreachable_member_is_suspected_and_the_request_admitted_again(
     suspected (its admissions stop until an audit passes; the audit starts at once) and
     the request is admitted again on a, which answers it: the client sees a 200."""
     with rig(tmp_path, upstream, dead=("b",)) as r:
-        t, box = in_thread(lambda: completion(r.url, headers={"x-test-hold": "a"}))
+        t, held = in_thread(lambda: completion(r.url, headers={"x-test-hold": "a"}))
         wait_until(lambda: r.fakes["a"].running == 1, "a busy")  # so b is least loaded
         resp = completion(r.url, return_token_ids=True)
         upstream.gates["a"].set()
         t.join(BOUND)
+        assert held["value"].status_code == 200
         assert resp.status_code == 200 and resp.headers["x-rolloutcore-engine"] == "a"
         assert resp.json()["choices"][0]["token_ids"] == r.reference(1, PROMPT, 4)
         recs = r.journal_records()
