@@ -150,8 +150,10 @@ CASES: list[Case] = [
     # serve: everything is checked before the fleet's journal is opened or a port bound
     *(C("serve", f"--fleet {{{f}}}", 2, f) for f in (
         "notjson", "empty", "binary", "dir", "missing", "fleet_dup", "fleet_bad_k",
-        "fleet_bad_transfer", "fleet_unknown_key")),
+        "fleet_bad_transfer", "fleet_unknown_key", "fleet_bad_watchdog")),
     C("serve", "", 2, "no fleet file"),
+    C("serve", "--fleet {fleet_good} --watchdog 0", 2, "watchdog period 0"),
+    C("serve", "--fleet {fleet_good} --watchdog 5 --no-watchdog", 2, "watchdog both ways"),
     C("serve", "--fleet {fleet_good} --port 70000", 2, "port out of range"),
     C("serve", "--fleet {fleet_good} --port http", 2, "port not a number"),
     C("serve", "--fleet {fleet_good} --admin-token-file {missing}", 2, "token file missing"),
@@ -213,6 +215,8 @@ def _make_corpus(root: Path) -> dict[str, str]:
                                    b'transfer = "carrier-pigeon"\n')
     files["fleet_unknown_key"] = (b'[[engine]]\nname = "a"\nurl = "http://127.0.0.1:1"\n'
                                   b'colour = "blue"\n')
+    files["fleet_bad_watchdog"] = (b'[fleet]\nwatchdog_s = -1\n'
+                                   b'[[engine]]\nname = "a"\nurl = "http://127.0.0.1:1"\n')
     files["fleet_good"] = b'[[engine]]\nname = "a"\nurl = "http://127.0.0.1:1"\n'
     out = {"journal": str(journal), "dir": str(root / "dir"),
            "missing": str(root / "missing"), "new": str(root / "new.jsonl")}
