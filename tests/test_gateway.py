@@ -752,6 +752,10 @@ def test_unreachable_member_is_suspected_and_the_request_admitted_again(
         assert [x["detail"]["status"] for x in released_b] == [502]
         assert r.metric("rolloutcore_gateway_engine_failures_total", engine="b",
                         retried="true") == 1
+        answered = {k: v for k, v in r.metrics().items()
+                    if k[0] == "rolloutcore_gateway_requests_total" and v}
+        assert sum(answered.values()) == 2 and all(  # one per client request
+            ("code", "200") in labels for _n, labels in answered), answered
         wait_until(lambda: r.fleet.members["b"].last_audit is not None, "b's audit")
         r.check()
 

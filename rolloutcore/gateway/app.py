@@ -505,11 +505,11 @@ class _Exchange:
                             type(e).__name__, e, " (admitted again)" if retry else "")
                 if isinstance(e, httpx.TransportError):
                     await self._suspect(f"{type(e).__name__}: {e}", retried=retry)
-                if retry:
+                if retry:  # released (journalled 502), counted as an engine failure only
                     retries -= 1
                     self.failed_on.append(lease.engine)
                     self.status = 502
-                    await self._finish_shielded()
+                    await self._finish_shielded(count=False)
                     self.outcome, self.status, self.upstream = "ok", None, None
                     continue
                 if not self.started:  # nothing sent yet: say so (else the stream breaks off)
@@ -667,13 +667,14 @@ class _Exchange:
         self.complete = True
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
-    async def _finish_shielded(self) -> None:
+    async def _finish_shielded(self, *, count: bool = True) -> None:
         with anyio.CancelScope(shield=True):
-            await self._finish()
+            await self._finish(count)
 
-    async def _finish(self) -> None:
+    async def _finish(self, count: bool) -> None:
         """Close the engine's answer (an unfinished one: vLLM aborts the request), then
-        release the lease and write the record. Runs once."""
+        release the lease and write the record (``count``: in the requests answered).
+        Runs once per lease."""
         lease, self.lease = self.lease, None
         if lease is None:
             return
@@ -707,7 +708,8 @@ class _Exchange:
                 gw.metrics.records.labels("written").inc()
 
         await asyncio.get_running_loop().run_in_executor(gw.quick, release)
-        gw.metrics.requests.labels(self.endpoint, str(lease.generation), str(code)).inc()
+        if count:
+            gw.metrics.requests.labels(self.endpoint, str(lease.generation), str(code)).inc()
 
 
 __all__ = ["GatewayApp", "error_response"]
