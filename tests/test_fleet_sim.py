@@ -1040,7 +1040,8 @@ def test_catch_up_while_aborting_conforms_to_the_spec(fleet3: Any, tmp_path: Pat
 
 @pytest.mark.parametrize("name", ["clean_update_live", "one_refuses", "dies_halfway_quorum",
                                   "dies_halfway_no_quorum", "killed_mid_broadcast",
-                                  "restarted_out_of_band"])
+                                  "restarted_out_of_band", "frozen_member",
+                                  "recovered_tainted_fenced"])
 def test_fleet_scenario_on_the_simulated_fleet(name: str, tmp_path: Path) -> None:
     """The three-server scenarios (tests/test_fleet_vllm.py runs them on real servers) on
     simulated engines: every check holds and the fleet journal is accepted."""

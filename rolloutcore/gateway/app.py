@@ -492,8 +492,6 @@ class _Exchange:
         while await self._admit(send, cancel):
             try:
                 await self._forward(send)
-                if self.status is not None and self.status >= 500:
-                    await self._suspect(f"answered HTTP {self.status}", retried=False)
                 return
             except httpx.HTTPError as e:
                 lease = self.lease
@@ -581,6 +579,8 @@ class _Exchange:
         streaming = self.stream and up.status_code == 200 and up.headers.get(
             "content-type", "").startswith("text/event-stream")
         self.status = up.status_code
+        if up.status_code >= 500:  # suspected before the answer goes out
+            await self._suspect(f"answered HTTP {up.status_code}", retried=False)
         if not streaming:
             data = await up.aread()
             self.done = True
