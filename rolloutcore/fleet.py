@@ -25,7 +25,7 @@ file (TOML) names them: ``[[engine]] name, url, model, token, transfer``.
 An engine whose process is replaced behind the fleet's back (a new process, possibly
 other weights) looks the same to the controllers until someone looks: :meth:`Fleet.audit`
 reads every READY member again (label, identity, run state, a probe; see
-:mod:`rolloutcore.audit`), and the optional watchdog (``watchdog_s``) does so periodically.
+:meth:`LifecycleRunner.audit`), and the optional watchdog (``watchdog_s``) does so periodically.
 A member whose audit finds another engine is quarantined (fenced; served again only
 after verified re-admission), one that cannot be reached stops serving until an audit
 passes, and so does one the application reports unreachable
@@ -63,7 +63,6 @@ from types import SimpleNamespace
 from typing import Any
 
 from rolloutcore.adapters.contract import LifecycleAdapter, WeightTarget
-from rolloutcore.audit import audit as audit_engine
 from rolloutcore.controller import (
     AdmissionCancelled,
     AdmissionTimeout,
@@ -789,7 +788,7 @@ class Fleet:
                                  f"{m.name} (nothing was changed)")
 
         def one(m: Member) -> Outcome:
-            out = audit_engine(m.runner, self._audit_target(m), why=why)
+            out = m.runner.audit(self._audit_target(m), why=why)
             m.last_audit = {"outcome": str(out.trigger), "reason": out.reason,
                             "at": self._clock(), "why": why}
             return out

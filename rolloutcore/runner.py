@@ -47,7 +47,6 @@ from rolloutcore.adapters.contract import (
     WeightTarget,
     remaining,
 )
-from rolloutcore.audit import audit_attempt
 from rolloutcore.claims import request_detail
 from rolloutcore.controller import Binding, Controller, IllegalTransition
 from rolloutcore.postconditions import Decision, Expected, Outcome
@@ -211,7 +210,7 @@ LATE_GRACE_S = 0.25
 
 
 class LifecycleRunner:
-    """Drives the controller through bootstrap and update cycles against one adapter."""
+    """Drives the controller through bootstrap, update cycles and audits against one adapter."""
 
     def __init__(self, controller: Controller, adapter: LifecycleAdapter,
                  policy: RunnerPolicy = RunnerPolicy(),
@@ -354,12 +353,27 @@ class LifecycleRunner:
         if op is Op.FENCE:
             return self._fence_attempt(t)
         if op is Op.AUDIT:
-            return audit_attempt(self, t)
+            return self._audit_attempt(t)
         raise ValueError(f"{op} is not an idempotent operation")
 
     def _fence_attempt(self, target: WeightTarget | str) -> Callable[[float], Decision]:
         label = taint_label(target)
         return lambda d: Decision(Op.FENCE, (self.adapter.fence(label, d),))
+
+    def _audit_attempt(self, target: WeightTarget) -> Callable[[float], Decision]:
+        """One attempt of the audit against ``target`` (the committed generation): the
+        read, then the probe unless the read decided already."""
+        expected = self._expected(target, first_since_reset=False)
+
+        def attempt(deadline: float) -> Decision:
+            report = self.adapter.read_state(deadline)
+            read_only = Decision(Op.AUDIT, (report,), expected)
+            if report.paused is None or report.label is None or report.identity is None \
+                    or post.decide(read_only).trigger == Trigger.AUDIT_MISMATCH:
+                return read_only
+            return Decision(Op.AUDIT, (report, self._probe_call(target, deadline)), expected)
+
+        return attempt
 
     def perform(self, op: Op, param: str | None = None, target: WeightTarget | None = None,
                 *, first_since_reset: bool = True) -> Outcome:
@@ -523,6 +537,38 @@ class LifecycleRunner:
         alone (after a restart the journal names it; the weights need not be known)."""
         outcome = self._idempotent(report, Op.FENCE, None, self._fence_attempt(target))
         return outcome.trigger == Trigger.FENCE_OK
+
+    def audit(self, target: WeightTarget | None = None, *, why: str = "audit") -> Outcome:
+        """Is the engine still the one verified? Its process can be replaced behind the
+        controller's back (a restart, a relaunch, an operator) with other weights or
+        another label, and nothing the controller holds shows it. So read it again, as the
+        spec's ``audit`` says: label, weight identity and run state, then a probe (skipped
+        when the read already decides). One attempt (deadline: the policy's
+        ``step_timeout_s``), journalled with ``why``, decided by
+        :func:`rolloutcore.postconditions.decide`:
+
+        * ``audit_ok``: every piece of evidence is (again) in hand;
+        * ``audit_mismatch``: definitely not the engine verified: TAINTED, and the engine
+          is fenced at once (its bound rollouts are released as aborted);
+        * ``audit_failed``: unreachable or unreadable: the evidence is dropped, no
+          admission and no update until an audit passes.
+
+        ``target`` describes the committed generation (default: the one the runner
+        committed). The fleet audits its members with it (:meth:`rolloutcore.fleet.Fleet.audit`).
+        """
+        c = self.controller
+        if target is None:
+            target = self.targets.get(c.control.committed)
+            if target is None:
+                raise ValueError(f"no target known for generation {c.control.committed}")
+        if target.generation != c.control.committed:
+            raise ValueError(f"an audit is against the committed generation "
+                             f"{c.control.committed}, not {target.generation}")
+        outcome = self._idempotent(None, Op.AUDIT, None, self._audit_attempt(target),
+                                   {"why": why}, retry=False)
+        if c.phase is Phase.TAINTED:
+            self.fence(target)
+        return outcome
 
     def readmit(self, target: WeightTarget, *, who: str) -> Outcome:
         """Verified re-admission of a TAINTED engine onto the committed generation

@@ -30,7 +30,6 @@ from rolloutcore.journal import (
     ZERO_HASH,
     Journal,
     JournalError,
-    _raw_hash_ok,
     canonical,
     jepsen_type,
     open_controller,
@@ -38,6 +37,7 @@ from rolloutcore.journal import (
     recover,
     verify_chain,
 )
+from rolloutcore.journal.reader import _raw_hash_ok
 from rolloutcore.spec.lifecycle import ALL_EVIDENCE, NO_OP, SPEC, Kind, Phase
 from rolloutcore.spec.triggers import Trigger
 from rolloutcore.trace_check import check_file

@@ -22,9 +22,6 @@ from rolloutcore.journal import (
     ChainReport,
     Journal,
     JournalReader,
-    _check_fields,
-    _raw_hash_ok,
-    _scan,
     canonical,
     dumps_line,
     read_journal,
@@ -32,6 +29,7 @@ from rolloutcore.journal import (
     redact,
     verify_chain,
 )
+from rolloutcore.journal.reader import _check_fields, _raw_hash_ok, scan
 from rolloutcore.records import (
     PARQUET_ROW_GROUP,
     Decoding,
@@ -143,7 +141,7 @@ def test_reader_agrees_with_the_former_scan(tmp_path: Path) -> None:
     kinds = set()
     for data in cases:
         path.write_bytes(data)
-        report, records, end = _scan(path)
+        report, records, end = scan(path)
         want = _reference_scan(data)
         assert (report, records, end) == want, (data[-80:], report, want[0])
         kinds.add((report.ok, report.truncated, report.reason.split(" ")[0]))
