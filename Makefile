@@ -1,11 +1,13 @@
 # Two entry points (see README): `make demo` and `make test`. Both install what they
 # need into .venv first (idempotent: re-installs only when pyproject.toml changes).
+# `make check` is the fast tier of `make test` for users' CI: everything but the tests
+# that start real vLLM servers (marked vllm), on every core.
 SHELL := /bin/bash
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint install
+.PHONY: demo test check lint install
 
 $(STAMP): pyproject.toml
 	@command -v java >/dev/null || (apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless)
@@ -29,3 +31,6 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+check: lint
+	$(BIN)/pytest -q -p no:cacheprovider -m "not vllm" -n $$(nproc) $(PYTEST_ARGS)

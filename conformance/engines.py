@@ -14,6 +14,7 @@ adapter call a scenario's runner makes (operation, latency, evidence).
 from __future__ import annotations
 
 import abc
+import contextlib
 import shutil
 import threading
 import time
@@ -432,13 +433,15 @@ class VllmHarnessEngine(HarnessEngine):
     """A real vLLM CPU server (started with the worker extension) and the HTTP adapter.
 
     ``server`` is a started :class:`VllmServer`; with ``own_server`` it is stopped by
-    :meth:`close`. ``work_dir`` holds the broken checkpoint of the failed-load scenario.
+    :meth:`close`, with ``release`` handed to it instead (a server pool's give-back).
+    ``work_dir`` holds the broken checkpoint of the failed-load scenario.
     """
 
     kind = "vllm"
 
     def __init__(self, server: Any, models: Mapping[str, Path], *, work_dir: Path,
-                 own_server: bool = False, token: str | None = None) -> None:
+                 own_server: bool = False, token: str | None = None,
+                 release: Callable[[Any], None] | None = None) -> None:
         from rolloutcore.adapters.http import HttpAdapter
         from rolloutcore.conformance.fault_proxy import FaultProxy
         from rolloutcore.conformance.tiny_model import LONG_ROLLOUT_TOKENS, SHORT_MAX_TOKENS
@@ -446,7 +449,9 @@ class VllmHarnessEngine(HarnessEngine):
         self.server = server
         self.models = {k: Path(v).resolve() for k, v in models.items()}
         self.work_dir = Path(work_dir)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
         self.own_server = own_server
+        self.release = release
         # The runner's adapter talks through a fault proxy (controlled causes); the
         # harness's own reads and raw operations go straight to the server.
         self.proxy = FaultProxy(server.url).start()
@@ -473,6 +478,14 @@ class VllmHarnessEngine(HarnessEngine):
                          log_path=work_dir / f"vllm-{time.monotonic_ns()}.log")
         srv.start()
         return cls(srv, models, work_dir=work_dir, own_server=True)
+
+    @classmethod
+    def leased(cls, pool: Any, models: Mapping[str, Path], work_dir: Path) -> (
+            VllmHarnessEngine):
+        """An engine on a server leased from ``pool`` (a :class:`~rolloutcore.conformance.
+        server_pool.ServerPool`), given back when the engine is closed."""
+        return cls(pool.lease(1)[0], models, work_dir=work_dir,
+                   release=lambda s: pool.give_back([s]))
 
     def restart_process(self, initial: str = "v1") -> None:
         """The server process is replaced (an operator, a supervisor): a new PID on
@@ -712,10 +725,17 @@ class VllmHarnessEngine(HarnessEngine):
         self.proxy.release()
 
     def close(self) -> None:
+        if self.release is not None:
+            # Best effort only: the pool's own check decides whether the server is reused.
+            with contextlib.suppress(Exception):
+                if self.alive():
+                    self.restore()
         self.proxy.stop()
         self.http.close()
         self.direct.close()
-        if self.own_server:
+        if self.release is not None:
+            self.release(self.server)
+        elif self.own_server:
             self.server.stop()
 
 

@@ -70,12 +70,19 @@ class FleetRig:
         return cls({name: SimHarnessEngine() for name in cls.member_names(n)}, work)
 
     @classmethod
-    def vllm(cls, models: Mapping[str, Path], work: Path, n: int = 3) -> FleetRig:
-        """``n`` servers started in parallel, with the gloo transfer extension."""
+    def vllm(cls, models: Mapping[str, Path], work: Path, n: int = 3, *,
+             pool: Any = None) -> FleetRig:
+        """``n`` servers started in parallel, with the gloo transfer extension, or leased
+        from ``pool`` (a :class:`~rolloutcore.conformance.server_pool.ServerPool`)."""
         from rolloutcore.conformance.engines import VllmHarnessEngine
         from rolloutcore.conformance.transfer_scenarios import GLOO
 
         names = cls.member_names(n)
+        if pool is not None:
+            servers = pool.lease(n)
+            return cls({name: VllmHarnessEngine(srv, models, work_dir=work / name,
+                                                release=lambda s: pool.give_back([s]))
+                        for name, srv in zip(names, servers, strict=True)}, work)
         with ThreadPoolExecutor(n) as pool:
             futures = {name: pool.submit(VllmHarnessEngine.start, models, work / name,
                                          server_args=GLOO.server_args()) for name in names}

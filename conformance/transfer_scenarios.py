@@ -32,7 +32,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,14 +120,19 @@ class Session:
     """One server, its adapter stack, a journalled controller and the runner."""
 
     def __init__(self, backend: Backend, models: dict[str, Path], initial: str,
-                 workdir: Path, *, transfer_base_s: float = 5.0) -> None:
+                 workdir: Path, *, transfer_base_s: float = 5.0,
+                 server: VllmServer | None = None) -> None:
         self.backend = backend
         self.models = models
         self.workdir = workdir
         self.initial = initial
-        self.srv = VllmServer(models[initial].resolve(), extra_args=backend.server_args(),
-                              single_process=backend.single_process, env=backend.server_env,
-                              log_path=workdir / f"vllm-{initial}.log")
+        # ``server``: already running on ``initial`` with (at least) the backend's
+        # arguments, and left running by stop()
+        self.own_server = server is None
+        self.srv = server or VllmServer(
+            models[initial].resolve(), extra_args=backend.server_args(),
+            single_process=backend.single_process, env=backend.server_env,
+            log_path=workdir / f"vllm-{initial}.log")
         self.transfer_policy = TransferPolicy(base_s=transfer_base_s)
         self.policy = RunnerPolicy(step_timeout_s=60.0, retries=2, drain_timeout_s=60.0,
                                    mutation_base_s=transfer_base_s + 1.0,
@@ -149,7 +154,8 @@ class Session:
         return checkpoint_target(self.models[version].resolve(), generation, label)
 
     def start(self) -> Session:
-        self.srv.start()
+        if not self.srv.is_running():
+            self.srv.start()
         self.pid = self.srv.pid
         self.http = HttpAdapter(self.srv.url, model=self.srv.served_model_name)
         self.adapter = TransferAdapter(
@@ -180,7 +186,8 @@ class Session:
         if self._journal is not None:
             self._journal.close()
             self._journal = None
-        self.srv.stop()
+        if self.own_server:
+            self.srv.stop()
 
     def engine_view(self) -> dict[str, Any]:
         assert self.http is not None
@@ -193,10 +200,15 @@ class Session:
         return ev.tokens == target.probe_tokens
 
 
+#: Where a session's server comes from when it is not started for it: a context that
+#: holds one running server (a test's pool).
+ServerSource = Callable[[], AbstractContextManager[list[VllmServer]]]
+
+
 @contextmanager
 def session(backend: Backend, models: dict[str, Path], initial: str,
-            workdir: Path) -> Iterator[Session]:
-    s = Session(backend, models, initial, workdir)
+            workdir: Path, server: VllmServer | None = None) -> Iterator[Session]:
+    s = Session(backend, models, initial, workdir, server=server)
     try:
         yield s.start()
     finally:
@@ -366,8 +378,10 @@ def s_killed(s: Session, gen: int, version: str) -> Row:
 
 
 def run_all(backend: Backend, models: dict[str, Path], workdir: Path,
-            *, killed: bool = True, large: bool = False, echo: bool = False) -> list[Row]:
-    """All scenarios: one server for refuse/init/full/frozen, a second one for killed."""
+            *, killed: bool = True, large: bool = False, echo: bool = False,
+            servers: ServerSource | None = None) -> list[Row]:
+    """All scenarios: one server for refuse/init/full/frozen, a second one for killed
+    (each started for its session, or taken from ``servers``: on ``v1``, not ``large``)."""
     rows: list[Row] = []
 
     def guarded(name: str, fn: Callable[[], Row]) -> None:
@@ -379,13 +393,16 @@ def run_all(backend: Backend, models: dict[str, Path], workdir: Path,
             print_table(rows[-1:], header=False)
 
     a, b, c = ("large", "large_v2", "large") if large else ("v1", "v2", "v1neg")
-    with session(backend, models, a, workdir) as s:
+    if servers is not None and large:
+        raise ValueError("pooled servers run v1, not the large model")
+    source: ServerSource = servers or (lambda: nullcontext([]))
+    with source() as srv, session(backend, models, a, workdir, *srv) as s:
         guarded("refuse_identity", lambda: s_refuse_identity(s, 2, b, c, a))
         guarded("init_refused", lambda: s_init_refused(s, 2, b, a))
         guarded("full_cycle", lambda: s_full_cycle(s, 2, b))
         guarded("frozen", lambda: s_frozen(s, 3, c if c != a else a))
     if killed:
-        with session(backend, models, a, workdir) as s2:
+        with source() as srv2, session(backend, models, a, workdir, *srv2) as s2:
             guarded("killed", lambda: s_killed(s2, 2, b))
     return rows
 

@@ -48,6 +48,7 @@ class Exploration:
     violations: dict[str, Violation] = field(default_factory=dict)
     unreachable_actions: tuple[str, ...] = ()
     seconds: float = 0.0
+    complete: bool = True  # False: stopped at the shortest counterexample (a partial graph)
 
     @property
     def states(self) -> int:
@@ -82,13 +83,17 @@ def format_state(s: State) -> str:
     return " ".join(parts)
 
 
-def explore(spec: Spec, *, max_states: int = 2_000_000) -> Exploration:
-    """Visit every reachable state of ``spec`` within its bounds."""
+def explore(spec: Spec, *, max_states: int = 2_000_000,
+            stop_at_violation: bool = False) -> Exploration:
+    """Visit every reachable state of ``spec`` within its bounds; with
+    ``stop_at_violation``, only until the shortest counterexample is certain (every state
+    that could start a shorter one has been expanded: the mutants' negative controls)."""
     t0 = time.perf_counter()
     init = spec.initial_states()
     graph = nx.MultiDiGraph()
     graph.add_nodes_from(init)
     parent: dict[State, tuple[State, str, Param] | None] = dict.fromkeys(init)
+    depth: dict[State, int] = dict.fromkeys(init, 0)
     queue: deque[State] = deque(init)
     violations: dict[str, Violation] = {}
     fired: set[str] = set()
@@ -114,8 +119,15 @@ def explore(spec: Spec, *, max_states: int = 2_000_000) -> Exploration:
 
     for s0 in init:
         check_state(s0)
+    stopped = False
     while queue:
         s = queue.popleft()
+        # Expanding s yields counterexamples of at least depth[s] + 1 steps (a deadlock at
+        # s; an invariant or action property one step on): none shorter is left to find.
+        if stop_at_violation and violations and depth[s] + 1 > min(
+                len(v.trace) for v in violations.values()):
+            stopped = True
+            break
         succ = spec.successors(s)
         if not succ and s.phase not in spec.terminal_phases and "Deadlock" not in violations:
             violations["Deadlock"] = Violation("Deadlock", "deadlock", trace_to(s))
@@ -128,12 +140,15 @@ def explore(spec: Spec, *, max_states: int = 2_000_000) -> Exploration:
                     violations[prop.name] = Violation(prop.name, "action property", tr)
             if t not in parent:
                 parent[t] = (s, action.name, param)
+                depth[t] = depth[s] + 1
                 check_state(t)
                 queue.append(t)
                 if len(parent) > max_states:
                     raise RuntimeError(f"more than {max_states} states: bounds too large")
-    unreachable = tuple(a.name for a in spec.actions if a.name not in fired)
+    # unknown when the search stopped early: say nothing rather than something untrue
+    unreachable = () if stopped else tuple(a.name for a in spec.actions if a.name not in fired)
     return Exploration(
         spec=spec, initial=init, graph=graph, violations=violations,
         unreachable_actions=unreachable, seconds=time.perf_counter() - t0,
+        complete=not stopped,
     )

@@ -252,7 +252,8 @@ class MutantVerdict:
 
 def check_mutant(m: Mutant, base: Spec = SPEC, *, with_tlc: bool) -> MutantVerdict:
     mutated = m.apply(base)
-    verdict = MutantVerdict(m, explore(mutated).shortest_counterexample())
+    verdict = MutantVerdict(m, explore(mutated, stop_at_violation=True)
+                            .shortest_counterexample())
     if with_tlc:
         # TLC stops at its first violation: no graph is dumped or compared here.
         r = _tlc_on(mutated, dump_graph=False, timeout_s=600)

@@ -1,9 +1,15 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
 import pytest
 
 from rolloutcore.explore import Exploration, explore
 from rolloutcore.spec.lifecycle import SPEC
+
+if TYPE_CHECKING:
+    from rolloutcore.conformance.server_pool import ServerPool
 
 #: Marks a test that runs only with ``--slow-hypothesis`` (minutes of Hypothesis search).
 SLOW_HYPOTHESIS = "slow_hypothesis"
@@ -22,6 +28,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The real-server tests run last, together: the session's server pool (vllm_pool) is
+    # then idle only between them, not beside every other module (stable: file order kept).
+    items.sort(key=lambda item: item.get_closest_marker("vllm") is not None)
     if config.getoption("--slow-hypothesis"):
         return
     skip = pytest.mark.skip(reason="opt-in: pass --slow-hypothesis to run the full Hypothesis "
@@ -43,3 +52,36 @@ def require_tlc() -> None:
     why_not = tlc_available()
     if why_not:
         pytest.skip(f"TLC unavailable: {why_not}")
+
+
+@pytest.fixture(scope="session")
+def vllm_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPool]:
+    """The session's vLLM servers (see rolloutcore.conformance.server_pool): a module
+    leases what it needs and gives it back; only a server verifiably as found is reused."""
+    from rolloutcore.conformance.server_pool import ServerPool
+    from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models
+
+    pool = ServerPool(build_models(DEFAULT_OUT), tmp_path_factory.mktemp("vllm-pool"))
+    try:
+        yield pool
+    finally:
+        pool.close()
+        print(f"\n{pool.summary()}")
+        for log, why in pool.discarded:
+            print(f"  discarded {log}: {why}")
+
+
+@pytest.fixture(autouse=True)
+def _vllm_only_where_marked(request: pytest.FixtureRequest,
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test that starts a vLLM server must be marked ``vllm``: the fast tier
+    (``make check``, ``-m "not vllm"``) then really starts none."""
+    if request.node.get_closest_marker("vllm") is not None:
+        return
+    from rolloutcore.conformance import server
+
+    def refuse(self: object) -> None:
+        raise AssertionError(f"{request.node.nodeid} starts a vLLM server but is not "
+                             "marked vllm")
+
+    monkeypatch.setattr(server.VllmServer, "start", refuse)

@@ -28,6 +28,7 @@ from rolloutcore.adapters.contract import AdapterError  # noqa: E402
 from rolloutcore.conformance.engines import SimHarnessEngine, VllmHarnessEngine  # noqa: E402
 from rolloutcore.conformance.harness import EnginePool, compare, run_scenario  # noqa: E402
 from rolloutcore.conformance.scenarios import SCENARIOS  # noqa: E402
+from rolloutcore.conformance.server_pool import ServerPool  # noqa: E402
 from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models  # noqa: E402
 from rolloutcore.conformance.tour import (  # noqa: E402
     Capability,
@@ -52,10 +53,10 @@ def models() -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def pool(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[
-        EnginePool]:
+def pool(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory,
+         vllm_pool: ServerPool) -> Iterator[EnginePool]:
     work = tmp_path_factory.mktemp("vllm-conformance")
-    p = EnginePool(lambda: VllmHarnessEngine.start(models, work))
+    p = EnginePool(lambda: VllmHarnessEngine.leased(vllm_pool, models, work))
     try:
         yield p
     finally:

@@ -533,13 +533,9 @@ def test_fault_properties() -> None:
 
 @pytest.mark.vllm
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
-def test_vllm_pause_held_after_takes_effect_and_stream_passes(tmp_path: Any) -> None:
-    from rolloutcore.conformance.server import VllmServer
-    from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models
-
-    models = build_models(DEFAULT_OUT)
+def test_vllm_pause_held_after_takes_effect_and_stream_passes(vllm_pool: Any) -> None:
     with (
-        VllmServer(models["v1"], log_path=tmp_path / "server.log") as srv,
+        vllm_pool.leased(1) as (srv,),
         FaultProxy(srv.url) as proxy,
         client(proxy, read=60.0) as c,
     ):

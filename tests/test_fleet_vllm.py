@@ -20,6 +20,7 @@ from rolloutcore.conformance.fleet_scenarios import (  # noqa: E402
     FleetRig,
     run_fleet_scenario,
 )
+from rolloutcore.conformance.server_pool import ServerPool  # noqa: E402
 from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models  # noqa: E402
 
 #: The application's own steps interleave with the lifecycle as threads run; the
@@ -28,8 +29,9 @@ APPLICATION = frozenset({"admit", "release"})
 
 
 @pytest.fixture(scope="module")
-def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetRig]:
-    r = FleetRig.vllm(build_models(DEFAULT_OUT), tmp_path_factory.mktemp("fleet-vllm"))
+def rig(tmp_path_factory: pytest.TempPathFactory, vllm_pool: ServerPool) -> Iterator[FleetRig]:
+    r = FleetRig.vllm(build_models(DEFAULT_OUT), tmp_path_factory.mktemp("fleet-vllm"),
+                      pool=vllm_pool)
     try:
         yield r
     finally:

@@ -37,9 +37,9 @@ import openai  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from rolloutcore import cli  # noqa: E402
-from rolloutcore.adapters import vllm_worker  # noqa: E402
 from rolloutcore.adapters.http import HttpAdapter  # noqa: E402
 from rolloutcore.conformance.server import VllmServer, free_port  # noqa: E402
+from rolloutcore.conformance.server_pool import ServerPool  # noqa: E402
 from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models  # noqa: E402
 from rolloutcore.fleet import Fleet  # noqa: E402
 from rolloutcore.fleet_check import check_fleet_file  # noqa: E402
@@ -55,8 +55,6 @@ BOUND = 60.0  # a bound against a broken test, never a measurement
 CLIENTS = 64  # concurrent clients in the load test
 UPDATES = ("v2", "v1", "v2", "v1", "v2")  # five updates back to back, new generations
 N_TOKENS = 16  # the references' length
-CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}assistant:{% endif %}")
 
 
 @dataclass
@@ -85,29 +83,11 @@ class Env:
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+def env(tmp_path_factory: pytest.TempPathFactory, vllm_pool: ServerPool) -> Iterator[Env]:
     models = build_models(DEFAULT_OUT)
     work = tmp_path_factory.mktemp("gateway-vllm")
-    template = work / "chat.jinja"
-    template.write_text(CHAT_TEMPLATE)
-    servers = {n: VllmServer(models["v1"], log_path=work / f"vllm-{n}.log", extra_args=[
-        *vllm_worker.SERVER_ARGS, "--chat-template", str(template)]) for n in ("a", "b")}
-    errors: list[BaseException] = []
-
-    def start(s: VllmServer) -> None:
-        try:
-            s.start()
-        except BaseException as e:
-            errors.append(e)
-
-    starters = [threading.Thread(target=start, args=(s,)) for s in servers.values()]
-    for t in starters:
-        t.start()
-    for t in starters:
-        t.join()
-    try:
-        if errors:
-            raise errors[0]
+    with vllm_pool.leased(2) as leased:
+        servers = dict(zip(("a", "b"), leased, strict=True))
         journal, records = work / "fleet.jsonl", work / "records.jsonl"
         # a quorum of one: with an engine gone the other keeps serving
         fleet = Fleet([(n, HttpAdapter(s.url), s.url) for n, s in servers.items()],
@@ -125,9 +105,6 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
             yield Env(url, gw, fleet, servers, models, journal, records, refs, prompts,
                       {1: "v1"})
         gw.close()
-    finally:
-        for s in servers.values():
-            s.stop()
 
 
 def body(env: Env, name: str, **extra: Any) -> dict[str, Any]:

@@ -26,11 +26,12 @@ if importlib.util.find_spec("vllm") is None:  # pragma: no cover - depends on th
     pytest.skip("vllm is not installed (pip install -e '.[vllm]')", allow_module_level=True)
 
 from rolloutcore.adapters.contract import GenerationResult  # noqa: E402
-from rolloutcore.adapters.http import SERVER_ARGS, HttpAdapter  # noqa: E402
+from rolloutcore.adapters.http import HttpAdapter  # noqa: E402
 from rolloutcore.cli import main as cli_main  # noqa: E402
 from rolloutcore.conformance.engines import checkpoint_target  # noqa: E402
 from rolloutcore.conformance.replay import DEFAULT_TOLERANCE, ReplayVerdict, replay  # noqa: E402
 from rolloutcore.conformance.server import VllmServer  # noqa: E402
+from rolloutcore.conformance.server_pool import ServerPool  # noqa: E402
 from rolloutcore.conformance.tiny_model import (  # noqa: E402
     DEFAULT_OUT,
     build_models,
@@ -64,16 +65,10 @@ def models() -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def server(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[
-        VllmServer]:
+def server(vllm_pool: ServerPool) -> Iterator[VllmServer]:
     # with the worker extension, for the runner test (it changes no plain vLLM route)
-    srv = VllmServer(models["v1"], extra_args=SERVER_ARGS,
-                     log_path=tmp_path_factory.mktemp("vllm") / "server.log")
-    srv.start()
-    try:
+    with vllm_pool.leased(1) as (srv,):
         yield srv
-    finally:
-        srv.stop()
 
 
 def _prompts(models: dict[str, Path]) -> list[tuple[int, ...]]:

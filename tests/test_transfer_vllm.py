@@ -11,17 +11,19 @@ pytestmark = pytest.mark.vllm
 
 pytest.importorskip("vllm.distributed.weight_transfer")
 
+from rolloutcore.conformance.server_pool import ServerPool  # noqa: E402
 from rolloutcore.conformance.transfer_scenarios import GLOO, Row, run_all  # noqa: E402
 
 SCENARIOS = ("refuse_identity", "init_refused", "full_cycle", "frozen", "killed")
 
 
 @pytest.fixture(scope="module")
-def rows(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Row]:
+def rows(tmp_path_factory: pytest.TempPathFactory, vllm_pool: ServerPool) -> dict[str, Row]:
     from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models
 
     models = build_models(DEFAULT_OUT)
-    out = run_all(GLOO, models, Path(tmp_path_factory.mktemp("transfer")))
+    out = run_all(GLOO, models, Path(tmp_path_factory.mktemp("transfer")),
+                  servers=lambda: vllm_pool.leased(1))
     return {r.scenario: r for r in out}
 
 
