@@ -278,7 +278,7 @@ def accepted(j: Journal_, i: int, forged: list[Record], before: Checker) -> bool
     if i == 0 and j.after is not None and forged[0].get("continues") != j.after[-1]["hash"]:
         return False  # the link check_file makes with --after
     checker = before.clone()
-    sealed = rechain(forged)
+    sealed = rechain(forged, start=i)
     for line in range(i, len(sealed)):
         if checker.feed(sealed[line], line + 1) is not None:
             return False

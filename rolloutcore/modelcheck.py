@@ -185,13 +185,18 @@ def run_tlc(spec: Spec = SPEC, *, exploration: Exploration | None = None,
 # ------------------------------------------------------------------------------- fleet
 
 
-def fleet_state_from_tlc(values: dict[str, object]) -> FleetState:
+def fleet_state_from_tlc(values: dict[str, object],
+                         members_seen: dict[tlc.TlaRecord, State] | None = None) -> FleetState:
+    """``members_seen``: member records converted before (a graph repeats them)."""
     eng = values["eng"]
     assert isinstance(eng, tuple)
+    seen = {} if members_seen is None else members_seen
     members = []
     for rec in eng:
         assert isinstance(rec, tlc.TlaRecord)
-        members.append(state_from_tlc({str(k): v for k, v in rec.items()}))
+        if rec not in seen:
+            seen[rec] = state_from_tlc({str(k): v for k, v in rec.items()})
+        members.append(seen[rec])
     return FleetState(str(values["fphase"]), int(str(values["fcommitted"])),
                       int(str(values["ftarget"])), tuple(members), int(str(values["faults"])))
 
@@ -212,7 +217,8 @@ def run_fleet_tlc(spec: FleetSpec = FLEET, *, exploration: FleetExploration | No
     g = result.graph
     names = {f"M{spec_tla.tla_name(n)}": n for n in spec.lifted}
     names.update({spec_tla.tla_name(fa.name): fa.name for fa in spec.actions})
-    states = {k: fleet_state_from_tlc(v) for k, v in g.states.items()}
+    seen: dict[tlc.TlaRecord, State] = {}
+    states = {k: fleet_state_from_tlc(v, seen) for k, v in g.states.items()}
     tlc_edges = {(states[s], names[a], states[d]) for s, a, d in g.edges}
     run.tlc_edges = len(tlc_edges)
     run.python_edges = len(ex.graph)

@@ -66,9 +66,16 @@ def vllm_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPool]:
         yield pool
     finally:
         pool.close()
-        print(f"\n{pool.summary()}")
-        for log, why in pool.discarded:
-            print(f"  discarded {log}: {why}")
+        _POOL_REPORT.append(pool.summary())
+        _POOL_REPORT.extend(f"  discarded {log}: {why}" for log, why in pool.discarded)
+
+
+_POOL_REPORT: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for line in _POOL_REPORT:  # what the pool saved, and why each discarded server went
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture(autouse=True)

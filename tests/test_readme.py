@@ -66,3 +66,5 @@ def test_the_two_entry_points() -> None:
     assert "make demo" in README and "make test" in README
     assert re.search(r"^demo:", make, re.M) and re.search(r"^test:", make, re.M)
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+    # the fast tier for users' CI is named beside them and is make test without vLLM
+    assert "make check" in README and re.search(r'^check: lint\n.*-m "not vllm"', make, re.M)

@@ -208,6 +208,19 @@ def test_parse_state() -> None:
             parse_state(bad)
 
 
+@pytest.mark.parametrize("label", [
+    '/\\ eng = << [a |-> "x, y", b |-> <<1, 2>>],\n   [a |-> "]>>", b |-> << >>] >>\n/\\ n = 0',
+    '/\\ t = << >>\n/\\ u = <<(1 :> {"p", "q"} @@ 2 :> {})>>',
+    '/\\ v = << <<1>>, <<2, <<3>>>> >>',
+])
+def test_the_memoised_state_parser_agrees_with_the_full_parser(label: str) -> None:
+    """parse_state reuses values across a graph's states; it reads what _Parser reads."""
+    from rolloutcore.tlc.values import _Parser
+
+    assert parse_state(label) == _Parser(label).state()
+    assert parse_state(label) == parse_state(label)  # the second read comes from the memo
+
+
 # --------------------------------------------------------------------------- dot and output parsing
 
 DOT_SAMPLE = r"""strict digraph DiskGraph {

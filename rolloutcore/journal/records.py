@@ -157,11 +157,13 @@ def seal(record: Mapping[str, Any]) -> str:
     return _sha(canonical(body))
 
 
-def rechain(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Recompute ``prev`` and ``hash`` of every record in order (tooling and tests)."""
-    prev = ZERO_HASH
-    out: list[dict[str, Any]] = []
-    for r in records:
+def rechain(records: list[dict[str, Any]], start: int = 0) -> list[dict[str, Any]]:
+    """Recompute ``prev`` and ``hash`` of every record in order (tooling and tests); from
+    record ``start`` on only, when the ones before it are sealed already (a forgery of
+    record ``start`` reseals only what follows it)."""
+    prev = records[start - 1]["hash"] if start else ZERO_HASH
+    out: list[dict[str, Any]] = list(records[:start])
+    for r in records[start:]:
         r = {k: v for k, v in r.items() if k != "hash"}
         r["prev"] = prev
         r["hash"] = prev = seal(r)

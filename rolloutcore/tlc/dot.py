@@ -36,6 +36,9 @@ _DOT_ESCAPE_RE = re.compile(r"\\(.)", re.DOTALL)
 
 
 def _unescape_dot(s: str) -> str:
+    # The common case, every state label: its only escapes are \n and \" (no regex needed).
+    if s.count("\\") == s.count("\\n") + s.count('\\"'):
+        return s.replace("\\n", "\n").replace('\\"', '"')
     return _DOT_ESCAPE_RE.sub(lambda m: "\n" if m.group(1) == "n" else m.group(1), s)
 
 

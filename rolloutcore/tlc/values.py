@@ -5,6 +5,7 @@ See :mod:`rolloutcore.tlc` for the printed forms this parser reads.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -247,6 +248,66 @@ def parse_tla_value(text: str) -> object:
 
 
 def parse_state(label: str) -> dict[str, object]:
-    """Parse a printed TLC state (``/\\ x = 1\\n/\\ y = <<"a">>`` or ``x = 1``)."""
-    p = _Parser(label)
-    return p.state()
+    """Parse a printed TLC state (``/\\ x = 1\\n/\\ y = <<"a">>`` or ``x = 1``).
+
+    A state graph repeats the same values (a fleet's member records) across tens of
+    thousands of states, so each conjunct's value, and each element of a top-level
+    tuple, is parsed once and reused; anything the fast path does not recognise is
+    parsed (and its error reported) by the full parser."""
+    try:
+        return _parse_state_memoised(label)
+    except TlaParseError:
+        return _Parser(label).state()
+
+
+def _parse_state_memoised(label: str) -> dict[str, object]:
+    parts = label[3:].split("\n/\\ ") if label.startswith("/\\ ") else [label]
+    out: dict[str, object] = {}
+    for part in parts:
+        name, sep, text = part.partition(" = ")
+        if not sep or not name.isidentifier() or name in out:
+            raise TlaParseError(f"not a conjunct: {part[:40]!r}")
+        out[name] = _tuple_or_value(text.strip())
+    return out
+
+
+def _tuple_or_value(text: str) -> object:
+    if text.startswith("<<") and text.endswith(">>"):
+        body = text[2:-2]
+        if not body.strip():
+            return ()
+        items = _top_level_items(body)
+        if items is not None:
+            return tuple(_parse_memoised(item.strip()) for item in items)
+    return _parse_memoised(text)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _parse_memoised(text: str) -> object:
+    return parse_tla_value(text)  # values are immutable: sharing them is safe
+
+
+_STRUCTURE_RE = re.compile(r'"(?:[^"\\]|\\.)*"|<<|>>|[\[\]{}(),]')
+_OPENING = frozenset({"<<", "[", "{", "("})
+_CLOSING = frozenset({">>", "]", "}", ")"})
+
+
+def _top_level_items(body: str) -> list[str] | None:
+    """``body`` split at its top-level commas (strings skipped whole), or None if its
+    brackets do not balance."""
+    depth, start, items = 0, 0, []
+    for m in _STRUCTURE_RE.finditer(body):
+        tok = m.group()
+        if tok in _OPENING:
+            depth += 1
+        elif tok in _CLOSING:
+            depth -= 1
+            if depth < 0:
+                return None
+        elif tok == "," and depth == 0:
+            items.append(body[start:m.start()])
+            start = m.end()
+    if depth != 0:
+        return None
+    items.append(body[start:])
+    return items
