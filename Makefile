@@ -33,4 +33,4 @@ test: lint
 	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 check: lint
-	$(BIN)/pytest -q -p no:cacheprovider -m "not vllm" -n $$(nproc) $(PYTEST_ARGS)
+	$(BIN)/pytest -q -p no:cacheprovider -m "not vllm" -n $$(nproc) --dist worksteal $(PYTEST_ARGS)

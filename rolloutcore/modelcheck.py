@@ -61,20 +61,16 @@ def generated_files(spec: Spec = SPEC, exploration: Exploration | None = None, *
 
 
 def _fleet_counts_beside(fleet: FleetSpec) -> Callable[[], tuple[int, int]]:
-    """Explore ``fleet`` in a forked process while the caller explores the lifecycle (the
-    spec holds lambdas, so it is inherited by the fork, never pickled); the returned
-    function waits for its (states, edges). Where fork is unavailable it explores here."""
-    if "fork" not in mp.get_all_start_methods():
+    """Explore ``fleet`` in another process while the caller explores the lifecycle; the
+    returned function waits for its (states, edges). The child is spawned, not forked (a
+    fork of a threaded process, a test runner's worker, can deadlock in the child), so it
+    re-imports the spec: only the default fleet goes there; any other is explored here."""
+    if fleet is not FLEET:
         fx = explore_fleet(fleet)
         return lambda: (fx.states, fx.edges)
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context("spawn")
     receive, send = ctx.Pipe(duplex=False)
-
-    def child() -> None:
-        fx = explore_fleet(fleet)
-        send.send((fx.states, fx.edges))
-
-    proc = ctx.Process(target=child, daemon=True)
+    proc = ctx.Process(target=_send_default_fleet_counts, args=(send,), daemon=True)
     proc.start()
     send.close()
 
@@ -88,6 +84,11 @@ def _fleet_counts_beside(fleet: FleetSpec) -> Callable[[], tuple[int, int]]:
         return int(states), int(edges)
 
     return wait
+
+
+def _send_default_fleet_counts(send: Any) -> None:
+    fx = explore_fleet(FLEET)
+    send.send((fx.states, fx.edges))
 
 
 def stale_files(files: dict[Path, str]) -> list[Path]:

@@ -261,11 +261,11 @@ def test_the_scale_benchmark_at_a_thousand_bound_rollouts() -> None:
 
 def test_the_run_length_benchmark_at_reduced_size() -> None:
     """The run-length benchmark (its goal: 10,000 update cycles, a fleet of 8 through
-    3,000) at a fifth of its size in CI: both journals accepted, peak memory within the
+    3,000) at a tenth of its size in CI: both journals accepted, peak memory within the
     goal, which does not depend on the run's length. Times are printed, not asserted."""
     bench = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_trace_check.py"
-    r = subprocess.run([sys.executable, str(bench), "--bound", "--cycles", "2000",
-                        "--fleet-cycles", "600", "--json"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, str(bench), "--bound", "--cycles", "1000",
+                        "--fleet-cycles", "300", "--json"], capture_output=True, text=True,
                        timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = json.loads(r.stdout)["cycle_rows"]
@@ -273,5 +273,5 @@ def test_the_run_length_benchmark_at_reduced_size() -> None:
     for x in rows:
         print(f"\n{x['checker']} ({x['members']} members): {x['cycles']:,} cycles, "
               f"{x['records']:,} records: {x['seconds']:.1f} s, {x['peak_rss_mb']:.1f} MB")
-        assert x["records"] > 150_000
+        assert x["records"] > 75_000
         assert x["peak_rss_mb"] < 300
