@@ -484,8 +484,7 @@ class VllmHarnessEngine(HarnessEngine):
             VllmHarnessEngine):
         """An engine on a server leased from ``pool`` (a :class:`~rolloutcore.conformance.
         server_pool.ServerPool`), given back when the engine is closed."""
-        return cls(pool.lease(1)[0], models, work_dir=work_dir,
-                   release=lambda s: pool.give_back([s]))
+        return cls(pool.lease(1)[0], models, work_dir=work_dir, release=pool.release)
 
     def restart_process(self, initial: str = "v1") -> None:
         """The server process is replaced (an operator, a supervisor): a new PID on

@@ -81,7 +81,7 @@ class FleetRig:
         if pool is not None:
             servers = pool.lease(n)
             return cls({name: VllmHarnessEngine(srv, models, work_dir=work / name,
-                                                release=lambda s: pool.give_back([s]))
+                                                release=pool.release)
                         for name, srv in zip(names, servers, strict=True)}, work)
         with ThreadPoolExecutor(n) as pool:
             futures = {name: pool.submit(VllmHarnessEngine.start, models, work / name,

@@ -2,7 +2,7 @@
 so a server a test module leaves as it found it serves the next module too.
 
 Every pooled server runs one configuration that covers every suite that borrows from
-the pool (:data:`POOL_ARGS`: the gloo weight-transfer backend and its worker extension,
+the pool (:func:`pool_args`: the gloo weight-transfer backend and its worker extension,
 which includes RolloutCore's worker extension and load-time identity, the prompt-token
 details, a chat template) on the tiny model's ``v1`` checkpoint. A module leases servers
 and gives them back; a server comes back into the pool only when it is *verifiably* as
@@ -24,6 +24,7 @@ from pathlib import Path
 
 from rolloutcore.conformance.engines import INITIAL_LABEL
 from rolloutcore.conformance.server import VllmServer
+from rolloutcore.identity import checkpoint_identity
 
 CHECK_PROBE = "medium"  # references.json probe the give-back check generates greedily
 
@@ -58,6 +59,7 @@ class ServerPool:
         self.chat_template = self.work_dir / "chat.jinja"
         self.chat_template.write_text(CHAT_TEMPLATE)
         self.model = Path(self.models["v1"]).resolve()
+        self._identity = checkpoint_identity(self.model)  # once: every give-back compares it
 
     def lease(self, n: int = 1) -> list[VllmServer]:
         """``n`` healthy servers: idle ones first, the rest started in parallel."""
@@ -98,14 +100,13 @@ class ServerPool:
         finally:
             for i, s in enumerate(servers):
                 VllmHarnessEngine(s, self.models, work_dir=self.work_dir / f"restore-{i}",
-                                  release=lambda x: self.give_back([x])).close()
+                                  release=self.release).close()
 
     def why_not_as_found(self, server: VllmServer) -> str | None:
         """None if ``server`` shows exactly what a fresh pooled server shows, else what
         differs. Resets the prefix cache first (verified), so that the probe computes."""
         from rolloutcore.adapters.contract import AdapterError
         from rolloutcore.adapters.http import HttpAdapter
-        from rolloutcore.identity import checkpoint_identity
         from rolloutcore.targets import load_references
 
         if not server.is_running():
@@ -123,7 +124,7 @@ class ServerPool:
                 return f"paused={state.paused}, running={state.running_requests}"
             if state.label != INITIAL_LABEL:
                 return f"label {state.label!r}"
-            if state.identity != checkpoint_identity(self.model):
+            if state.identity != self._identity:
                 return f"identity {state.identity}"
             r = http.request("POST", "/reset_prefix_cache", op="pool_check", idempotent=True)
             if r.status != 200 or not (isinstance(r.body, dict) and r.body.get("success")):
@@ -137,6 +138,10 @@ class ServerPool:
         finally:
             http.close()
         return None
+
+    def release(self, server: VllmServer) -> None:
+        """Give one server back (a harness engine's ``release``)."""
+        self.give_back([server])
 
     def give_back(self, servers: list[VllmServer]) -> None:
         """Keep each server that is as found (up to ``max_idle``), stop the others."""
