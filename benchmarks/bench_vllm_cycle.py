@@ -1,8 +1,9 @@
 """A verified update cycle against the bare unverified one, and a hot verified cycle
 against a full restart, measured in one run on one real vLLM server.
 
-* Verified cycles: RolloutCore update cycles (journal fsynced, as in production)
-  alternating between two checkpoints on a server started on v1, nothing in flight.
+* Verified cycles: RolloutCore update cycles (journal fsynced, as in production; the
+  adapter's default pause route, ``/sleep`` at level 0) alternating between two
+  checkpoints on a server started on v1, nothing in flight.
   Every step is timed (the runner's own step records) and split into the HTTP
   exchanges it made (``on_request``) and the rest (the journal's fsyncs, decisions,
   the mutation's hand-off to its supervised worker).
@@ -16,7 +17,8 @@ against a full restart, measured in one run on one real vLLM server.
   ``SERVER_ARGS``, until the first completed greedy request (checked against the
   reference).
 
-Ratios (goals from issue 13): verified / bare <= 2x; restart / hot verified >= 400x.
+Ratios: verified / bare <= 1.2x (issue 23; issue 13 asked for 2x); restart / hot
+verified >= 400x, printed beside restart / bare, the floor the hot cycle approaches.
 
 Run: ``.venv/bin/python benchmarks/bench_vllm_cycle.py [--cycles N] [--json]`` (about
 2-3 minutes on the 2-core machine: two server starts dominate). Exits 0 whether or not
@@ -47,7 +49,7 @@ from rolloutcore.journal import open_controller
 from rolloutcore.runner import LifecycleRunner, RunnerPolicy
 from rolloutcore.targets import load_references
 
-GOAL_VERIFIED_OVER_BARE = 2.0
+GOAL_VERIFIED_OVER_BARE = 1.2
 GOAL_RESTART_OVER_HOT = 400.0
 BARE_STEPS = ("pause", "reload", "reset_prefix", "resume")
 
@@ -180,6 +182,7 @@ def run(cycles: int, work: Path, log: Any) -> dict[str, Any]:
     hot = statistics.median(totals)
     out["verified_over_bare"] = round(hot / statistics.median(bare["total"]), 3)
     out["restart_over_hot_cycle"] = round(restart_s / hot, 1)
+    out["restart_over_bare_cycle"] = round(restart_s / statistics.median(bare["total"]), 1)
     out["goals"] = {"verified_over_bare_max": GOAL_VERIFIED_OVER_BARE,
                     "restart_over_hot_min": GOAL_RESTART_OVER_HOT,
                     "verified_over_bare_met": out["verified_over_bare"] <= GOAL_VERIFIED_OVER_BARE,
@@ -200,9 +203,11 @@ def render(r: dict[str, Any]) -> str:
         f"{rs['first_request_s']:.2f} s; output equals reference: "
         f"{rs['first_output_equals_reference']})",
         f"restart / hot verified cycle: {r['restart_over_hot_cycle']}x (goal >= "
-        f"{g['restart_over_hot_min']}x: {'met' if g['restart_over_hot_met'] else 'NOT met'})",
+        f"{g['restart_over_hot_min']}x: {'met' if g['restart_over_hot_met'] else 'NOT met'}"
+        f"; restart / bare, the floor: {r['restart_over_bare_cycle']}x)",
         "",
-        f"{'verified step':<18} {'median ms':>9} {'p90 ms':>8} {'http ms':>8}  requests",
+        f"{'verified step':<18} {'median ms':>9} {'p90 ms':>8} {'http ms':>8}  requests "
+        "(http: the sum of its requests' times; reads sent together overlap)",
     ]
     for k, v in r["verified_steps"].items():
         lines.append(f"{k:<18} {v['median_ms']:>9.2f} {v['p90_ms']:>8.2f} "
