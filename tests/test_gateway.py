@@ -747,7 +747,7 @@ def test_unreachable_member_is_suspected_and_the_request_admitted_again(
         recs = r.journal_records()
         suspect = [x for x in recs if x["step"] == "suspect"]
         assert [x["engine"] for x in suspect] == ["b"]
-        assert "ConnectError" in suspect[0]["detail"]["error"]
+        assert "ClientConnectorError" in suspect[0]["detail"]["error"]
         released_b = [x for x in recs if x["step"] == "release" and x["engine"] == "b"]
         assert [x["detail"]["status"] for x in released_b] == [502]
         assert r.metric("rolloutcore_gateway_engine_failures_total", engine="b",
