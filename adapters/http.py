@@ -44,7 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -66,6 +66,7 @@ from rolloutcore.adapters.contract import (
 from rolloutcore.adapters.vllm_worker import EXTENSION_CLS, SERVER_ARGS
 from rolloutcore.identity import CheckpointError, safetensors_files
 
+T = TypeVar("T")
 MUTATION_METHODS = ("rc_reload_weights", "reload_weights")
 _TIERS = ("prefix", "encoder", "mm")
 ABORT_POLL_S = 0.01
@@ -441,22 +442,19 @@ class HttpAdapter:
         wait_all(futures)
         return [f.result() for f in futures]
 
-    def _running_or_none(self, deadline: float | None) -> int | None:
+    @staticmethod
+    def _or_none(read: Callable[[float | None], T], deadline: float | None) -> T | None:
+        """``read(deadline)``, or None where it fails (the evidence then says unknown)."""
         try:
-            return self.running_requests(deadline)
-        except AdapterError:
-            return None
-
-    def _paused_or_none(self, deadline: float | None) -> bool | None:
-        try:
-            return self.read_paused(deadline)
+            return read(deadline)
         except AdapterError:
             return None
 
     def read_state(self, deadline: float | None = None) -> EngineReport:
         label, identity, paused, running = self._at_once(
             lambda: self.read_label(deadline), lambda: self.read_identity(deadline),
-            lambda: self.read_paused(deadline), lambda: self._running_or_none(deadline))
+            lambda: self.read_paused(deadline),
+            lambda: self._or_none(self.running_requests, deadline))
         return EngineReport(label, identity, paused, running)
 
     # ------------------------------------------------------------------ pause, resume
@@ -487,7 +485,7 @@ class HttpAdapter:
         deadline) until it shows them gone."""
         while running and time.monotonic() + ABORT_POLL_S < deadline:
             time.sleep(ABORT_POLL_S)
-            running = self._running_or_none(deadline)
+            running = self._or_none(self.running_requests, deadline)
         return running
 
     def resume(self, deadline: float) -> ResumeEvidence:
@@ -506,9 +504,9 @@ class HttpAdapter:
     def _read_back(self, deadline: float, running: bool = True) -> tuple[bool | None,
                                                                           int | None]:
         if not running:
-            return self._paused_or_none(deadline), None
-        paused, n = self._at_once(lambda: self._paused_or_none(deadline),
-                                  lambda: self._running_or_none(deadline))
+            return self._or_none(self.read_paused, deadline), None
+        paused, n = self._at_once(lambda: self._or_none(self.read_paused, deadline),
+                                  lambda: self._or_none(self.running_requests, deadline))
         return paused, n
 
     def fence(self, label: str, deadline: float) -> FenceEvidence:
