@@ -208,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fsync", action="store_true", help="fsync the fleet journal")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    if args.cycles < 1 or args.freezes < 0:
+        ap.error("--cycles must be at least 1 and --freezes at least 0 (0 skips the freezes)")
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as d:
         floor_mem = single(args.cycles, None, args.fsync)
         floor_journal = single(args.cycles, Path(d) / "single.jsonl", args.fsync)
@@ -218,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     slope, intercept, r2 = fit([(r["engines"], r["median_ms"]) for r in rows])
     worst = max(r["per_engine_ms"] for r in rows)
     frozen = [freezes(n, op, args.freezes, args.deadline)
-              for op in ("mutate", "resume") for n in FREEZE_SIZES]
+              for op in ("mutate", "resume") for n in FREEZE_SIZES] if args.freezes else []
     out: dict[str, Any] = {
         "fsync": args.fsync, "single_engine_cycle_in_memory_ms": floor_mem * 1e3,
         "single_engine_cycle_journalled_ms": floor_journal * 1e3,
@@ -252,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     big = next(r for r in rows if r["engines"] == CHECKED_SIZE)
     print(f"  fleet trace check of the {big['engines']}-engine journal: {big['records']} "
           f"records in {big['check_s']:.2f} s ({big['check_us_per_record']:.0f} us per record)")
+    if not frozen:
+        return 0
     print(f"frozen member -> quarantine ({args.freezes} tries each, deadline "
           f"{args.deadline * 1e3:.0f} ms)")
     print("  (from the frozen call's start; the deadline runs from its step's start, which can "

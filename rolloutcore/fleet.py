@@ -43,7 +43,9 @@ Locks, and the one order they are taken in (never the other way round, so no dea
    a member's state for a decision reads it once, with its bindings, under that lock
    (:meth:`Member.view`, i.e. :meth:`Controller.snapshot`): a release on another thread
    cannot change the bindings mid-read;
-4. the ``Journal``'s lock, innermost (a controller journals its steps under its own lock).
+4. an update's :class:`_Decision` lock: a member's trace sink settles it, under the
+   member's controller lock;
+5. the ``Journal``'s lock, innermost (a controller journals its steps under its own lock).
 
 A thread holding one of these takes only later ones.
 """
@@ -55,7 +57,7 @@ import threading
 import time
 import tomllib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +71,8 @@ from rolloutcore.controller import (
     Binding,
     Controller,
     IllegalTransition,
+    TraceRecord,
+    TraceSink,
 )
 from rolloutcore.inputs import unreadable
 from rolloutcore.journal import HEADER, SCHEMA, Journal, JournalReader, apply_record, restart_step
@@ -203,6 +207,31 @@ def load_fleet_file(path: str | Path) -> FleetConfig:
 # --------------------------------------------------------------------------- runtime
 
 
+class _Decision:
+    """The participants of an update the fleet still waits for before it decides: one
+    leaves when its cycle ends or when it turns TAINTED (settled in the spec: its fence
+    may still be in flight, and a member that does not answer it costs the others only
+    its own step's deadline, once). Woken by those two events, never polled."""
+
+    def __init__(self, names: set[str]) -> None:
+        self._left = names
+        self._settled = threading.Condition(threading.Lock())
+
+    def settle(self, name: str) -> None:
+        with self._settled:
+            self._left.discard(name)
+            if not self._left:
+                self._settled.notify_all()
+
+    def settler(self, name: str) -> Callable[[Future[Any]], None]:
+        """A done-callback for ``name``'s cycle."""
+        return lambda _work: self.settle(name)
+
+    def wait(self) -> None:
+        with self._settled:
+            self._settled.wait_for(lambda: not self._left)
+
+
 @dataclass
 class Member:
     name: str
@@ -331,8 +360,9 @@ class Fleet:
         if existing:
             self._replay(path, target_of)
         self.journal = Journal(path, fsync=fsync, clock=clock, spec_name=FLEET.name)
+        self._deciding: _Decision | None = None  # the update being decided, if any
         for m in self.members.values():
-            m.controller.trace = self.journal.member(m.name)
+            m.controller.trace = self._member_sink(m.name)
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._pool = ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="fleet")
@@ -440,6 +470,20 @@ class Fleet:
     def _serving_now(self) -> list[Member]:
         f: Any = SimpleNamespace(fphase=FleetPhase.READY, fcommitted=self.committed, ftarget=0)
         return [m for m in self.members.values() if serving(f, m.view())]
+
+    def _member_sink(self, name: str) -> TraceSink:
+        """The member's journal sink; a step that leaves it TAINTED settles the update
+        being decided for it (its fence may still run: the fleet need not wait for it)."""
+        journal = self.journal.member(name)
+
+        def sink(record: TraceRecord) -> int:
+            seq = journal(record)
+            if record.phase is Phase.TAINTED:
+                deciding = self._deciding
+                if deciding is not None:
+                    deciding.settle(name)
+            return seq
+        return sink
 
     def _hook(self, name: str) -> Callable[[str, str, float], None]:
         def hook(step: str, outcome: str, seconds: float) -> None:
@@ -572,10 +616,19 @@ class Fleet:
         report.members = {m.name: CycleReport(targets[m.name], published=False,
                                               final_phase=m.controller.phase)
                           for m in participants}
+        self._deciding = deciding = _Decision({m.name for m in participants})
+        try:
+            for m in participants:
+                m.work = self._pool.submit(m.runner.prepare, targets[m.name],
+                                           report.members[m.name])
+                m.work.add_done_callback(deciding.settler(m.name))
+            deciding.wait()
+        finally:
+            self._deciding = None
         for m in participants:
-            m.work = self._pool.submit(m.runner.prepare, targets[m.name],
-                                       report.members[m.name])
-        self._await_decision(participants)
+            if m.work is not None and m.work.done():
+                m.work.result()  # a runner bug surfaces here
+                m.work = None
         with self._lock:
             f = self._fleet()
             views = {m.name: m.view() for m in self.members.values()}
@@ -609,25 +662,6 @@ class Fleet:
         report.total_s = time.perf_counter() - t0
         self.last_report = report
         return report
-
-    @staticmethod
-    def _await_decision(participants: Sequence[Member]) -> None:
-        """Until every participant's cycle has ended, or its member is TAINTED (settled,
-        in the spec: its fence may still be in flight, and a member that does not answer
-        it costs the others only its own step's deadline, once)."""
-        left = list(participants)
-        while True:
-            for m in list(left):
-                work = m.work
-                assert work is not None
-                if work.done():
-                    work.result()  # a runner bug surfaces here
-                    m.work = None
-                    left.remove(m)
-            running = [m.work for m in left if m.controller.phase is not Phase.TAINTED]
-            if not running:
-                return
-            wait(running, timeout=0.01, return_when=FIRST_COMPLETED)  # type: ignore[arg-type]
 
     def _publish(self, report: FleetCycleReport, names: list[str], quorum: int) -> None:
         """One group in the journal: the fleet's record, then each member's publish."""
