@@ -10,7 +10,8 @@ the same two vLLM CPU servers (tiny model v1, the test fixture's flags).
   (it chooses, least outstanding first); requests per second, three rounds alternated
   (the machine is shared: one run is noisy), the median of each; the ratio gateway /
   direct. Both paths share two cores with the engines, so the gateway's own CPU per
-  request comes straight out of the engines' share.
+  request comes straight out of the engines' share: it is measured (the gateway
+  process's CPU seconds per request, from /proc) and printed beside the bound it sets.
 
 Goals (issue 23): added latency p50 <= 2 ms and p99 <= 10 ms; throughput >= 0.98x
 direct at both concurrencies.
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -112,17 +114,35 @@ async def _throughput(urls: list[str], prompts: list[list[int]], total: int,
     return total / seconds
 
 
-def throughput(direct: list[str], gateway: str, prompts: list[list[int]], total: int,
-               concurrency: int) -> dict[str, Any]:
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds process ``pid`` has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def throughput(direct: list[str], gateway: str, gateway_pid: int, prompts: list[list[int]],
+               total: int, concurrency: int) -> dict[str, Any]:
     runs: dict[str, list[float]] = {"direct": [], "gateway": []}
+    gateway_cpu: list[float] = []  # the gateway process's CPU seconds per request
     asyncio.run(_throughput(direct, prompts, concurrency, concurrency))  # warm-up
     for i in range(ROUNDS):  # alternated, the order swapped each round
         order = [("direct", direct), ("gateway", [gateway])]
         for name, urls in order if i % 2 == 0 else order[::-1]:
+            cpu0 = cpu_seconds(gateway_pid)
             runs[name].append(asyncio.run(_throughput(urls, prompts, total, concurrency)))
+            if name == "gateway":
+                gateway_cpu.append((cpu_seconds(gateway_pid) - cpu0) / total)
     d, g = statistics.median(runs["direct"]), statistics.median(runs["gateway"])
+    # Engines and gateway share this machine's cores: with the engines saturating them,
+    # the gateway's CPU per request comes out of theirs, which bounds the ratio.
+    cores = os.cpu_count() or 1
+    direct_core_ms = cores / d * 1e3
+    gw_ms = statistics.median(gateway_cpu) * 1e3
     return {"concurrency": concurrency, "requests": total, "direct_rps": d,
             "gateway_rps": g, "ratio": g / d, "rounds": ROUNDS, "runs": runs,
+            "gateway_cpu_ms_per_request": gw_ms,
+            "direct_core_ms_per_request": direct_core_ms,
+            "cpu_bound_ratio": direct_core_ms / (direct_core_ms + gw_ms),
             "pair_ratios": [b / a for a, b in zip(runs["direct"], runs["gateway"],
                                                   strict=True)]}
 
@@ -235,7 +255,7 @@ def run(tmp: Path, requests: int, pairs: int, records: int) -> dict[str, Any]:
         gateway = f"http://127.0.0.1:{port}"
         result["latency"] = added_latency(servers[0].url, gateway, probes["short"], pairs)
         result["throughput"] = [
-            throughput([s.url for s in servers], gateway, prompts,
+            throughput([s.url for s in servers], gateway, proc.pid, prompts,
                        max(requests, 4 * c), c) for c in THROUGHPUT_CONCURRENCY]
         status = httpx.get(f"{gateway}/admin/status", timeout=10).json()["journal"]
         result["gateway_journal"] = {"records": status["last_seq"],
@@ -266,6 +286,10 @@ def render(r: dict[str, Any]) -> str:
                      f"ratio {thr['ratio']:.3f}x (goal >= {GOAL_THROUGHPUT_RATIO}: "
                      f"{'met' if met else 'NOT met'}); per round: "
                      + ", ".join(f"{x:.2f}" for x in thr["pair_ratios"]))
+        lines.append(f"  the gateway's own CPU: {thr['gateway_cpu_ms_per_request']:.2f} ms per "
+                     f"request, against {thr['direct_core_ms_per_request']:.2f} core-ms per "
+                     f"direct request ({os.cpu_count()} cores, saturated): the cores they "
+                     f"share allow at most {thr['cpu_bound_ratio']:.3f}x")
     lines.append(f"durable journal records/s, {j['threads']} threads:")
     for k in ("fsync_per_record", "group_commit", "fleet_fsync_per_record",
               "fleet_group_commit"):

@@ -83,6 +83,7 @@ from rolloutcore.spec.fleet import (
     FLEET_ACTIONS,
     MEMBER_GUARDS,
     FleetPhase,
+    FleetState,
     held_back,
     quorum,
     serving,
@@ -537,6 +538,19 @@ class Fleet:
         f = self._fleet()
         return [m for m in self.members.values() if serving(f, m.view())]
 
+    def _take(self, step: str, **detail: Any) -> None:
+        """Take the fleet spec's step ``step``: its guard must hold, its effect sets the
+        fleet's phase and generations (the only place an update, abort, close or reopen
+        changes them), and it is journalled. The members' half of its effect (a publish
+        commits the validated members) is each member's own step, taken by the caller."""
+        fa = _FLEET_STEP[step]
+        f = self._fleet_state()
+        if self.phase not in fa.sources or not fa.when(f, self._bounds()):
+            raise AssertionError(f"{step} is not enabled in the fleet's state: a fleet bug")
+        g = fa.apply(FleetState(f.fphase, f.fcommitted, f.ftarget, f.eng, 0))
+        self.phase, self.committed, self.target = g.fphase, g.fcommitted, g.ftarget
+        self._step(step, **detail)
+
     def _step(self, step: str, **detail: Any) -> None:
         self.journal.fleet_step(step, self.phase, self.committed, self.target, detail or None)
         self._changed.notify_all()
@@ -608,8 +622,7 @@ class Fleet:
                 raise FleetError(f"target generation(s) {sorted(gens)} are not the next "
                                  f"one after {self.committed}")
             first = next(iter(targets.values()))
-            self.phase, self.target = FleetPhase.UPDATING, self.committed + 1
-            self._step("fleet_request_update", target=first.label,
+            self._take("fleet_request_update", target=first.label,
                        identity=first.identity, members=[m.name for m in participants],
                        min_serving=quorum)
         report = FleetCycleReport(first, published=False, aborted=False)
@@ -638,9 +651,8 @@ class Fleet:
             if self._enabled("fleet_publish"):
                 self._publish(report, ok, quorum)
             elif self._enabled("fleet_abort"):
-                self.phase = FleetPhase.ABORTING
                 held = [n for n, v in views.items() if held_back(f, v)]
-                self._step("fleet_abort", validated=ok, needed=quorum,
+                self._take("fleet_abort", validated=ok, needed=quorum,
                            **({"held_back": held} if held else {}))
                 report.aborted = True
             else:  # every member's cycle ends settled or held back: a runner bug
@@ -665,9 +677,7 @@ class Fleet:
 
     def _publish(self, report: FleetCycleReport, names: list[str], quorum: int) -> None:
         """One group in the journal: the fleet's record, then each member's publish."""
-        self.committed, self.target = self.target, 0
-        self.phase = FleetPhase.READY
-        self._step("fleet_publish", members=names, label=report.target.label,
+        self._take("fleet_publish", members=names, label=report.target.label,
                    identity=report.target.identity, min_serving=quorum)
         for name in names:
             self.members[name].runner.commit(report.members[name])
@@ -677,13 +687,11 @@ class Fleet:
 
     def _reopen_if_quorum(self) -> None:
         if self._enabled("fleet_reopen"):
-            self.phase, self.target = FleetPhase.READY, 0
-            self._step("fleet_reopen", serving=[m.name for m in self._serving()])
+            self._take("fleet_reopen", serving=[m.name for m in self._serving()])
 
     def _close_if_no_quorum(self) -> None:
         if self._enabled("fleet_close"):
-            self.phase = FleetPhase.ABORTING
-            self._step("fleet_close", serving=[m.name for m in self._serving()],
+            self._take("fleet_close", serving=[m.name for m in self._serving()],
                        min_serving=self.min_serving)
 
     # ------------------------------------------------------------------- readmission
