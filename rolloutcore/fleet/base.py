@@ -1,0 +1,294 @@
+"""What every job of the fleet shares: its members, its state as the fleet spec reads it,
+and the one way a fleet step is taken (:meth:`FleetBase._take`)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from rolloutcore.adapters.contract import LifecycleAdapter, WeightTarget
+from rolloutcore.controller import Controller, TraceRecord, TraceSink
+from rolloutcore.journal import Journal
+from rolloutcore.runner import CycleReport, LifecycleRunner, RunnerPolicy
+from rolloutcore.spec.fleet import FLEET_ACTIONS, MEMBER_GUARDS, FleetPhase, FleetState, serving
+from rolloutcore.spec.lifecycle import Phase, Result
+from rolloutcore.spec.triggers import OUTCOMES, Trigger
+
+UNINITIALIZED = "UNINITIALIZED"
+#: The outcomes of an audit, as journalled.
+AUDIT_OUTCOMES = frozenset({Trigger.AUDIT_OK, Trigger.AUDIT_FAILED, Trigger.AUDIT_MISMATCH})
+log = logging.getLogger("rolloutcore.fleet")
+
+
+class FleetError(Exception):
+    """A fleet operation that cannot be carried out as asked (nothing was changed)."""
+
+
+FLEET_STEP = {a.name: a for a in FLEET_ACTIONS}
+_OK_OUTCOMES = frozenset({o[Result.OK] for o in OUTCOMES.values()} | {"drained"})
+
+
+def failures_of(report: CycleReport) -> str:
+    """The steps of a member's cycle that did not succeed, in words."""
+    bad = [f"{s.step}: {s.outcome} ({s.reason})" for s in report.steps
+           if s.outcome not in _OK_OUTCOMES]
+    return "; ".join(bad) or "no step failed"
+
+
+class PendingDecision:
+    """The participants of an update the fleet still waits for before it decides: one
+    leaves when its cycle ends or when it turns TAINTED (settled in the spec: its fence
+    may still be in flight, and a member that does not answer it costs the others only
+    its own step's deadline, once). Woken by those two events, never polled."""
+
+    def __init__(self, names: set[str]) -> None:
+        self._left = names
+        self._settled = threading.Condition(threading.Lock())
+
+    def settle(self, name: str) -> None:
+        with self._settled:
+            self._left.discard(name)
+            if not self._left:
+                self._settled.notify_all()
+
+    def settler(self, name: str) -> Callable[[Future[Any]], None]:
+        """A done-callback for ``name``'s cycle."""
+        return lambda _work: self.settle(name)
+
+    def wait(self) -> None:
+        with self._settled:
+            self._settled.wait_for(lambda: not self._left)
+
+
+@dataclass
+class Member:
+    name: str
+    adapter: LifecycleAdapter
+    url: str | None
+    controller: Controller
+    runner: LifecycleRunner
+    outstanding: int = 0  # rollouts admitted and not yet released
+    last_audit: dict[str, Any] | None = None  # outcome, reason, at (wall clock), why
+    requested: str | None = None  # the label of the last update requested (journal)
+    work: Future[Any] | None = None  # its cycle, if still running after the decision
+
+    def settle_work(self, timeout: float) -> None:
+        """Wait (bounded) for a cycle the fleet decided without: a tainted member's fence."""
+        work = self.work
+        if work is not None:
+            try:
+                work.result(timeout=timeout)
+            except TimeoutError:
+                log.warning("%s: its cycle still runs %.1f s later", self.name, timeout)
+            except Exception:  # its report says what happened
+                log.exception("%s: the cycle left running failed", self.name)
+
+    def view(self) -> Any:
+        """The member's controller state, as the fleet spec's predicates read it: one
+        snapshot under the controller's lock (see the lock order in the module doc)."""
+        return self.controller.snapshot()
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A rollout admitted on one member, bound to the fleet's committed generation."""
+
+    rollout_id: str
+    engine: str
+    url: str | None
+    generation: int
+    identity: str | None
+    label: str
+    seq: int
+
+
+@dataclass
+class FleetCycleReport:
+    target: WeightTarget
+    published: bool
+    aborted: bool
+    members: dict[str, CycleReport] = field(default_factory=dict)
+    committed_on: list[str] = field(default_factory=list)
+    quarantined: list[str] = field(default_factory=list)
+    rolled_back: dict[str, str] = field(default_factory=dict)  # member -> readmit outcome
+    phase: str = FleetPhase.READY
+    total_s: float = 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "target": self.target.label, "generation": self.target.generation,
+            "published": self.published, "aborted": self.aborted, "phase": self.phase,
+            "committed_on": self.committed_on, "quarantined": self.quarantined,
+            "rolled_back": self.rolled_back, "total_s": round(self.total_s, 4),
+            "members": {n: {"final_phase": r.final_phase.value, "prepared": r.prepared,
+                            "published": r.published, "total_s": round(r.total_s, 4),
+                            "tainted_after_s": r.tainted_after_s, "fenced": r.fenced,
+                            "steps": [(s.step, s.outcome, round(s.seconds, 4), s.attempts)
+                                      for s in r.steps]}
+                        for n, r in self.members.items()}}
+
+
+@dataclass(frozen=True)
+class MemberStatus:
+    name: str
+    url: str | None
+    phase: str
+    committed: int
+    label: str | None
+    identity: str | None
+    serving: bool
+    quarantined: bool
+    outstanding: int
+    last_audit: dict[str, Any] | None = None  # outcome, reason, at, why (None: never)
+
+    def as_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+StepHook = Callable[[str, str, str, float], None]  # (member, step, outcome, seconds)
+#: (checkpoint source, generation, label) -> the target it describes (for recovery).
+TargetFactory = Callable[[str, int, str], WeightTarget]
+
+
+class FleetBase:
+    """The fleet's shared state and its bridge to the fleet spec; the jobs (recovery,
+    updates, re-admission, audits, admission) are its subclasses, composed by
+    :class:`~rolloutcore.fleet.controller.Fleet`."""
+
+    members: dict[str, Member]
+    min_serving: int
+    policy: RunnerPolicy
+    on_step: StepHook | None
+    phase: str
+    committed: int
+    target: int
+    last_report: FleetCycleReport | None
+    recovered: dict[str, Trigger]  # member -> the restart the spec allowed
+    journal: Journal
+    _clock: Callable[[], float]
+    _deciding: PendingDecision | None  # the update being decided, if any
+    _lock: threading.RLock
+    _changed: threading.Condition
+    _pool: ThreadPoolExecutor
+    _update_lock: threading.Lock  # one update, readmission or audit at a time
+    _quorum: int | None  # the quorum of the update being decided, if any
+    _watchdog: threading.Thread | None
+    _watchdog_stop: threading.Event
+
+    def _member_sink(self, name: str) -> TraceSink:
+        """The member's journal sink; a step that leaves it TAINTED settles the update
+        being decided for it (its fence may still run: the fleet need not wait for it)."""
+        journal = self.journal.member(name)
+
+        def sink(record: TraceRecord) -> int:
+            seq = journal(record)
+            if record.phase is Phase.TAINTED:
+                deciding = self._deciding
+                if deciding is not None:
+                    deciding.settle(name)
+            return seq
+        return sink
+
+    def _hook(self, name: str) -> Callable[[str, str, float], None]:
+        def hook(step: str, outcome: str, seconds: float) -> None:
+            if self.on_step is not None:
+                self.on_step(name, step, outcome, seconds)
+        return hook
+
+    def _fleet(self) -> Any:
+        return SimpleNamespace(fphase=self.phase, fcommitted=self.committed,
+                               ftarget=self.target)
+
+    def _fleet_state(self) -> Any:
+        """The fleet's state as the fleet spec's predicates read it, members included."""
+        f = self._fleet()
+        f.eng = tuple(m.view() for m in self.members.values())
+        return f
+
+    def _enabled(self, step: str) -> bool:
+        """Whether the fleet spec takes fleet step ``step`` from the fleet's state now."""
+        fa = FLEET_STEP[step]
+        return self.phase in fa.sources and fa.when(self._fleet_state(), self._bounds())
+
+    def _member_may(self, step: str, m: Member) -> bool:
+        """Whether the fleet spec's guard lets member ``m`` take ``step`` now."""
+        guard = MEMBER_GUARDS.get(step)
+        return guard is None or guard[0](self._fleet_state(), m.view(), self._bounds())
+
+    def _bounds(self) -> Any:
+        """The fleet spec's bounds: the quorum of the update being decided, else the
+        fleet's."""
+        return SimpleNamespace(min_serving=self._quorum or self.min_serving)
+
+    def _serving(self) -> list[Member]:
+        f = self._fleet()
+        return [m for m in self.members.values() if serving(f, m.view())]
+
+    def _serving_now(self) -> list[Member]:
+        f: Any = SimpleNamespace(fphase=FleetPhase.READY, fcommitted=self.committed, ftarget=0)
+        return [m for m in self.members.values() if serving(f, m.view())]
+
+    def _take(self, step: str, **detail: Any) -> None:
+        """Take the fleet spec's step ``step``: its guard must hold, its effect sets the
+        fleet's phase and generations (the only place an update, abort, close or reopen
+        changes them), and it is journalled. The members' half of its effect (a publish
+        commits the validated members) is each member's own step, taken by the caller."""
+        fa = FLEET_STEP[step]
+        f = self._fleet_state()
+        if self.phase not in fa.sources or not fa.when(f, self._bounds()):
+            raise AssertionError(f"{step} is not enabled in the fleet's state: a fleet bug")
+        g = fa.apply(FleetState(f.fphase, f.fcommitted, f.ftarget, f.eng, 0))
+        self.phase, self.committed, self.target = g.fphase, g.fcommitted, g.ftarget
+        self._step(step, **detail)
+
+    def _step(self, step: str, **detail: Any) -> None:
+        self.journal.fleet_step(step, self.phase, self.committed, self.target, detail or None)
+        self._changed.notify_all()
+
+    def _parallel(self, fn: Callable[[Member], Any], members: Sequence[Member]) -> dict[
+            str, Any]:
+        futures = {m.name: self._pool.submit(fn, m) for m in members}
+        return {name: fut.result() for name, fut in futures.items()}
+
+    def _reopen_if_quorum(self) -> None:
+        if self._enabled("fleet_reopen"):
+            self._take("fleet_reopen", serving=[m.name for m in self._serving()])
+
+    def _close_if_no_quorum(self) -> None:
+        if self._enabled("fleet_close"):
+            self._take("fleet_close", serving=[m.name for m in self._serving()],
+                       min_serving=self.min_serving)
+
+    def _known_target(self, generation: int) -> WeightTarget | None:
+        for m in self.members.values():
+            t = m.runner.targets.get(generation)
+            if t is not None:
+                return t
+        return None
+
+    @staticmethod
+    def _retarget(t: WeightTarget, generation: int) -> WeightTarget:
+        from dataclasses import replace
+
+        return t if t.generation == generation else replace(t, generation=generation)
+
+    def status(self) -> list[MemberStatus]:
+        with self._lock:
+            f = self._fleet()
+            out = []
+            for m in self.members.values():
+                c = m.view()  # one read: phase, generation and bindings agree
+                t = m.runner.targets.get(c.committed)
+                out.append(MemberStatus(
+                    m.name, m.url, c.phase.value, c.committed, t.label if t else None,
+                    m.controller.identity, serving(f, c), c.phase is Phase.TAINTED,
+                    m.outstanding, m.last_audit))
+            return out
+
+    def committed_target(self) -> WeightTarget | None:
+        return self._known_target(self.committed)

@@ -1,0 +1,102 @@
+"""The fleet file (TOML): the engines a fleet governs, its quorum, journal and watchdog."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from rolloutcore.inputs import unreadable
+
+TRANSFERS = ("reload", "gloo", "nccl")
+
+
+class FleetFileError(ValueError):
+    """A fleet file that is not what the fleet reads (where and why)."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    name: str
+    url: str
+    model: str = "tiny"
+    token: str | None = None
+    transfer: str = "reload"
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    engines: tuple[EngineConfig, ...]
+    min_serving: int
+    journal: Path | None = None
+    watchdog_s: float | None = None  # None: not given (``serve`` has a default)
+
+
+def load_fleet_file(path: str | Path) -> FleetConfig:
+    """Read and check a fleet file::
+
+        [fleet]
+        min_serving = 2          # optional, default: every engine
+        journal = "fleet.jsonl"  # optional, relative to the file
+        watchdog_s = 10          # optional: audit every serving engine this often
+
+        [[engine]]
+        name = "a"
+        url = "http://127.0.0.1:8001"
+        model = "tiny"           # optional
+        token = "..."            # optional (sent as a bearer token)
+        transfer = "reload"      # optional: reload | gloo | nccl
+    """
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as err:
+        raise FleetFileError(unreadable(p, err)) from None
+    except tomllib.TOMLDecodeError as err:
+        raise FleetFileError(f"{p}: not TOML: {err}") from None
+    unknown = set(data) - {"fleet", "engine"}
+    if unknown:
+        raise FleetFileError(f"{p}: unknown table(s) {sorted(unknown)}")
+    raw = data.get("engine")
+    if not isinstance(raw, list) or not raw:
+        raise FleetFileError(f"{p}: no [[engine]] entries")
+    engines: list[EngineConfig] = []
+    for n, e in enumerate(raw, 1):
+        where = f"{p}: engine {n}"
+        if not isinstance(e, dict):
+            raise FleetFileError(f"{where}: not a table")
+        extra = set(e) - {"name", "url", "model", "token", "transfer"}
+        if extra:
+            raise FleetFileError(f"{where}: unknown key(s) {sorted(extra)}")
+        for key in ("name", "url"):
+            if not isinstance(e.get(key), str) or not e[key]:
+                raise FleetFileError(f"{where}: {key} must be a non-empty string")
+        for key in ("model", "token", "transfer"):
+            if key in e and not isinstance(e[key], str):
+                raise FleetFileError(f"{where}: {key} must be a string")
+        transfer = e.get("transfer", "reload")
+        if transfer not in TRANSFERS:
+            raise FleetFileError(f"{where}: transfer must be one of {', '.join(TRANSFERS)}")
+        engines.append(EngineConfig(e["name"], e["url"], e.get("model", "tiny"),
+                                    e.get("token"), transfer))
+    names = [e.name for e in engines]
+    if len(set(names)) != len(names):
+        raise FleetFileError(f"{p}: engine names must be distinct: {names}")
+    fleet = data.get("fleet", {})
+    if not isinstance(fleet, dict) or set(fleet) - {"min_serving", "journal", "watchdog_s"}:
+        raise FleetFileError(f"{p}: [fleet] takes min_serving, journal and watchdog_s only")
+    k = fleet.get("min_serving", len(engines))
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= len(engines):
+        raise FleetFileError(f"{p}: min_serving must be an integer in 1..{len(engines)}")
+    journal = fleet.get("journal")
+    if journal is not None and not isinstance(journal, str):
+        raise FleetFileError(f"{p}: journal must be a path string")
+    watchdog = fleet.get("watchdog_s")
+    if watchdog is not None and (isinstance(watchdog, bool) or not isinstance(
+            watchdog, int | float) or not 0 < watchdog < float("inf")):
+        raise FleetFileError(f"{p}: watchdog_s must be a positive number of seconds")
+    return FleetConfig(tuple(engines), k, (p.parent / journal) if journal else None,
+                       None if watchdog is None else float(watchdog))
+
+
+__all__ = ["TRANSFERS", "EngineConfig", "FleetConfig", "FleetFileError", "load_fleet_file"]

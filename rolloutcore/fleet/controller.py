@@ -1,0 +1,91 @@
+"""The fleet: its jobs composed into one object, built over its members and journal."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from rolloutcore.adapters.contract import LifecycleAdapter
+from rolloutcore.controller import Controller
+from rolloutcore.fleet.admission import Admission
+from rolloutcore.fleet.base import UNINITIALIZED, Member, StepHook, TargetFactory
+from rolloutcore.fleet.readmission import Readmission
+from rolloutcore.fleet.recovery import Recovery
+from rolloutcore.fleet.updates import Updates
+from rolloutcore.journal import Journal
+from rolloutcore.runner import LifecycleRunner, RunnerPolicy
+from rolloutcore.spec.fleet import FLEET
+
+
+class Fleet(Admission, Readmission, Updates, Recovery):
+    """N members, one fleet state, one journal. Thread-safe."""
+
+    def __init__(self, members: Sequence[tuple[str, LifecycleAdapter, str | None]], *,
+                 journal: str | Path, min_serving: int | None = None,
+                 policy: RunnerPolicy | None = None, fsync: bool = True,
+                 clock: Callable[[], float] = time.time,
+                 on_step: StepHook | None = None,
+                 target_of: TargetFactory | None = None,
+                 watchdog_s: float | None = None) -> None:
+        """A fleet over ``members`` (name, adapter, URL). A new journal starts a fresh
+        fleet (to bootstrap); an existing one is recovered (see :meth:`_recover`), which
+        needs ``target_of`` to describe the generations it names. ``watchdog_s``: audit
+        every READY member that often (see :meth:`start_watchdog`)."""
+        names = [n for n, _a, _u in members]
+        if not names or len(set(names)) != len(names):
+            raise ValueError(f"members need distinct names: {names}")
+        self.min_serving = len(names) if min_serving is None else min_serving
+        if not 1 <= self.min_serving <= len(names):
+            raise ValueError(f"min_serving must be in 1..{len(names)}")
+        path = Path(journal)
+        existing = path.exists() and path.stat().st_size > 0
+        self.policy = policy = policy or RunnerPolicy()
+        self._clock = clock
+        self.on_step = on_step
+        self.members = {}
+        for name, adapter, url in members:
+            ctl = Controller()
+            runner = LifecycleRunner(ctl, adapter, policy, on_step=self._hook(name))
+            self.members[name] = Member(name, adapter, url, ctl, runner)
+        self.phase = UNINITIALIZED
+        self.committed = 0
+        self.target = 0
+        self.last_report = None
+        self.recovered = {}
+        if existing:
+            self._replay(path, target_of)
+        self.journal = Journal(path, fsync=fsync, clock=clock, spec_name=FLEET.name)
+        self._deciding = None
+        for m in self.members.values():
+            m.controller.trace = self._member_sink(m.name)
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._pool = ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="fleet")
+        self._update_lock = threading.Lock()
+        self._quorum = None
+        self._watchdog = None
+        self._watchdog_stop = threading.Event()
+        if existing:
+            with self._lock:
+                self._restart()
+            self._fence_recovered()
+        if watchdog_s is not None:
+            self.start_watchdog(watchdog_s)
+
+    def close(self) -> None:
+        """Stop the watchdog, let cycles the fleet decided without end (a tainted member's
+        fence, bounded by its deadline), close the journal."""
+        self.stop_watchdog()
+        for m in self.members.values():
+            m.settle_work(self.policy.fence_timeout_s + 5.0)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.journal.close()
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

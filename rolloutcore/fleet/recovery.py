@@ -1,0 +1,122 @@
+"""Recovery: a fleet restarted on its journal replays it, restarts every member as the
+single-engine spec allows, and fences the members it restarts TAINTED."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rolloutcore.controller import IllegalTransition
+from rolloutcore.fleet.base import (
+    AUDIT_OUTCOMES,
+    UNINITIALIZED,
+    FleetBase,
+    FleetError,
+    Member,
+    TargetFactory,
+    log,
+)
+from rolloutcore.journal import HEADER, SCHEMA, JournalReader, apply_record, restart_step
+from rolloutcore.spec.fleet import FLEET, FleetPhase
+from rolloutcore.spec.lifecycle import FENCED, Phase
+from rolloutcore.spec.triggers import Trigger
+
+
+class Recovery(FleetBase):
+    """Replays the fleet journal and restarts the members it names."""
+
+    def _replay(self, path: Path, target_of: TargetFactory | None) -> None:
+        """Replay the fleet journal: each member's records through its own generated
+        controller (every record must be a step the spec allows), the fleet's steps into
+        the fleet's state, and the targets the journal names back into the runners."""
+        reader = JournalReader(path)
+        for line, rec in reader:
+            if rec.get("type") == HEADER:
+                if rec.get("spec") != FLEET.name or rec.get("schema") != SCHEMA:
+                    raise FleetError(f"{path}:{line}: not a fleet journal of schema {SCHEMA}")
+                continue
+            engine = rec.get("engine")
+            if engine is None:
+                self._replay_fleet_step(rec)
+                continue
+            m = self.members.get(str(engine))
+            if m is None:
+                raise FleetError(f"{path}:{line}: member {engine!r} is not in the fleet file")
+            try:
+                apply_record(m.controller, rec)
+            except IllegalTransition as e:
+                raise FleetError(f"{path}:{line}: {engine}: the journal does not replay "
+                                 f"through the spec: {e}") from None
+            self._replay_target(m, rec, target_of)
+            if rec.get("step") in AUDIT_OUTCOMES:
+                m.last_audit = _audit_record(rec)
+        report = reader.report
+        if not report.ok and not report.truncated:
+            raise FleetError(f"{path}: chain broken at line {report.first_bad_line} "
+                             f"({report.reason}); move it aside and bootstrap a new fleet")
+
+    def _replay_fleet_step(self, rec: Mapping[str, Any]) -> None:
+        self.phase = str(rec.get("phase"))
+        self.committed = int(rec.get("committed") or 0)
+        self.target = int(rec.get("target") or 0)
+        detail = rec.get("detail") or {}
+        if rec.get("step") == "fleet_open" and isinstance(detail, dict):
+            self.min_serving = int(detail.get("min_serving", self.min_serving))
+
+    @staticmethod
+    def _replay_target(m: Member, rec: Mapping[str, Any], target_of: TargetFactory | None
+                       ) -> None:
+        detail = rec.get("detail")
+        step = rec.get("step")
+        if step == Trigger.REQUEST_UPDATE and isinstance(detail, dict):
+            m.requested = detail.get("target")
+        if not isinstance(detail, dict) or target_of is None:
+            return
+        gen = int(rec.get("committed") or 0)
+        if step == Trigger.PUBLISH or (step == Trigger.BOOTSTRAP_OK and gen == 1):
+            source, label = detail.get("checkpoint"), detail.get("label")
+            if isinstance(source, str) and isinstance(label, str):
+                m.runner.targets[gen] = target_of(source, gen, label)
+                m.controller.identity = m.runner.targets[gen].identity
+
+    def _restart(self) -> None:
+        """After a replay: every member takes the restart the single-engine spec allows
+        (a member left in doubt restarts TAINTED: quarantined until re-admitted); the
+        fleet reopens only with a quorum serving, else it stays closed."""
+        for m in self.members.values():
+            trigger = restart_step(m.controller)
+            m.controller.restart(trigger, {"reason": "the fleet controller restarted"})
+            self.recovered[m.name] = trigger
+        if self.phase == UNINITIALIZED:
+            return
+        n = len(self._serving_now())
+        self.phase = FleetPhase.READY if n >= self.min_serving else FleetPhase.ABORTING
+        self.target = 0
+        self._step("fleet_recover", serving=n, min_serving=self.min_serving)
+
+    def _fence_recovered(self) -> None:
+        """Every member recovered TAINTED and not fenced before the crash is fenced now,
+        before anyone can use the fleet (its engine may run an unpublished generation,
+        unpaused, under its label): what TAINTED leaves behind holds after a restart too.
+        Best effort and bounded, as every fence; the journal says how it went."""
+        def fence(m: Member) -> bool:
+            c = m.controller.control
+            label = m.requested if c.target else (
+                t.label if (t := m.runner.targets.get(c.committed)) else None)
+            if label is None:  # a journal that never named the generation: a bare fence
+                label = f"generation {c.target or c.committed}"
+            return m.runner.fence(label)
+
+        todo = [m for m in self.members.values() if m.controller.phase is Phase.TAINTED
+                and FENCED not in m.controller.control.evidence]
+        for name, ok in self._parallel(fence, todo).items():
+            log.info("recovery: %s was TAINTED: fence %s", name,
+                     "confirmed" if ok else "not confirmed")
+
+
+def _audit_record(rec: Mapping[str, Any]) -> dict[str, Any]:
+    """A member's last audit as its journal record states it."""
+    detail = rec.get("detail") or {}
+    return {"outcome": str(rec.get("step")), "reason": detail.get("reason"),
+            "at": rec.get("t"), "why": detail.get("why")}
