@@ -123,14 +123,16 @@ class FleetTraceChecker:
         return view
 
     def _fleet(self) -> Any:
+        # The fleet runs the strict update (max_live 1): its floor is its frontier.
         return SimpleNamespace(fphase=self.fphase, fcommitted=self.fcommitted,
-                               ftarget=self.ftarget,
+                               ftarget=self.ftarget, ffloor=self.fcommitted,
                                eng=tuple(self._view(n) for n in sorted(self.members)))
 
     def _bounds(self) -> Any:
         """The quorum of the update being decided (its request names it), else the
         fleet's."""
-        return SimpleNamespace(min_serving=self.quorum or self.min_serving)
+        return SimpleNamespace(min_serving=self.quorum or self.min_serving, max_live=1,
+                               min_admitting=0)
 
     def serving(self, name: str) -> bool:
         return name in self.members and serving(self._fleet(), self._view(name))
@@ -228,7 +230,8 @@ class FleetTraceChecker:
             if self.fphase == "UNINITIALIZED":
                 return "spec", "fleet_recover before the fleet opened"
             open_fleet: Any = SimpleNamespace(fphase=FleetPhase.READY,
-                                              fcommitted=self.fcommitted, ftarget=0)
+                                              fcommitted=self.fcommitted, ftarget=0,
+                                              ffloor=self.fcommitted)
             n = sum(serving(open_fleet, s) for s in self._fleet().eng)
             self.fphase = FleetPhase.READY if n >= self.min_serving else FleetPhase.ABORTING
             self.ftarget = 0
@@ -292,7 +295,8 @@ class FleetTraceChecker:
                 want["min_serving"] = self.min_serving
         elif step == FLEET_RECOVER:
             open_fleet: Any = SimpleNamespace(fphase=FleetPhase.READY,
-                                              fcommitted=self.fcommitted, ftarget=0)
+                                              fcommitted=self.fcommitted, ftarget=0,
+                                              ffloor=self.fcommitted)
             want.update(serving=sum(serving(open_fleet, s) for s in self._fleet().eng),
                         min_serving=self.min_serving)
         if step in ("fleet_close", FLEET_RECOVER):

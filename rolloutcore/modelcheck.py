@@ -199,7 +199,8 @@ def fleet_state_from_tlc(values: dict[str, object],
             seen[rec] = state_from_tlc({str(k): v for k, v in rec.items()})
         members.append(seen[rec])
     return FleetState(str(values["fphase"]), int(str(values["fcommitted"])),
-                      int(str(values["ftarget"])), tuple(members), int(str(values["faults"])))
+                      int(str(values["ftarget"])), tuple(members), int(str(values["faults"])),
+                      int(str(values["ffloor"])))
 
 
 def run_fleet_tlc(spec: FleetSpec = FLEET, *, exploration: FleetExploration | None = None,

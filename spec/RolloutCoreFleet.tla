@@ -3,7 +3,7 @@
 \* Do not edit: change the Python spec and regenerate.
 EXTENDS Integers, FiniteSets, Sequences
 
-CONSTANTS NumEngines, NumSlots, MaxGen, MaxFaults, MinServing
+CONSTANTS NumEngines, NumSlots, MaxGen, MaxFaults, MinServing, MaxLive, MinAdmitting
 
 Engines == 1..NumEngines
 Slots == 1..NumSlots
@@ -18,8 +18,8 @@ BROKEN == -2
 TAINT == -3
 TierOrder == <<"prefix", "encoder", "mm">>
 
-VARIABLES fphase, fcommitted, ftarget, eng, faults
-vars == <<fphase, fcommitted, ftarget, eng, faults>>
+VARIABLES fphase, fcommitted, ftarget, eng, faults, ffloor
+vars == <<fphase, fcommitted, ftarget, eng, faults, ffloor>>
 
 Init ==
     /\ fphase = "READY"
@@ -27,12 +27,13 @@ Init ==
     /\ ftarget = 0
     /\ eng = [n \in Engines |-> [phase |-> "READY", committed |-> 1, target |-> 0, pending |-> "none", bind |-> [i \in Slots |-> 0], cleared |-> {}, evidence |-> AllEvidence, weights |-> 1, label |-> 1, paused |-> FALSE, req |-> [i \in Slots |-> 0], caches |-> [t \in Tiers |-> {}], amb |-> FALSE, stale |-> FALSE, replaced |-> FALSE, doubt |-> FALSE, faults |-> 0]]
     /\ faults = 0
+    /\ ffloor = 1
 
 TierFirst(e, t) == \A k \in 1..Len(TierOrder) : TierOrder[k] = t =>
     \A j \in 1..(k - 1) : TierOrder[j] \in e.cleared
 Settled(e) == (e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none") \/ e.phase = "TAINTED" \/ (e.pending = "none" /\ e.phase = "READY" /\ \A i \in Slots : e.bind[i] = 0)
 Scheduled(n) == fphase # "UPDATING" \/ \A m \in 1..(n - 1) : Settled(eng[m])
-Serving(e) == e.phase = "READY" /\ e.committed = fcommitted /\ e.evidence = AllEvidence
+Serving(e) == e.phase = "READY" /\ e.committed >= ffloor /\ e.committed <= fcommitted /\ e.evidence = AllEvidence
 
 \* admit [member, control]
 MAdmit(n, i) ==
@@ -40,10 +41,10 @@ MAdmit(n, i) ==
     /\ e.phase \in {"READY"}
     /\ e.bind[i] = 0 /\ e.evidence = AllEvidence
     /\ e.req[i] = 0
-    /\ fphase = "READY" /\ e.committed = fcommitted /\ Cardinality({m \in Engines : Serving(eng[m])}) >= MinServing
+    /\ fphase \in {"READY", "ROLLING"} /\ e.committed >= ffloor /\ e.committed <= fcommitted /\ Cardinality({m \in Engines : Serving(eng[m])}) >= MinServing
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.bind = [e.bind EXCEPT ![i] = e.committed], !.req = [e.req EXCEPT ![i] = e.weights], !.stale = (e.stale \/ \E t \in Tiers : e.caches[t] \ {e.weights} # {}), !.caches = [t \in Tiers |-> e.caches[t] \cup {e.weights}]]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* engine_finish [member, environment]
 MEngineFinish(n, i) ==
@@ -52,7 +53,7 @@ MEngineFinish(n, i) ==
     /\ e.req[i] # 0
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.req = [e.req EXCEPT ![i] = 0]]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* release [member, control]
 MRelease(n, i) ==
@@ -61,7 +62,7 @@ MRelease(n, i) ==
     /\ e.bind[i] # 0
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.bind = [e.bind EXCEPT ![i] = 0]]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* request_update [member, control]
 MRequestUpdate(n) ==
@@ -69,12 +70,15 @@ MRequestUpdate(n) ==
     /\ e.phase \in {"READY"}
     /\ e.pending = "none" /\ e.evidence = AllEvidence
     /\ \/ (fphase = "UPDATING" /\ e.committed = fcommitted)
-       \/ (fphase \in {"ABORTING", "READY"} /\ e.committed < fcommitted)
+       \/ (fphase = "ROLLING" /\ e.committed = fcommitted
+           /\ Cardinality({m \in Engines : Serving(eng[m])}) - (IF Serving(e) THEN 1 ELSE 0) >= MinAdmitting)
+       \/ (fphase \in {"ABORTING", "READY"} /\ e.committed < fcommitted
+           /\ Cardinality({m \in Engines : Serving(eng[m])}) - (IF Serving(e) THEN 1 ELSE 0) >= MinAdmitting)
     /\ Scheduled(n)
     /\ e.committed < MaxGen
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "DRAINING", !.target = e.committed + 1]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* cancel_update [member, control]
 MCancelUpdate(n) ==
@@ -84,7 +88,7 @@ MCancelUpdate(n) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "READY", !.target = 0]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* pause_begin [member, control]
 MPauseBegin(n) ==
@@ -94,7 +98,7 @@ MPauseBegin(n) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "pause"]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* pause_ok [member, outcome]
 MPauseOk(n) ==
@@ -105,7 +109,7 @@ MPauseOk(n) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "QUIESCED", !.evidence = e.evidence \ {"resumed"}, !.pending = "none", !.paused = TRUE]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* pause_failed [member, outcome]
 MPauseFailed(n) ==
@@ -116,7 +120,7 @@ MPauseFailed(n) ==
     /\ faults < MaxFaults
     /\ \E w0 \in {e.paused, TRUE} : eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = e.evidence \ {"resumed"}, !.pending = "none", !.paused = w0]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* abandon_update [member, control]
 MAbandonUpdate(n) ==
@@ -126,7 +130,7 @@ MAbandonUpdate(n) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "RESUMING", !.target = 0]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* mutate_begin [member, control]
 MMutateBegin(n) ==
@@ -136,7 +140,7 @@ MMutateBegin(n) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "UPDATING", !.evidence = {}, !.cleared = {}, !.pending = "mutate"]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* mutate_ok [member, outcome]
 MMutateOk(n) ==
@@ -146,7 +150,7 @@ MMutateOk(n) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "INVALIDATING", !.pending = "none", !.weights = e.target, !.label = e.target]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* mutate_ok_unlabelled [member, outcome]
 MMutateOkUnlabelled(n) ==
@@ -157,7 +161,7 @@ MMutateOkUnlabelled(n) ==
     /\ faults < MaxFaults
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "INVALIDATING", !.pending = "none", !.weights = e.target]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* mutate_ok_wrong_weights [member, outcome]
 MMutateOkWrongWeights(n) ==
@@ -168,7 +172,7 @@ MMutateOkWrongWeights(n) ==
     /\ faults < MaxFaults
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "INVALIDATING", !.pending = "none", !.weights = MIXED, !.label = e.target]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* mutate_ok_broken [member, outcome]
 MMutateOkBroken(n) ==
@@ -179,7 +183,7 @@ MMutateOkBroken(n) ==
     /\ faults < MaxFaults
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "INVALIDATING", !.pending = "none", !.weights = BROKEN, !.label = e.target]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* mutate_refused [member, outcome]
 MMutateRefused(n) ==
@@ -191,7 +195,7 @@ MMutateRefused(n) ==
     /\ faults < MaxFaults
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "QUIESCED", !.target = 0, !.evidence = WeightEvidence, !.pending = "none"]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* mutate_ambiguous [member, outcome]
 MMutateAmbiguous(n) ==
@@ -202,7 +206,7 @@ MMutateAmbiguous(n) ==
     /\ faults < MaxFaults
     /\ \E w0 \in {e.committed, e.target, MIXED} : \E w1 \in {e.committed, e.target} : eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "TAINTED", !.pending = "none", !.weights = w0, !.label = w1, !.amb = TRUE]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* reset_begin [member, control]
 MResetBegin(n, t) ==
@@ -213,7 +217,7 @@ MResetBegin(n, t) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "reset_" \o t]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* reset_ok [member, outcome]
 MResetOk(n, t) ==
@@ -223,7 +227,7 @@ MResetOk(n, t) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.cleared = e.cleared \cup {t}, !.pending = "none", !.caches = [e.caches EXCEPT ![t] = {}]]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* reset_failed [member, outcome]
 MResetFailed(n, t) ==
@@ -234,7 +238,7 @@ MResetFailed(n, t) ==
     /\ faults < MaxFaults
     /\ \E w0 \in {e.caches, [e.caches EXCEPT ![t] = {}]} : eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "none", !.caches = w0]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* invalidated [member, control]
 MInvalidated(n) ==
@@ -244,7 +248,7 @@ MInvalidated(n) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "VALIDATING"]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* validate_begin [member, control]
 MValidateBegin(n) ==
@@ -254,7 +258,7 @@ MValidateBegin(n) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "validate"]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* validate_ok [member, outcome]
 MValidateOk(n) ==
@@ -265,7 +269,7 @@ MValidateOk(n) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "RESUMING", !.evidence = e.evidence \cup {"version", "identity"}, !.pending = "none"]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* validate_failed [member, outcome]
 MValidateFailed(n) ==
@@ -276,7 +280,7 @@ MValidateFailed(n) ==
     /\ faults < MaxFaults
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "none"]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* validate_mismatch [member, outcome]
 MValidateMismatch(n) ==
@@ -287,7 +291,7 @@ MValidateMismatch(n) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "TAINTED", !.pending = "none", !.amb = TRUE]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* resume_begin [member, control]
 MResumeBegin(n) ==
@@ -297,7 +301,7 @@ MResumeBegin(n) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "resume"]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* resume_ok [member, outcome]
 MResumeOk(n) ==
@@ -307,7 +311,7 @@ MResumeOk(n) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = e.evidence \cup {"resumed"}, !.pending = "none", !.paused = FALSE]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* resume_failed [member, outcome]
 MResumeFailed(n) ==
@@ -318,7 +322,7 @@ MResumeFailed(n) ==
     /\ faults < MaxFaults
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "none"]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* probe_begin [member, control]
 MProbeBegin(n) ==
@@ -328,7 +332,7 @@ MProbeBegin(n) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "probe"]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* probe_ok [member, outcome]
 MProbeOk(n) ==
@@ -339,7 +343,7 @@ MProbeOk(n) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = e.evidence \cup {"probe"}, !.pending = "none", !.stale = (e.stale \/ \E t \in Tiers : e.caches[t] \ {e.weights} # {}), !.caches = [t \in Tiers |-> e.caches[t] \cup {e.weights}]]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* probe_failed [member, outcome]
 MProbeFailed(n) ==
@@ -350,7 +354,7 @@ MProbeFailed(n) ==
     /\ faults < MaxFaults
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "none"]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* probe_mismatch [member, outcome]
 MProbeMismatch(n) ==
@@ -361,7 +365,7 @@ MProbeMismatch(n) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "TAINTED", !.pending = "none", !.amb = TRUE]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* publish [member, control]
 MPublish(n) ==
@@ -371,7 +375,7 @@ MPublish(n) ==
     /\ e.target <= fcommitted
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "READY", !.committed = e.target, !.target = 0]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* reopen [member, control]
 MReopen(n) ==
@@ -381,7 +385,7 @@ MReopen(n) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "READY"]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* give_up [member, control]
 MGiveUp(n) ==
@@ -392,7 +396,7 @@ MGiveUp(n) ==
     /\ faults < MaxFaults
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "TAINTED"]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* fence_begin [member, control]
 MFenceBegin(n) ==
@@ -401,7 +405,7 @@ MFenceBegin(n) ==
     /\ e.pending = "none" /\ "fenced" \notin e.evidence
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "fence"]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* fence_ok [member, outcome]
 MFenceOk(n) ==
@@ -411,7 +415,7 @@ MFenceOk(n) ==
     /\ \A j \in Slots : e.req[j] = 0
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = e.evidence \cup {"fenced"}, !.pending = "none", !.paused = TRUE, !.label = TAINT]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* fence_failed [member, outcome]
 MFenceFailed(n) ==
@@ -421,7 +425,7 @@ MFenceFailed(n) ==
     /\ faults < MaxFaults
     /\ \E w0 \in {e.paused, TRUE} : \E w1 \in {e.label, TAINT} : eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "none", !.paused = w0, !.label = w1]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* readmit_begin [member, control]
 MReadmitBegin(n) ==
@@ -430,7 +434,7 @@ MReadmitBegin(n) ==
     /\ e.pending = "none"
     /\ \E w0 \in {e.committed, MIXED, BROKEN} : \E w1 \in {e.committed, e.label} : eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = {}, !.pending = "readmit", !.weights = w0, !.label = w1, !.paused = TRUE, !.req = [i \in Slots |-> 0], !.caches = [t \in Tiers |-> {}], !.amb = FALSE]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* readmit_ok [member, outcome]
 MReadmitOk(n) ==
@@ -440,7 +444,7 @@ MReadmitOk(n) ==
     /\ e.weights = e.committed /\ e.label = e.committed
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "READY", !.target = 0, !.evidence = AllEvidence, !.cleared = Tiers, !.pending = "none", !.paused = FALSE, !.stale = (e.stale \/ \E t \in Tiers : e.caches[t] \ {e.weights} # {}), !.caches = [t \in Tiers |-> e.caches[t] \cup {e.weights}], !.replaced = FALSE, !.doubt = FALSE]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* readmit_mismatch [member, outcome]
 MReadmitMismatch(n) ==
@@ -450,7 +454,7 @@ MReadmitMismatch(n) ==
     /\ e.weights # e.committed \/ e.label # e.committed
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = {}, !.pending = "none", !.paused = FALSE]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* readmit_failed [member, outcome]
 MReadmitFailed(n) ==
@@ -460,7 +464,7 @@ MReadmitFailed(n) ==
     /\ faults < MaxFaults
     /\ \E w0 \in {e.paused, FALSE} : eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = {}, !.pending = "none", !.paused = w0]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* audit_begin [member, control]
 MAuditBegin(n) ==
@@ -470,7 +474,7 @@ MAuditBegin(n) ==
     /\ fphase # "UPDATING"
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "audit"]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* audit_ok [member, outcome]
 MAuditOk(n) ==
@@ -480,7 +484,7 @@ MAuditOk(n) ==
     /\ e.weights = e.committed /\ e.label = e.committed /\ ~e.paused
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = AllEvidence, !.pending = "none", !.replaced = FALSE, !.doubt = FALSE]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* audit_mismatch [member, outcome]
 MAuditMismatch(n) ==
@@ -490,7 +494,7 @@ MAuditMismatch(n) ==
     /\ ~(e.weights = e.committed /\ e.label = e.committed /\ ~e.paused)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "TAINTED", !.bind = [i \in Slots |-> 0], !.evidence = {}, !.pending = "none"]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* audit_failed [member, outcome]
 MAuditFailed(n) ==
@@ -500,7 +504,7 @@ MAuditFailed(n) ==
     /\ faults < MaxFaults
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = {}, !.pending = "none", !.doubt = TRUE]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* suspect [member, control]
 MSuspect(n) ==
@@ -510,7 +514,7 @@ MSuspect(n) ==
     /\ faults < MaxFaults
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = {}, !.doubt = TRUE]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
 \* engine_restart [member, environment]
 MEngineRestart(n) ==
@@ -519,16 +523,16 @@ MEngineRestart(n) ==
     /\ faults < MaxFaults
     /\ \E w0 \in {e.committed, MIXED} : \E w1 \in {1, e.committed, MIXED} : eng' = [eng EXCEPT ![n] = [e EXCEPT !.weights = w0, !.label = w1, !.paused = FALSE, !.req = [i \in Slots |-> 0], !.caches = [t \in Tiers |-> {}], !.replaced = TRUE]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
 
-\* fleet_request_update [fleet]: The trainer asks for the next generation (a quorum serving): admissions close on every member.
+\* fleet_request_update [fleet]: The trainer asks for the next generation (a quorum serving): admissions close on every member (the strict update: max_live 1).
 FleetRequestUpdate ==
     /\ fphase \in {"READY"}
-    /\ Cardinality({m \in Engines : Serving(eng[m])}) >= MinServing
+    /\ MaxLive = 1 /\ Cardinality({m \in Engines : Serving(eng[m])}) >= MinServing
     /\ fcommitted < MaxGen
     /\ fphase' = "UPDATING"
     /\ ftarget' = fcommitted + 1
-    /\ UNCHANGED <<fcommitted, eng, faults>>
+    /\ UNCHANGED <<fcommitted, eng, faults, ffloor>>
 
 \* fleet_publish [fleet]: Every member has settled and at least min_serving validated the target: commit it on every validated member at once.
 FleetPublish ==
@@ -537,6 +541,7 @@ FleetPublish ==
     /\ fphase' = "READY"
     /\ fcommitted' = ftarget
     /\ ftarget' = 0
+    /\ ffloor' = ftarget
     /\ eng' = [n \in Engines |-> LET e == eng[n] IN IF e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none" THEN [e EXCEPT !.phase = "READY", !.committed = e.target, !.target = 0] ELSE e]
     /\ UNCHANGED <<faults>>
 
@@ -546,14 +551,14 @@ FleetAbort ==
     /\ (\A n \in Engines : Settled(eng[n]) \/ (eng[n].phase = "READY" /\ eng[n].pending = "none" /\ eng[n].committed = fcommitted /\ \E i \in Slots : eng[n].bind[i] # 0))
     /\ (Cardinality({n \in Engines : LET e == eng[n] IN e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none"}) < MinServing \/ \E n \in Engines : eng[n].phase = "READY" /\ eng[n].pending = "none" /\ eng[n].committed = fcommitted /\ \E i \in Slots : eng[n].bind[i] # 0)
     /\ fphase' = "ABORTING"
-    /\ UNCHANGED <<fcommitted, ftarget, eng, faults>>
+    /\ UNCHANGED <<fcommitted, ftarget, eng, faults, ffloor>>
 
 \* fleet_close [fleet]: Fewer than min_serving members serve (audits found members replaced or unreachable, or they were suspected): admissions close until a quorum serves again (fleet_reopen).
 FleetClose ==
     /\ fphase \in {"READY"}
     /\ Cardinality({m \in Engines : Serving(eng[m])}) < MinServing
     /\ fphase' = "ABORTING"
-    /\ UNCHANGED <<fcommitted, ftarget, eng, faults>>
+    /\ UNCHANGED <<fcommitted, ftarget, eng, faults, ffloor>>
 
 \* fleet_reopen [fleet]: The aborted update is undone (or the fleet was closed): no member is left on the target, and at least min_serving members serve the committed generation again: admissions reopen.
 FleetReopen ==
@@ -561,7 +566,52 @@ FleetReopen ==
     /\ (\A n \in Engines : eng[n].phase \in {"READY", "TAINTED"} /\ eng[n].pending = "none") /\ Cardinality({m \in Engines : Serving(eng[m])}) >= MinServing
     /\ fphase' = "READY"
     /\ ftarget' = 0
-    /\ UNCHANGED <<fcommitted, eng, faults>>
+    /\ UNCHANGED <<fcommitted, eng, faults, ffloor>>
+
+\* fleet_roll [fleet]: The trainer asks for the next generation as a rolling update (max_live >= 2, the next frontier still within max_live of the floor, a quorum serving): members on the frontier join the wave one by one while min_admitting others keep admitting.
+FleetRoll ==
+    /\ fphase \in {"READY"}
+    /\ MaxLive >= 2 /\ fcommitted + 1 - ffloor < MaxLive /\ Cardinality({m \in Engines : Serving(eng[m])}) >= MinServing
+    /\ fcommitted < MaxGen
+    /\ fphase' = "ROLLING"
+    /\ ftarget' = fcommitted + 1
+    /\ UNCHANGED <<fcommitted, eng, faults, ffloor>>
+
+\* fleet_publish_wave [fleet]: No member is in the middle of the wave and at least one validated the target (with a quorum serving after it): commit it on every validated member at once; the frontier moves, the floor stays (the others serve the old generation until they catch up).
+FleetPublishWave ==
+    /\ fphase \in {"ROLLING"}
+    /\ (\A n \in Engines : LET e == eng[n] IN (e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none") \/ (e.pending = "none" /\ e.phase \in {"READY", "TAINTED"}))
+    /\ Cardinality({n \in Engines : LET e == eng[n] IN e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none"}) >= 1 /\ Cardinality({m \in Engines : Serving(eng[m])}) + Cardinality({n \in Engines : LET e == eng[n] IN e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none"}) >= MinServing
+    /\ fphase' = "READY"
+    /\ fcommitted' = ftarget
+    /\ ftarget' = 0
+    /\ eng' = [n \in Engines |-> LET e == eng[n] IN IF e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none" THEN [e EXCEPT !.phase = "READY", !.committed = e.target, !.target = 0] ELSE e]
+    /\ UNCHANGED <<faults, ffloor>>
+
+\* fleet_end_wave [fleet]: No member is in the middle of the wave, none validated the target, and a quorum serves: the rolling update ends on the generations served.
+FleetEndWave ==
+    /\ fphase \in {"ROLLING"}
+    /\ (\A n \in Engines : LET e == eng[n] IN (e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none") \/ (e.pending = "none" /\ e.phase \in {"READY", "TAINTED"}))
+    /\ Cardinality({n \in Engines : LET e == eng[n] IN e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none"}) = 0 /\ Cardinality({m \in Engines : Serving(eng[m])}) >= MinServing
+    /\ fphase' = "READY"
+    /\ ftarget' = 0
+    /\ UNCHANGED <<fcommitted, eng, faults, ffloor>>
+
+\* fleet_abort_wave [fleet]: No member is in the middle of the wave and fewer than min_serving would serve after it (faults took members out): admissions close as in an aborted strict update; validated members give up and are re-admitted, and the fleet reopens with a quorum (fleet_reopen).
+FleetAbortWave ==
+    /\ fphase \in {"ROLLING"}
+    /\ (\A n \in Engines : LET e == eng[n] IN (e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none") \/ (e.pending = "none" /\ e.phase \in {"READY", "TAINTED"}))
+    /\ Cardinality({m \in Engines : Serving(eng[m])}) + Cardinality({n \in Engines : LET e == eng[n] IN e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none"}) < MinServing
+    /\ fphase' = "ABORTING"
+    /\ UNCHANGED <<fcommitted, ftarget, eng, faults, ffloor>>
+
+\* fleet_raise_floor [fleet]: No member serves, or holds rollouts of, a generation below the frontier any more (each caught up, or is out of service): the floor moves up to the frontier.
+FleetRaiseFloor ==
+    /\ fphase \in {"READY"}
+    /\ ffloor < fcommitted /\ \A n \in Engines : eng[n].committed >= fcommitted \/ (~Serving(eng[n]) /\ \A i \in Slots : eng[n].bind[i] = 0)
+    /\ ffloor' = fcommitted
+    /\ fphase' = "READY"
+    /\ UNCHANGED <<fcommitted, ftarget, eng, faults>>
 
 Next ==
     \/ \E n \in Engines : \E i \in Slots : MAdmit(n, i)
@@ -616,21 +666,30 @@ Next ==
     \/ FleetAbort
     \/ FleetClose
     \/ FleetReopen
+    \/ FleetRoll
+    \/ FleetPublishWave
+    \/ FleetEndWave
+    \/ FleetAbortWave
+    \/ FleetRaiseFloor
 
 Spec == Init /\ [][Next]_vars
 
 \* ---- fleet invariants
-\* Every member READY on the fleet's generation holds its weights: after a publish no two serving engines hold different generations (an engine replaced out of band since it was last verified aside: the next audit finds it).
+\* Every member READY on a generation the fleet serves holds that generation's weights: after a publish no two engines serving one generation hold different weights (an engine replaced out of band since it was last verified aside: the next audit finds it).
 ServingMembersAgree ==
-    \A n \in Engines : (eng[n].phase = "READY" /\ eng[n].committed = fcommitted /\ ~eng[n].replaced) => eng[n].weights = fcommitted
+    \A n \in Engines : (eng[n].phase = "READY" /\ eng[n].committed >= ffloor /\ eng[n].committed <= fcommitted /\ ~eng[n].replaced) => eng[n].weights = eng[n].committed
 
 \* No member has committed a generation the fleet has not published.
 NoMemberAhead ==
     \A n \in Engines : eng[n].committed <= fcommitted
 
-\* A rollout is bound only on a member serving the fleet's committed generation (or draining it for the fleet's update, or whose audit failed after it was admitted).
+\* A rollout is bound only on a member serving a generation the fleet serves (or draining it for an update, or whose audit failed after it was admitted).
 RolloutsOnlyOnServingMembers ==
-    \A n \in Engines : \A i \in Slots : eng[n].bind[i] # 0 => (eng[n].bind[i] = fcommitted /\ eng[n].phase \in {"READY", "DRAINING"})
+    \A n \in Engines : \A i \in Slots : eng[n].bind[i] # 0 => (eng[n].bind[i] >= ffloor /\ eng[n].bind[i] <= fcommitted /\ eng[n].phase \in {"READY", "DRAINING"})
+
+\* The members that serve serve at most max_live generations, and the floor is at most max_live - 1 behind the frontier.
+AtMostKLiveGenerations ==
+    fcommitted - ffloor < MaxLive /\ Cardinality({eng[n].committed : n \in {m \in Engines : Serving(eng[m])}}) <= MaxLive
 
 \* ---- every member's invariants
 MemberOneRolloutOnePolicy ==
@@ -691,22 +750,26 @@ MemberFencedTaintServesNothing ==
         (e.phase = "TAINTED" /\ "fenced" \in e.evidence /\ ~e.replaced) => (e.paused /\ e.label = TAINT /\ \A i \in Slots : e.req[i] = 0)
 
 \* ---- action properties
-\* The fleet's committed generation never goes back and moves one step at a time.
+\* The fleet's committed generation (its frontier) never goes back and moves one step at a time; its floor never goes back.
 FleetGenerationsMoveForward ==
-    [][fcommitted' \in {fcommitted, fcommitted + 1}]_vars
+    [][fcommitted' \in {fcommitted, fcommitted + 1} /\ ffloor' >= ffloor]_vars
 
 \* The fleet opens (reopens, or publishes) only with at least min_serving members serving, and admits a rollout only while they do. (A READY fleet can lose its quorum at any time, to an audit or a suspicion: it admits nothing more, and closes.)
 OpenOnlyWithQuorum ==
-    [][((fphase # "READY" /\ fphase' = "READY") => Cardinality({m \in Engines : eng'[m].phase = "READY" /\ eng'[m].committed = fcommitted' /\ eng'[m].evidence = AllEvidence}) >= MinServing)
-    /\ ((\E n \in Engines : \E i \in Slots : eng[n].bind[i] = 0 /\ eng'[n].bind[i] # 0) => (fphase = "READY" /\ Cardinality({m \in Engines : Serving(eng[m])}) >= MinServing))]_vars
+    [][((fphase # "READY" /\ fphase' = "READY") => Cardinality({m \in Engines : eng'[m].phase = "READY" /\ eng'[m].committed >= ffloor' /\ eng'[m].committed <= fcommitted' /\ eng'[m].evidence = AllEvidence}) >= MinServing)
+    /\ ((\E n \in Engines : \E i \in Slots : eng[n].bind[i] = 0 /\ eng'[n].bind[i] # 0) => (fphase \in {"READY", "ROLLING"} /\ Cardinality({m \in Engines : Serving(eng[m])}) >= MinServing))]_vars
 
 \* A generation is published only onto at least min_serving members at once.
 PublishOnQuorum ==
-    [][fcommitted' # fcommitted => Cardinality({m \in Engines : eng'[m].phase = "READY" /\ eng'[m].committed = fcommitted' /\ eng'[m].evidence = AllEvidence}) >= MinServing]_vars
+    [][fcommitted' # fcommitted => Cardinality({m \in Engines : eng'[m].phase = "READY" /\ eng'[m].committed >= ffloor' /\ eng'[m].committed <= fcommitted' /\ eng'[m].evidence = AllEvidence}) >= MinServing]_vars
 
 \* A member that had an ambiguous outcome is never published onto.
 NoPublishAfterAmbiguity ==
     [][\A n \in Engines : eng[n].amb => eng'[n].committed = eng[n].committed]_vars
+
+\* A serving member leaves service for an update only while at least min_admitting members go on serving.
+CapacityKeptThroughUpdates ==
+    [][(\E n \in Engines : Serving(eng[n]) /\ eng'[n].phase = "DRAINING") => Cardinality({m \in Engines : eng'[m].phase = "READY" /\ eng'[m].committed >= ffloor' /\ eng'[m].committed <= fcommitted' /\ eng'[m].evidence = AllEvidence}) >= MinAdmitting]_vars
 
 MemberGenerationsMoveForward ==
     [][\A n \in Engines : LET e == eng[n]

@@ -44,6 +44,25 @@ up to the fleet's generation, publishing each alone because nobody is bound to i
 catch up while the fleet is READY or ABORTING (an aborted fleet may need it to regain its
 quorum), never during the fleet's own update.
 
+Rolling updates (``max_live`` K >= 2, ``min_admitting`` C). The fleet's committed
+generation is its *frontier*; its *floor* (``ffloor``) is the oldest generation still
+served, and members serve any generation from the floor to the frontier. With K = 1 the
+floor is the frontier and everything above is the strict update, unchanged. With K >= 2
+the trainer's update rolls instead (``fleet_roll``, only while the next frontier stays
+within K of the floor): members on the frontier join the *wave* one at a time, each only
+while at least C others keep serving (they go on admitting rollouts on their generation
+meanwhile), and run their own cycle up to RESUMING as in the strict update. Once no
+member is in the middle of it, ``fleet_publish_wave`` commits the target on every
+validated member at once: the frontier moves, the floor stays, and two generations are
+served. The members left on the old generation catch up alone (the strict update's catch-
+up, with the same C guard), and once none serves or holds rollouts below the frontier,
+``fleet_raise_floor`` moves the floor up to the frontier; a rolling update starts only
+while the next frontier stays within K of the floor, so at most K generations are ever
+served. A wave that validated nothing ends (``fleet_end_wave``) on the generations
+served; one that would leave fewer than ``min_serving`` serving aborts
+(``fleet_abort_wave``) as a strict update does. Not modelled yet: moving a rollout to a
+member on its generation (in-flight migration).
+
 Not modelled here: the members' bootstrap (the fleet starts with every member serving
 generation 1, as the single-engine bootstrap leaves it), the drain policy's abort path,
 and the controller's own crash: on restart, each member's records in the fleet journal
@@ -93,6 +112,7 @@ class FleetPhase:
     READY = "READY"
     UPDATING = "UPDATING"
     ABORTING = "ABORTING"
+    ROLLING = "ROLLING"  # a rolling update: a wave prepares while the rest serve
 
 
 #: Fleet phases in which a member behind the fleet may catch up (not during the fleet's
@@ -107,19 +127,26 @@ class FleetBounds:
     generations: int = 2  # the initial one included
     faults: int = 1  # fault outcomes across the whole fleet
     rollouts: int = 1  # slots per member
+    max_live: int = 1  # K: generations served at once (1: the strict fleet-wide update)
+    min_admitting: int = 0  # C: members that keep admitting through a rolling update
 
     def __post_init__(self) -> None:
         if not (1 <= self.min_serving <= self.engines) or self.rollouts < 0 \
-                or self.generations < 1 or self.faults < 0:
+                or self.generations < 1 or self.faults < 0 or self.max_live < 1 \
+                or not 0 <= self.min_admitting < self.engines:
             raise ValueError(f"fleet bounds out of range: {self}")
+        if self.max_live == 1 and self.min_admitting:
+            raise ValueError("a strict update (max_live 1) closes every member: "
+                             "min_admitting must be 0")
 
 
 class FleetState(NamedTuple):
     fphase: str
-    fcommitted: int
+    fcommitted: int  # the frontier: the newest generation published
     ftarget: int
     eng: tuple[State, ...]
     faults: int
+    ffloor: int  # the oldest generation still served (the frontier, with max_live 1)
 
 
 def next_tier(s: State) -> str | None:
@@ -128,8 +155,10 @@ def next_tier(s: State) -> str | None:
 
 
 def serving(f: FleetState, s: State) -> bool:
-    """READY on the fleet's generation with every piece of evidence in hand."""
-    return s.phase is Phase.READY and s.committed == f.fcommitted and verified(s)
+    """READY on a generation the fleet serves (from its floor to its frontier; with
+    max_live 1 both are its committed generation) with every piece of evidence in hand."""
+    return s.phase is Phase.READY and f.ffloor <= s.committed <= f.fcommitted \
+        and verified(s)
 
 
 def quorum(f: FleetState, b: FleetBounds) -> bool:
@@ -162,6 +191,19 @@ def settled(f: FleetState, s: State) -> bool:
         s.pending == "none" and s.phase is Phase.READY and not any(s.bind))
 
 
+def wave_settled(f: FleetState, s: State) -> bool:
+    """A member a rolling wave's decision can go ahead without: validated, or READY or
+    TAINTED with nothing pending (it never joined the wave, cancelled, or was quarantined).
+    A READY member may hold rollouts: it serves the generation it has."""
+    return validated(f, s) or (s.pending == "none" and s.phase in (Phase.READY, Phase.TAINTED))
+
+
+def floor_free(f: FleetState, s: State) -> bool:
+    """A member that keeps the floor where it is no longer: on the frontier, or neither
+    serving below it nor holding rollouts of an older generation."""
+    return s.committed >= f.fcommitted or (not serving(f, s) and not any(s.bind))
+
+
 # ---------------------------------------------------------------------- fleet guards
 
 #: Extra guard per lifted action (Python, TLA+): ``f`` the fleet, ``s`` the member, ``b``
@@ -170,18 +212,37 @@ MemberGuard = tuple[Callable[[FleetState, State, FleetBounds], bool], str]
 _TRUE: MemberGuard = (lambda _f, _s, _b: True, "TRUE")
 #: TLA+: how many members serve (``Serving`` is defined in the module).
 N_SERVING_TLA = "Cardinality({m \\in Engines : Serving(eng[m])})"
+#: TLA+: how many would serve without member ``e`` (its update takes it out).
+_SERVING_WITHOUT_E_TLA = f"{N_SERVING_TLA} - (IF Serving(e) THEN 1 ELSE 0) >= MinAdmitting"
+
+
+def _capacity_kept(f: FleetState, s: State, b: FleetBounds) -> bool:
+    """Member ``s`` may leave service for an update: at least min_admitting others serve."""
+    return _count(f, serving) - int(serving(f, s)) >= b.min_admitting
+
+
 MEMBER_GUARDS: Mapping[str, MemberGuard] = {
-    # Rollouts only on serving members of a READY fleet, while a quorum serves.
-    "admit": (lambda f, s, b: f.fphase == FleetPhase.READY and s.committed == f.fcommitted
-              and quorum(f, b),
-              f'fphase = "READY" /\\ e.committed = fcommitted /\\ {N_SERVING_TLA} >= MinServing'),
-    # A serving member joins the fleet's update; a member behind catches up alone, one
-    # generation per update, outside the fleet's own update.
+    # Rollouts only on serving members (a generation from the floor to the frontier) of a
+    # READY or rolling fleet, while a quorum serves.
+    "admit": (lambda f, s, b: f.fphase in (FleetPhase.READY, FleetPhase.ROLLING)
+              and f.ffloor <= s.committed <= f.fcommitted and quorum(f, b),
+              f'fphase \\in {{"READY", "ROLLING"}} /\\ e.committed >= ffloor '
+              f'/\\ e.committed <= fcommitted /\\ {N_SERVING_TLA} >= MinServing'),
+    # A serving member joins the fleet's update; in a rolling update, a member on the
+    # frontier joins the wave while min_admitting others serve; a member behind catches
+    # up alone, one generation per update, outside the fleet's own update (and, serving
+    # an older generation, while min_admitting others serve).
     "request_update": (
-        lambda f, s, _b: (f.fphase == FleetPhase.UPDATING and s.committed == f.fcommitted)
-        or (f.fphase in CATCH_UP_PHASES and s.committed < f.fcommitted),
+        lambda f, s, b: (f.fphase == FleetPhase.UPDATING and s.committed == f.fcommitted)
+        or (f.fphase == FleetPhase.ROLLING and s.committed == f.fcommitted
+            and _capacity_kept(f, s, b))
+        or (f.fphase in CATCH_UP_PHASES and s.committed < f.fcommitted
+            and _capacity_kept(f, s, b)),
         '\\/ (fphase = "UPDATING" /\\ e.committed = fcommitted)\n'
-        '       \\/ (fphase \\in {"ABORTING", "READY"} /\\ e.committed < fcommitted)'),
+        '       \\/ (fphase = "ROLLING" /\\ e.committed = fcommitted\n'
+        f'           /\\ {_SERVING_WITHOUT_E_TLA})\n'
+        '       \\/ (fphase \\in {"ABORTING", "READY"} /\\ e.committed < fcommitted\n'
+        f'           /\\ {_SERVING_WITHOUT_E_TLA})'),
     # A member publishes alone only a generation the fleet has published (it catches up:
     # nobody is bound to it); the fleet's target is committed by fleet_publish, on every
     # validated member at once.
@@ -212,13 +273,16 @@ class FleetAction:
     needs_generation: bool = False
 
 
-def _publish_validated(f: FleetState) -> FleetState:
+def _publish_validated(f: FleetState, *, rolling: bool = False) -> FleetState:
+    """Commit the target on every validated member at once; a strict update moves the
+    floor with the frontier, a rolling wave leaves it (the others serve the old one)."""
     pub = SPEC.action("publish")
     eng: list[State] = []
     for s in f.eng:
         upd: dict[str, Any] = {**pub.control(s, None), "phase": Phase.READY}
         eng.append(s._replace(**upd) if validated(f, s) else s)
-    return f._replace(fphase=FleetPhase.READY, fcommitted=f.ftarget, ftarget=0, eng=tuple(eng))
+    return f._replace(fphase=FleetPhase.READY, fcommitted=f.ftarget, ftarget=0, eng=tuple(eng),
+                      ffloor=f.ffloor if rolling else f.ftarget)
 
 
 def _count(f: FleetState, pred: Callable[[FleetState, State], bool]) -> int:
@@ -247,9 +311,19 @@ FLEET_ABORT_WHEN_TLA = (
 _N_SERVING_TLA = N_SERVING_TLA
 #: How many members serve after the step (TLA+, inside an action property).
 _N_SERVING_AFTER_TLA = ("Cardinality({m \\in Engines : eng'[m].phase = \"READY\" "
-                        "/\\ eng'[m].committed = fcommitted' /\\ "
-                        + VERIFIED_TLA.replace("evidence", "eng'[m].evidence") + "})")
+                        "/\\ eng'[m].committed >= ffloor' /\\ eng'[m].committed <= fcommitted' "
+                        "/\\ " + VERIFIED_TLA.replace("evidence", "eng'[m].evidence") + "})")
 FLEET_PUBLISH_WHEN_TLA = f"({_SETTLED_TLA}) /\\ {N_VALIDATED_TLA} >= MinServing"
+_WAVE_SETTLED_TLA = (f'\\A n \\in Engines : LET e == eng[n] IN ({_VALIDATED_TLA}) '
+                     '\\/ (e.pending = "none" /\\ e.phase \\in {"READY", "TAINTED"})')
+FLEET_PUBLISH_WAVE_WHEN_TLA = (f"({_WAVE_SETTLED_TLA})\n    /\\ {N_VALIDATED_TLA} >= 1 "
+                               f"/\\ {N_SERVING_TLA} + {N_VALIDATED_TLA} >= MinServing")
+FLEET_RAISE_FLOOR_WHEN_TLA = (
+    'ffloor < fcommitted /\\ \\A n \\in Engines : eng[n].committed >= fcommitted '
+    '\\/ (~Serving(eng[n]) /\\ \\A i \\in Slots : eng[n].bind[i] = 0)')
+_PUBLISH_TLA = ('[n \\in Engines |-> LET e == eng[n] IN IF ' + _VALIDATED_TLA +
+                ' THEN [e EXCEPT !.phase = "READY", !.committed = e.target, !.target = 0] '
+                'ELSE e]')
 FLEET_REOPEN_WHEN_TLA = ('(\\A n \\in Engines : eng[n].phase \\in {"READY", "TAINTED"} '
                          '/\\ eng[n].pending = "none") /\\ ' + _N_SERVING_TLA + ' >= MinServing')
 
@@ -257,9 +331,10 @@ FLEET_ACTIONS: tuple[FleetAction, ...] = (
     FleetAction(
         "fleet_request_update",
         "The trainer asks for the next generation (a quorum serving): admissions close on "
-        "every member.",
+        "every member (the strict update: max_live 1).",
         frozenset({FleetPhase.READY}), FleetPhase.UPDATING,
-        quorum, f"{N_SERVING_TLA} >= MinServing",
+        lambda f, b: b.max_live == 1 and quorum(f, b),
+        f"MaxLive = 1 /\\ {N_SERVING_TLA} >= MinServing",
         lambda f: f._replace(fphase=FleetPhase.UPDATING, ftarget=f.fcommitted + 1),
         {"fphase": '"UPDATING"', "ftarget": "fcommitted + 1"}, needs_generation=True),
     FleetAction(
@@ -270,10 +345,8 @@ FLEET_ACTIONS: tuple[FleetAction, ...] = (
         lambda f, b: all(settled(f, s) for s in f.eng) and _count(f, validated) >= b.min_serving,
         FLEET_PUBLISH_WHEN_TLA,
         _publish_validated,
-        {"fphase": '"READY"', "fcommitted": "ftarget", "ftarget": "0",
-         "eng": '[n \\in Engines |-> LET e == eng[n] IN IF ' + _VALIDATED_TLA +
-                ' THEN [e EXCEPT !.phase = "READY", !.committed = e.target, !.target = 0] '
-                'ELSE e]'}),
+        {"fphase": '"READY"', "fcommitted": "ftarget", "ftarget": "0", "ffloor": "ftarget",
+         "eng": _PUBLISH_TLA}),
     FleetAction(
         "fleet_abort",
         "Every member has settled or is held back (READY with rollouts bound: its drain "
@@ -304,6 +377,58 @@ FLEET_ACTIONS: tuple[FleetAction, ...] = (
         FLEET_REOPEN_WHEN_TLA,
         lambda f: f._replace(fphase=FleetPhase.READY, ftarget=0),
         {"fphase": '"READY"', "ftarget": "0"}),
+    FleetAction(
+        "fleet_roll",
+        "The trainer asks for the next generation as a rolling update (max_live >= 2, the "
+        "next frontier still within max_live of the floor, a quorum serving): members on "
+        "the frontier join the wave one by one while min_admitting others keep admitting.",
+        frozenset({FleetPhase.READY}), FleetPhase.ROLLING,
+        lambda f, b: b.max_live >= 2 and f.fcommitted + 1 - f.ffloor < b.max_live
+        and quorum(f, b),
+        f"MaxLive >= 2 /\\ fcommitted + 1 - ffloor < MaxLive /\\ {N_SERVING_TLA} >= MinServing",
+        lambda f: f._replace(fphase=FleetPhase.ROLLING, ftarget=f.fcommitted + 1),
+        {"fphase": '"ROLLING"', "ftarget": "fcommitted + 1"}, needs_generation=True),
+    FleetAction(
+        "fleet_publish_wave",
+        "No member is in the middle of the wave and at least one validated the target (with "
+        "a quorum serving after it): commit it on every validated member at once; the "
+        "frontier moves, the floor stays (the others serve the old generation until they "
+        "catch up).",
+        frozenset({FleetPhase.ROLLING}), FleetPhase.READY,
+        lambda f, b: all(wave_settled(f, s) for s in f.eng) and _count(f, validated) >= 1
+        and _count(f, serving) + _count(f, validated) >= b.min_serving,
+        FLEET_PUBLISH_WAVE_WHEN_TLA,
+        lambda f: _publish_validated(f, rolling=True),
+        {"fphase": '"READY"', "fcommitted": "ftarget", "ftarget": "0", "eng": _PUBLISH_TLA}),
+    FleetAction(
+        "fleet_end_wave",
+        "No member is in the middle of the wave, none validated the target, and a quorum "
+        "serves: the rolling update ends on the generations served.",
+        frozenset({FleetPhase.ROLLING}), FleetPhase.READY,
+        lambda f, b: all(wave_settled(f, s) for s in f.eng) and _count(f, validated) == 0
+        and quorum(f, b),
+        f"({_WAVE_SETTLED_TLA})\n    /\\ {N_VALIDATED_TLA} = 0 /\\ {N_SERVING_TLA} >= MinServing",
+        lambda f: f._replace(fphase=FleetPhase.READY, ftarget=0),
+        {"fphase": '"READY"', "ftarget": "0"}),
+    FleetAction(
+        "fleet_abort_wave",
+        "No member is in the middle of the wave and fewer than min_serving would serve after "
+        "it (faults took members out): admissions close as in an aborted strict update; "
+        "validated members give up and are re-admitted, and the fleet reopens with a "
+        "quorum (fleet_reopen).",
+        frozenset({FleetPhase.ROLLING}), FleetPhase.ABORTING,
+        lambda f, b: all(wave_settled(f, s) for s in f.eng)
+        and _count(f, serving) + _count(f, validated) < b.min_serving,
+        f"({_WAVE_SETTLED_TLA})\n    /\\ {N_SERVING_TLA} + {N_VALIDATED_TLA} < MinServing",
+        lambda f: f._replace(fphase=FleetPhase.ABORTING), {"fphase": '"ABORTING"'}),
+    FleetAction(
+        "fleet_raise_floor",
+        "No member serves, or holds rollouts of, a generation below the frontier any more "
+        "(each caught up, or is out of service): the floor moves up to the frontier.",
+        frozenset({FleetPhase.READY}), FleetPhase.READY,
+        lambda f, _b: f.ffloor < f.fcommitted and all(floor_free(f, s) for s in f.eng),
+        FLEET_RAISE_FLOOR_WHEN_TLA,
+        lambda f: f._replace(ffloor=f.fcommitted), {"ffloor": "fcommitted"}),
 )
 
 
@@ -329,13 +454,15 @@ class FleetActionProperty:
 FLEET_INVARIANTS: tuple[FleetInvariant, ...] = (
     FleetInvariant(
         "ServingMembersAgree",
-        "Every member READY on the fleet's generation holds its weights: after a publish no "
-        "two serving engines hold different generations (an engine replaced out of band "
-        "since it was last verified aside: the next audit finds it).",
-        "\\A n \\in Engines : (eng[n].phase = \"READY\" /\\ eng[n].committed = fcommitted "
-        "/\\ ~eng[n].replaced) => eng[n].weights = fcommitted",
-        lambda f, _b: all(s.weights == f.fcommitted for s in f.eng
-                          if s.phase is Phase.READY and s.committed == f.fcommitted
+        "Every member READY on a generation the fleet serves holds that generation's "
+        "weights: after a publish no two engines serving one generation hold different "
+        "weights (an engine replaced out of band since it was last verified aside: the next "
+        "audit finds it).",
+        "\\A n \\in Engines : (eng[n].phase = \"READY\" /\\ eng[n].committed >= ffloor "
+        "/\\ eng[n].committed <= fcommitted /\\ ~eng[n].replaced) "
+        "=> eng[n].weights = eng[n].committed",
+        lambda f, _b: all(s.weights == s.committed for s in f.eng
+                          if s.phase is Phase.READY and f.ffloor <= s.committed <= f.fcommitted
                           and not s.replaced)),
     FleetInvariant(
         "NoMemberAhead",
@@ -344,21 +471,32 @@ FLEET_INVARIANTS: tuple[FleetInvariant, ...] = (
         lambda f, _b: all(s.committed <= f.fcommitted for s in f.eng)),
     FleetInvariant(
         "RolloutsOnlyOnServingMembers",
-        "A rollout is bound only on a member serving the fleet's committed generation (or "
-        "draining it for the fleet's update, or whose audit failed after it was admitted).",
+        "A rollout is bound only on a member serving a generation the fleet serves (or "
+        "draining it for an update, or whose audit failed after it was admitted).",
         "\\A n \\in Engines : \\A i \\in Slots : eng[n].bind[i] # 0 => "
-        "(eng[n].bind[i] = fcommitted /\\ eng[n].phase \\in {\"READY\", \"DRAINING\"})",
-        lambda f, _b: all(b == 0 or (b == f.fcommitted and s.phase in (Phase.READY,
-                                                                       Phase.DRAINING))
+        "(eng[n].bind[i] >= ffloor /\\ eng[n].bind[i] <= fcommitted "
+        "/\\ eng[n].phase \\in {\"READY\", \"DRAINING\"})",
+        lambda f, _b: all(b == 0 or (f.ffloor <= b <= f.fcommitted
+                                     and s.phase in (Phase.READY, Phase.DRAINING))
                           for s in f.eng for b in s.bind)),
+    FleetInvariant(
+        "AtMostKLiveGenerations",
+        "The members that serve serve at most max_live generations, and the floor is at "
+        "most max_live - 1 behind the frontier.",
+        "fcommitted - ffloor < MaxLive /\\ Cardinality({eng[n].committed : "
+        "n \\in {m \\in Engines : Serving(eng[m])}}) <= MaxLive",
+        lambda f, b: f.fcommitted - f.ffloor < b.max_live
+        and len({s.committed for s in f.eng if serving(f, s)}) <= b.max_live),
 )
 
 FLEET_ACTION_PROPERTIES: tuple[FleetActionProperty, ...] = (
     FleetActionProperty(
         "FleetGenerationsMoveForward",
-        "The fleet's committed generation never goes back and moves one step at a time.",
-        "fcommitted' \\in {fcommitted, fcommitted + 1}",
-        lambda f, g, _b: g.fcommitted in (f.fcommitted, f.fcommitted + 1)),
+        "The fleet's committed generation (its frontier) never goes back and moves one step "
+        "at a time; its floor never goes back.",
+        "fcommitted' \\in {fcommitted, fcommitted + 1} /\\ ffloor' >= ffloor",
+        lambda f, g, _b: g.fcommitted in (f.fcommitted, f.fcommitted + 1)
+        and g.ffloor >= f.ffloor),
     FleetActionProperty(
         "OpenOnlyWithQuorum",
         "The fleet opens (reopens, or publishes) only with at least min_serving members "
@@ -367,11 +505,12 @@ FLEET_ACTION_PROPERTIES: tuple[FleetActionProperty, ...] = (
         "((fphase # \"READY\" /\\ fphase' = \"READY\") => "
         f"{_N_SERVING_AFTER_TLA} >= MinServing)\n"
         "    /\\ ((\\E n \\in Engines : \\E i \\in Slots : eng[n].bind[i] = 0 "
-        "/\\ eng'[n].bind[i] # 0) => (fphase = \"READY\" /\\ " + N_SERVING_TLA
-        + " >= MinServing))",
+        "/\\ eng'[n].bind[i] # 0) => (fphase \\in {\"READY\", \"ROLLING\"} /\\ "
+        + N_SERVING_TLA + " >= MinServing))",
         lambda f, g, b: (f.fphase == FleetPhase.READY or g.fphase != FleetPhase.READY
                          or quorum(g, b))
-        and (not _admitted(f, g) or (f.fphase == FleetPhase.READY and quorum(f, b)))),
+        and (not _admitted(f, g) or (f.fphase in (FleetPhase.READY, FleetPhase.ROLLING)
+                                     and quorum(f, b)))),
     FleetActionProperty(
         "PublishOnQuorum",
         "A generation is published only onto at least min_serving members at once.",
@@ -383,6 +522,15 @@ FLEET_ACTION_PROPERTIES: tuple[FleetActionProperty, ...] = (
         "\\A n \\in Engines : eng[n].amb => eng'[n].committed = eng[n].committed",
         lambda f, g, _b: all(not a.amb or b.committed == a.committed
                              for a, b in zip(f.eng, g.eng, strict=True))),
+    FleetActionProperty(
+        "CapacityKeptThroughUpdates",
+        "A serving member leaves service for an update only while at least min_admitting "
+        "members go on serving.",
+        "(\\E n \\in Engines : Serving(eng[n]) /\\ eng'[n].phase = \"DRAINING\") => "
+        + _N_SERVING_AFTER_TLA + " >= MinAdmitting",
+        lambda f, g, b: not any(serving(f, s) and t.phase is Phase.DRAINING
+                                for s, t in zip(f.eng, g.eng, strict=True))
+        or _count(g, serving) >= b.min_admitting),
 )
 
 
@@ -457,7 +605,7 @@ class FleetSpec:
         b = self.bounds
         s0 = self.engine.with_bounds(Bounds(b.rollouts, b.generations, 0)).initial_states()[0]
         member = s0._replace(phase=Phase.READY, committed=1, evidence=ALL_EVIDENCE)
-        return (FleetState(FleetPhase.READY, 1, 0, (member,) * b.engines, 0),)
+        return (FleetState(FleetPhase.READY, 1, 0, (member,) * b.engines, 0, 1),)
 
     def successors(self, f: FleetState, memo: dict[tuple[str, State, Param], list[State]]
                    | None = None) -> list[tuple[str, Param, FleetState]]:
@@ -583,8 +731,8 @@ def explore_fleet(spec: FleetSpec = FLEET, *, max_states: int = 3_000_000,
 
 
 __all__ = ["FLEET", "FleetAction", "FleetBounds", "FleetExploration", "FleetSpec",
-           "FleetState", "explore_fleet", "held_back", "quorum", "serving", "settled",
-           "validated"]
+           "FleetState", "explore_fleet", "floor_free", "held_back", "quorum", "serving",
+           "settled", "validated", "wave_settled"]
 
 
 
@@ -646,7 +794,7 @@ def _member_operator(spec: FleetSpec, a: Action) -> str:
     lines.append(f"    /\\ {' '.join(chosen)} eng' = [eng EXCEPT ![n] = {rec}]".replace(
         "/\\  eng'", "/\\ eng'"))
     lines.append("    /\\ faults' = faults + 1" if fault else "    /\\ faults' = faults")
-    lines.append("    /\\ UNCHANGED <<fphase, fcommitted, ftarget>>")
+    lines.append("    /\\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>")
     return "\n".join(lines)
 
 
@@ -667,7 +815,7 @@ def _fleet_operator(fa: FleetAction) -> str:
     return "\n".join(lines)
 
 
-FLEET_VARIABLES = ("fphase", "fcommitted", "ftarget", "eng", "faults")
+FLEET_VARIABLES = ("fphase", "fcommitted", "ftarget", "eng", "faults", "ffloor")
 #: Member actions the update schedule orders (FleetSpec.scheduled).
 SCHEDULED = frozenset(
     a.name for a in ACTIONS
@@ -692,7 +840,7 @@ def fleet_module(spec: FleetSpec = FLEET) -> str:
         "\\* Do not edit: change the Python spec and regenerate.",
         "EXTENDS Integers, FiniteSets, Sequences",
         "",
-        "CONSTANTS NumEngines, NumSlots, MaxGen, MaxFaults, MinServing",
+        "CONSTANTS NumEngines, NumSlots, MaxGen, MaxFaults, MinServing, MaxLive, MinAdmitting",
         "",
         "Engines == 1..NumEngines",
         defs.rstrip(),
@@ -707,14 +855,15 @@ def fleet_module(spec: FleetSpec = FLEET) -> str:
         "    /\\ ftarget = 0",
         f"    /\\ eng = [n \\in Engines |-> [{init_member}]]",
         "    /\\ faults = 0",
+        "    /\\ ffloor = 1",
         "",
         "TierFirst(e, t) == \\A k \\in 1..Len(TierOrder) : TierOrder[k] = t =>",
         "    \\A j \\in 1..(k - 1) : TierOrder[j] \\in e.cleared",
         f"Settled(e) == ({_VALIDATED_TLA}) \\/ e.phase = \"TAINTED\" \\/ (e.pending = \"none\" "
         "/\\ e.phase = \"READY\" /\\ \\A i \\in Slots : e.bind[i] = 0)",
         'Scheduled(n) == fphase # "UPDATING" \\/ \\A m \\in 1..(n - 1) : Settled(eng[m])',
-        'Serving(e) == e.phase = "READY" /\\ e.committed = fcommitted /\\ '
-        + lift_tla(VERIFIED_TLA),
+        'Serving(e) == e.phase = "READY" /\\ e.committed >= ffloor /\\ e.committed <= fcommitted'
+        ' /\\ ' + lift_tla(VERIFIED_TLA),
         "",
     ]
     parts += [_member_operator(spec, a) + "\n" for a in spec.member_actions()]
@@ -763,6 +912,8 @@ def fleet_config(spec: FleetSpec = FLEET) -> str:
         f"    MaxGen = {b.generations}",
         f"    MaxFaults = {b.faults}",
         f"    MinServing = {b.min_serving}",
+        f"    MaxLive = {b.max_live}",
+        f"    MinAdmitting = {b.min_admitting}",
         "SPECIFICATION Spec",
         "INVARIANTS", *(f"    {n}" for n in invs),
         "PROPERTIES", *(f"    {n}" for n in props),

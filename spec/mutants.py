@@ -20,6 +20,7 @@ from rolloutcore.spec.fleet import (
     FleetBounds,
     FleetSpec,
     MemberGuard,
+    quorum,
     settled,
     validated,
 )
@@ -245,6 +246,9 @@ def mutant(name: str) -> Mutant:
 
 #: Fleet bounds at which a quorum smaller than the fleet shows (a member left behind).
 PARTIAL_QUORUM = FleetBounds(engines=2, min_serving=1, generations=2, faults=1, rollouts=1)
+#: Fleet bounds of a rolling update: two live generations, one member always admitting.
+ROLLING = FleetBounds(engines=2, min_serving=1, generations=3, faults=0, rollouts=1,
+                      max_live=2, min_admitting=1)
 
 
 @dataclass(frozen=True)
@@ -309,4 +313,30 @@ FLEET_MUTANTS: tuple[FleetMutant, ...] = (
             when=lambda f, _b: all(m.phase in (Phase.READY, Phase.TAINTED)
                                    and m.pending == "none" for m in f.eng),
             when_tla=FLEET_REOPEN_WHEN_TLA.split(" /\\ Cardinality", 1)[0])),
+    FleetMutant(
+        "wave_below_capacity",
+        "Let members on the frontier join a rolling wave without counting who keeps "
+        "serving: the whole fleet stops admitting (the bubble the rolling update exists to "
+        "remove).",
+        lambda s: _member_guard(s, "request_update", (
+            lambda f, m, b: (f.fphase in ("UPDATING", "ROLLING") and m.committed == f.fcommitted)
+            or (f.fphase in ("READY", "ABORTING") and m.committed < f.fcommitted),
+            '\\/ (fphase \\in {"UPDATING", "ROLLING"} /\\ e.committed = fcommitted)\n'
+            '       \\/ (fphase \\in {"ABORTING", "READY"} /\\ e.committed < fcommitted)')),
+        ROLLING),
+    FleetMutant(
+        "roll_past_the_floor",
+        "Start the next rolling update while members still serve the previous generation: "
+        "a third generation goes live beside two (max_live 2).",
+        lambda s: _fleet_action(
+            s, "fleet_roll", when=lambda f, b: b.max_live >= 2 and quorum(f, b),
+            when_tla="MaxLive >= 2 /\\ Cardinality({m \\in Engines : Serving(eng[m])}) "
+                     ">= MinServing"), ROLLING),
+    FleetMutant(
+        "floor_raised_under_rollouts",
+        "Raise the floor to the frontier as soon as the wave published, while members still "
+        "serve (and hold rollouts of) the old generation.",
+        lambda s: _fleet_action(
+            s, "fleet_raise_floor", when=lambda f, _b: f.ffloor < f.fcommitted,
+            when_tla="ffloor < fcommitted"), ROLLING),
 )

@@ -22,14 +22,22 @@ from rolloutcore.spec.fleet import (
     serving,
 )
 from rolloutcore.spec.lifecycle import Phase
-from rolloutcore.spec.mutants import FLEET_MUTANTS, PARTIAL_QUORUM, FleetMutant
+from rolloutcore.spec.mutants import FLEET_MUTANTS, PARTIAL_QUORUM, ROLLING, FleetMutant
 
 #: Bounds CI explores: the default (two members, both needed, one fault), a partial
 #: quorum (a member may be left behind), and three members (no fault, no rollout slot:
 #: with both, three members reach 68k states and their TLC graph comparison takes minutes
 #: here; `benchmarks/bench_spec.py` runs it; faults and rollouts are covered with two).
 THREE = FleetBounds(engines=3, min_serving=2, generations=2, faults=0, rollouts=0)
-BOUNDS = [FLEET.bounds, PARTIAL_QUORUM, THREE]
+#: Rolling updates (two live generations, one member always serving): over three members,
+#: and with a fault (a wave member quarantined, a member suspected mid-wave). With two
+#: faults (358,728 states, no violation) the wave's abort is reached too; too slow for CI.
+ROLLING_THREE = FleetBounds(engines=3, min_serving=1, generations=2, faults=0, rollouts=0,
+                            max_live=2, min_admitting=1)
+ROLLING_FAULT = FleetBounds(engines=2, min_serving=1, generations=2, faults=1, rollouts=0,
+                            max_live=2, min_admitting=1)
+ROLLINGS = [ROLLING, ROLLING_THREE, ROLLING_FAULT]
+BOUNDS = [FLEET.bounds, PARTIAL_QUORUM, THREE, *ROLLINGS]
 
 
 @functools.cache
@@ -41,7 +49,9 @@ def explored(bounds: FleetBounds) -> FleetExploration:
 def test_every_fleet_property_holds(bounds: FleetBounds) -> None:
     ex = explored(bounds)
     assert ex.violations == {}
-    assert {"fleet_request_update", "fleet_publish"} <= {n for _f, n, _g in ex.graph}
+    publish = {"fleet_roll", "fleet_publish_wave"} if bounds.max_live > 1 else {
+        "fleet_request_update", "fleet_publish"}
+    assert publish <= {n for _f, n, _g in ex.graph}
 
 
 def test_the_default_bounds_reach_publish_abort_quarantine_and_readmission() -> None:
@@ -136,3 +146,55 @@ def test_explorer_and_tlc_catch_fleet_mutant(m: FleetMutant) -> None:
     # explorer also found (TLC checks invariants and properties in its own order).
     assert v.tlc_violated in v.explorer or v.tlc_violated.removeprefix("Member") in v.explorer
     assert v.tlc_trace_length == min(v.explorer.values()), (v.tlc_trace_length, v.explorer)
+
+
+# ----------------------------------------------------------------------- rolling waves
+
+
+def test_strict_bounds_never_roll_and_keep_the_floor_on_the_frontier() -> None:
+    """max_live 1 is the strict update exactly: no rolling step fires, and the floor is
+    the committed generation in every state."""
+    for b in (FLEET.bounds, PARTIAL_QUORUM, THREE):
+        ex = explored(b)
+        fired = {n for _f, n, _g in ex.graph}
+        assert not fired & {"fleet_roll", "fleet_publish_wave", "fleet_end_wave",
+                            "fleet_raise_floor"}
+        assert all(f.ffloor == f.fcommitted for f in ex.nodes)
+
+
+ROLLING_IDS = ["two", "three", "fault"]
+
+
+@pytest.mark.parametrize("bounds", ROLLINGS, ids=ROLLING_IDS)
+def test_a_rolling_update_keeps_min_admitting_members_serving(bounds: FleetBounds) -> None:
+    ex = explored(bounds)
+    fired = {n for _f, n, _g in ex.graph}
+    # A wave publishes; the members left on the old generation catch up alone (publish).
+    assert {"fleet_roll", "fleet_publish_wave", "fleet_raise_floor", "publish"} <= fired
+    assert "fleet_request_update" not in fired  # max_live 2: updates roll
+    if bounds.faults:
+        assert {"fleet_end_wave", "give_up", "suspect"} <= fired
+    rolling = [f for f in ex.nodes if f.fphase == FleetPhase.ROLLING]
+    assert rolling
+    # No bubble: no step of a rolling update takes the members serving below
+    # min_admitting (only a fault does), and rollouts are admitted while a wave prepares.
+    for f, n, g in ex.graph:
+        if f.fphase == FleetPhase.ROLLING and n == "request_update":
+            assert sum(serving(g, s) for s in g.eng) >= bounds.min_admitting
+    if bounds.rollouts:
+        assert any(any(s.phase is not Phase.READY for s in f.eng)
+                   for f, n, _g in ex.graph if n == "admit" and f.fphase == FleetPhase.ROLLING)
+    # Two generations are served at once after a wave publishes, never three.
+    two = [f for f in ex.nodes if len({s.committed for s in f.eng if serving(f, s)}) == 2]
+    assert two
+    assert all(len({s.committed for s in f.eng if serving(f, s)}) <= 2 for f in ex.nodes)
+
+
+@pytest.mark.tlc
+@pytest.mark.parametrize("bounds", ROLLINGS, ids=ROLLING_IDS)
+def test_tlc_graph_equals_the_explorer_graph_when_rolling(bounds: FleetBounds) -> None:
+    require_tlc()
+    run = modelcheck.run_fleet_tlc(FLEET.with_bounds(bounds), exploration=explored(bounds))
+    assert run.result.exit_code == 0, run.result.error_message
+    assert run.graphs_equal, (run.only_python, run.only_tlc)
+    assert run.tlc_states == run.python_states and run.tlc_edges == run.python_edges

@@ -201,8 +201,9 @@ class FleetBase:
         return hook
 
     def _fleet(self) -> Any:
+        # The runtime runs the strict update (max_live 1): its floor is its frontier.
         return SimpleNamespace(fphase=self.phase, fcommitted=self.committed,
-                               ftarget=self.target)
+                               ftarget=self.target, ffloor=self.committed)
 
     def _fleet_state(self) -> Any:
         """The fleet's state as the fleet spec's predicates read it, members included."""
@@ -223,14 +224,16 @@ class FleetBase:
     def _bounds(self) -> Any:
         """The fleet spec's bounds: the quorum of the update being decided, else the
         fleet's."""
-        return SimpleNamespace(min_serving=self._quorum or self.min_serving)
+        return SimpleNamespace(min_serving=self._quorum or self.min_serving, max_live=1,
+                               min_admitting=0)
 
     def _serving(self) -> list[Member]:
         f = self._fleet()
         return [m for m in self.members.values() if serving(f, m.view())]
 
     def _serving_now(self) -> list[Member]:
-        f: Any = SimpleNamespace(fphase=FleetPhase.READY, fcommitted=self.committed, ftarget=0)
+        f: Any = SimpleNamespace(fphase=FleetPhase.READY, fcommitted=self.committed, ftarget=0,
+                                 ffloor=self.committed)
         return [m for m in self.members.values() if serving(f, m.view())]
 
     def _take(self, step: str, **detail: Any) -> None:
@@ -242,7 +245,7 @@ class FleetBase:
         f = self._fleet_state()
         if self.phase not in fa.sources or not fa.when(f, self._bounds()):
             raise AssertionError(f"{step} is not enabled in the fleet's state: a fleet bug")
-        g = fa.apply(FleetState(f.fphase, f.fcommitted, f.ftarget, f.eng, 0))
+        g = fa.apply(FleetState(f.fphase, f.fcommitted, f.ftarget, f.eng, 0, f.ffloor))
         self.phase, self.committed, self.target = g.fphase, g.fcommitted, g.ftarget
         self._step(step, **detail)
 
