@@ -26,7 +26,7 @@ from rolloutcore.spec.fleet import (
     fleet_module,
 )
 from rolloutcore.spec.lifecycle import SPEC, TIERS, Phase, Spec, State
-from rolloutcore.spec.mutants import FLEET_MUTANTS, MUTANTS, FleetMutant, Mutant
+from rolloutcore.spec.mutants import FLEET_MUTANTS, MUTANTS, ROLLING, FleetMutant, Mutant
 
 SPEC_DIR = Path(spec_pkg.__file__).resolve().parent
 TLA_FILE = SPEC_DIR / "RolloutCore.tla"
@@ -53,10 +53,12 @@ def generated_files(spec: Spec = SPEC, exploration: Exploration | None = None, *
     if with_doc:
         fleet_counts = _fleet_counts_beside(fleet)  # the larger graph, on another core
         ex = exploration or explore(spec)
+        rolling = explore_fleet(fleet.with_bounds(ROLLING))
         fleet_states, fleet_edges = fleet_counts()
         out[DOC_FILE] = spec_doc.document(spec, states=ex.states, edges=ex.edges,
                                           fleet=fleet, fleet_states=fleet_states,
-                                          fleet_edges=fleet_edges)
+                                          fleet_edges=fleet_edges, rolling_states=rolling.states,
+                                          rolling_edges=rolling.edges)
     return out
 
 
@@ -219,6 +221,7 @@ def run_fleet_tlc(spec: FleetSpec = FLEET, *, exploration: FleetExploration | No
     g = result.graph
     names = {f"M{spec_tla.tla_name(n)}": n for n in spec.lifted}
     names.update({spec_tla.tla_name(fa.name): fa.name for fa in spec.actions})
+    names[spec_tla.tla_name(spec.migration.name)] = spec.migration.name
     seen: dict[tlc.TlaRecord, State] = {}
     states = {k: fleet_state_from_tlc(v, seen) for k, v in g.states.items()}
     tlc_edges = {(states[s], names[a], states[d]) for s, a, d in g.edges}

@@ -613,6 +613,19 @@ FleetRaiseFloor ==
     /\ fphase' = "READY"
     /\ UNCHANGED <<fcommitted, ftarget, eng, faults>>
 
+\* migrate [fleet, two members]: A rollout bound on a member that drains for an update moves to a member serving its own generation (an open fleet with a quorum): released on the one, admitted on the other; the drain need not wait for it.
+MigrateLeave(e, i) == [e EXCEPT !.bind = [e.bind EXCEPT ![i] = 0]]
+MigrateJoin(e, i) == [e EXCEPT !.req = [e.req EXCEPT ![i] = e.weights], !.stale = (e.stale \/ \E t \in Tiers : e.caches[t] \ {e.weights} # {}), !.caches = [t \in Tiers |-> e.caches[t] \cup {e.weights}], !.bind = [e.bind EXCEPT ![i] = e.committed]]
+Migrate(src, i, dst, j) ==
+    LET e == eng[src]
+        t == eng[dst] IN
+    /\ src # dst
+    /\ fphase \in {"READY", "ROLLING"} /\ Cardinality({m \in Engines : Serving(eng[m])}) >= MinServing
+    /\ e.phase = "DRAINING" /\ e.bind[i] # 0
+    /\ Serving(t) /\ t.committed = e.bind[i] /\ t.bind[j] = 0 /\ t.req[j] = 0
+    /\ eng' = [eng EXCEPT ![src] = MigrateLeave(e, i), ![dst] = MigrateJoin(t, j)]
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, faults, ffloor>>
+
 Next ==
     \/ \E n \in Engines : \E i \in Slots : MAdmit(n, i)
     \/ \E n \in Engines : \E i \in Slots : MEngineFinish(n, i)
@@ -671,6 +684,7 @@ Next ==
     \/ FleetEndWave
     \/ FleetAbortWave
     \/ FleetRaiseFloor
+    \/ \E src, dst \in Engines : \E i, j \in Slots : Migrate(src, i, dst, j)
 
 Spec == Init /\ [][Next]_vars
 
@@ -770,6 +784,16 @@ NoPublishAfterAmbiguity ==
 \* A serving member leaves service for an update only while at least min_admitting members go on serving.
 CapacityKeptThroughUpdates ==
     [][(\E n \in Engines : Serving(eng[n]) /\ eng'[n].phase = "DRAINING") => Cardinality({m \in Engines : eng'[m].phase = "READY" /\ eng'[m].committed >= ffloor' /\ eng'[m].committed <= fcommitted' /\ eng'[m].evidence = AllEvidence}) >= MinAdmitting]_vars
+
+\* A rollout that leaves one member and joins another in one step (a migration) keeps the generation it was admitted under: one rollout, one policy.
+MigrationKeepsGeneration ==
+    [][\A n, m \in Engines : \A i, j \in Slots :
+        (eng[n].bind[i] # 0 /\ eng'[n].bind[i] = 0 /\ eng[m].bind[j] = 0 /\ eng'[m].bind[j] # 0)
+        => eng'[m].bind[j] = eng[n].bind[i]]_vars
+
+\* A rollout is bound (admitted, or migrated) only on a member serving a generation the fleet serves: never on one that prepares an update.
+RolloutsJoinOnlyServingMembers ==
+    [][\A n \in Engines : \A i \in Slots : (eng[n].bind[i] = 0 /\ eng'[n].bind[i] # 0) => Serving(eng[n])]_vars
 
 MemberGenerationsMoveForward ==
     [][\A n \in Engines : LET e == eng[n]

@@ -7,7 +7,7 @@ from collections import defaultdict
 from rolloutcore.spec.fleet import FleetSpec
 from rolloutcore.spec.fleet import __doc__ as fleet_doc
 from rolloutcore.spec.lifecycle import Action, Kind, Phase, Spec
-from rolloutcore.spec.mutants import FLEET_MUTANTS, MUTANTS
+from rolloutcore.spec.mutants import FLEET_MUTANTS, MUTANTS, ROLLING
 from rolloutcore.spec.tla import tla_name, world_conjuncts
 
 
@@ -53,12 +53,15 @@ def mermaid(spec: Spec) -> str:
     return "\n".join(lines)
 
 
-def fleet_section(fleet: FleetSpec, *, states: int, edges: int) -> list[str]:
+def fleet_section(fleet: FleetSpec, *, states: int, edges: int, rolling_states: int,
+                  rolling_edges: int) -> list[str]:
     b = fleet.bounds
     doc = (fleet_doc or "").split("Theory of operation\n-------------------\n", 1)[-1]
     out = ["", "## The fleet", "", "Generated from `spec/fleet.py` (its module and config: "
            "`spec/RolloutCoreFleet.tla`, `.cfg`).", ""]
-    out += [line for line in doc.strip().splitlines()]
+    strict, rolling = doc.strip().split("\nRolling updates (", 1)
+    rolling, rest = ("Rolling updates (" + rolling).split("\nNot modelled here:", 1)
+    out += [*strict.splitlines(), "", "Not modelled here:" + rest.rstrip()]
     out += ["", "Member actions are the single-engine actions above, applied to one member; "
             "the fleet adds these guards to them:", "",
             "| member action | fleet guard |", "|---|---|"]
@@ -84,11 +87,23 @@ def fleet_section(fleet: FleetSpec, *, states: int, edges: int) -> list[str]:
             "edges** (explorer and TLC agree edge for edge; CI also compares them at three "
             "members).", "", "Fleet mutants (each caught by the explorer and by TLC):", ""]
     out += [f"- **{m.name}**: {m.doc}" for m in FLEET_MUTANTS]
+    mig = fleet.migration
+    r = ROLLING
+    out += ["", "### Rolling updates and in-flight migration", "", *rolling.strip().splitlines(),
+            "", f"The migration, **{mig.name}** ({tla_name(mig.name)}, one step over two "
+            f"members): {mig.doc} Guard: `{_cell(mig.when_tla)}`.", "",
+            f"Rolling bounds CI explores first: {r.engines} members, max_live {r.max_live}, "
+            f"min_admitting {r.min_admitting}, min_serving {r.min_serving}, {r.generations} "
+            f"generations, {r.rollouts} rollout slot(s) per member, {r.faults} fault(s). "
+            f"Reachable: **{rolling_states} states, {rolling_edges} edges** (explorer and TLC "
+            "agree edge for edge; CI also compares three members, and two with a fault). "
+            "The mutants above that name a rolling bug are checked at rolling bounds."]
     return out
 
 
 def document(spec: Spec, *, states: int, edges: int, fleet: FleetSpec | None = None,
-             fleet_states: int = 0, fleet_edges: int = 0) -> str:
+             fleet_states: int = 0, fleet_edges: int = 0, rolling_states: int = 0,
+             rolling_edges: int = 0) -> str:
     """The review document; ``states``/``edges`` come from exploring ``spec`` (and the
     fleet's from exploring ``fleet``)."""
     b = spec.bounds
@@ -159,5 +174,6 @@ def document(spec: Spec, *, states: int, edges: int, fleet: FleetSpec | None = N
     ]
     out += [f"- **{m.name}**: {m.doc}" for m in MUTANTS]
     if fleet is not None:
-        out += fleet_section(fleet, states=fleet_states, edges=fleet_edges)
+        out += fleet_section(fleet, states=fleet_states, edges=fleet_edges,
+                             rolling_states=rolling_states, rolling_edges=rolling_edges)
     return "\n".join(out) + "\n"

@@ -5,13 +5,14 @@ fleet only adds guards and a handful of fleet steps.
 
 Theory of operation
 -------------------
-The state is the fleet's phase, committed generation and target, one single-engine
-:class:`~rolloutcore.spec.lifecycle.State` per member, and one fault budget for the whole
-fleet. A member *serves* when it is READY at the fleet's committed generation; rollouts
-are admitted only on serving members, only while the fleet is READY.
+The state is the fleet's phase, its committed generation (the *frontier*), its *floor*
+(the oldest generation still served: the frontier itself, except in a rolling update) and
+target, one single-engine :class:`~rolloutcore.spec.lifecycle.State` per member, and one
+fault budget for the whole fleet.
 
-A member *serves* when it is READY at the fleet's committed generation with every piece of
-evidence in hand; a member whose audit failed, or that was suspected unreachable, or
+A member *serves* when it is READY on a generation from the floor to the frontier (in a
+strict update: at the fleet's committed generation) with every piece of evidence in hand;
+a member whose audit failed, or that was suspected unreachable, or
 whose audit found it replaced (quarantined), stops serving at once. Rollouts are admitted
 only on serving members, only while the fleet is READY and at least ``min_serving``
 serve; a READY fleet whose serving members fall below that closes (``fleet_close``) and
@@ -60,8 +61,17 @@ up, with the same C guard), and once none serves or holds rollouts below the fro
 while the next frontier stays within K of the floor, so at most K generations are ever
 served. A wave that validated nothing ends (``fleet_end_wave``) on the generations
 served; one that would leave fewer than ``min_serving`` serving aborts
-(``fleet_abort_wave``) as a strict update does. Not modelled yet: moving a rollout to a
-member on its generation (in-flight migration).
+(``fleet_abort_wave``) as a strict update does.
+
+In-flight migration (``migrate``, one step over two members). A member that must update
+need not wait for its rollouts: while it drains, a rollout bound on it moves to a member
+that serves the rollout's own generation (the gateway resubmits the prompt and the tokens
+generated so far to it). In one step the rollout is released on the member it leaves (its
+engine request lives on as an orphan until that engine ends it, as after a client that
+gave up) and admitted on the other, exactly as ``admit`` would there; it keeps its
+generation (``MigrationKeepsGeneration``) and joins only a serving member
+(``RolloutsJoinOnlyServingMembers``). With no member left on its generation, the drain
+waits, as before.
 
 Not modelled here: the members' bootstrap (the fleet starts with every member serving
 generation 1, as the single-engine bootstrap leaves it), the drain policy's abort path,
@@ -432,6 +442,48 @@ FLEET_ACTIONS: tuple[FleetAction, ...] = (
 )
 
 
+# ------------------------------------------------------------------------ migration
+
+
+@dataclass(frozen=True)
+class Migration:
+    """In-flight migration: the rollout in slot ``i`` of a member moves to slot ``j`` of
+    another, in one step. Its effect is fixed: the engine spec's ``release`` on the member
+    it leaves and its ``admit`` on the member it joins (their guards aside: ``when``
+    decides); ``when`` reads the fleet, the member it leaves and the one it joins."""
+
+    name: str
+    doc: str
+    when: Callable[[FleetState, State, int, State, int, FleetBounds], bool]
+    #: TLA+ over ``e`` (the member it leaves), slot ``i``, ``t`` (the member it joins), slot
+    #: ``j``, and the fleet's variables.
+    when_tla: str
+
+
+MIGRATION = Migration(
+    "migrate",
+    "A rollout bound on a member that drains for an update moves to a member serving its "
+    "own generation (an open fleet with a quorum): released on the one, admitted on the "
+    "other; the drain need not wait for it.",
+    lambda f, s, i, t, j, b: f.fphase in (FleetPhase.READY, FleetPhase.ROLLING)
+    and quorum(f, b) and s.phase is Phase.DRAINING and s.bind[i - 1] != 0
+    and serving(f, t) and t.committed == s.bind[i - 1] and t.bind[j - 1] == 0
+    and t.req[j - 1] == 0,
+    f'fphase \\in {{"READY", "ROLLING"}} /\\ {N_SERVING_TLA} >= MinServing\n'
+    '    /\\ e.phase = "DRAINING" /\\ e.bind[i] # 0\n'
+    '    /\\ Serving(t) /\\ t.committed = e.bind[i] /\\ t.bind[j] = 0 /\\ t.req[j] = 0')
+
+
+def _moved(f: FleetState, g: FleetState) -> list[tuple[int, int]]:
+    """(generation it left with, generation it joined with) of every rollout that left one
+    member and joined another in the step from ``f`` to ``g``."""
+    left = [b for s, t in zip(f.eng, g.eng, strict=True)
+            for b, c in zip(s.bind, t.bind, strict=True) if b != 0 and c == 0]
+    joined = [c for s, t in zip(f.eng, g.eng, strict=True)
+              for b, c in zip(s.bind, t.bind, strict=True) if b == 0 and c != 0]
+    return [(a, c) for a in left for c in joined]
+
+
 # ------------------------------------------------------------------------ properties
 
 
@@ -531,6 +583,24 @@ FLEET_ACTION_PROPERTIES: tuple[FleetActionProperty, ...] = (
         lambda f, g, b: not any(serving(f, s) and t.phase is Phase.DRAINING
                                 for s, t in zip(f.eng, g.eng, strict=True))
         or _count(g, serving) >= b.min_admitting),
+    FleetActionProperty(
+        "MigrationKeepsGeneration",
+        "A rollout that leaves one member and joins another in one step (a migration) "
+        "keeps the generation it was admitted under: one rollout, one policy.",
+        "\\A n, m \\in Engines : \\A i, j \\in Slots :\n"
+        "        (eng[n].bind[i] # 0 /\\ eng'[n].bind[i] = 0 /\\ eng[m].bind[j] = 0 "
+        "/\\ eng'[m].bind[j] # 0)\n"
+        "        => eng'[m].bind[j] = eng[n].bind[i]",
+        lambda f, g, _b: all(a == c for a, c in _moved(f, g))),
+    FleetActionProperty(
+        "RolloutsJoinOnlyServingMembers",
+        "A rollout is bound (admitted, or migrated) only on a member serving a generation "
+        "the fleet serves: never on one that prepares an update.",
+        "\\A n \\in Engines : \\A i \\in Slots : (eng[n].bind[i] = 0 /\\ eng'[n].bind[i] # 0) "
+        "=> Serving(eng[n])",
+        lambda f, g, _b: all(serving(f, s) for s, t in zip(f.eng, g.eng, strict=True)
+                             if any(b == 0 and c != 0
+                                    for b, c in zip(s.bind, t.bind, strict=True)))),
 )
 
 
@@ -551,6 +621,7 @@ class FleetSpec:
     actions: tuple[FleetAction, ...] = FLEET_ACTIONS
     invariants: tuple[FleetInvariant, ...] = FLEET_INVARIANTS
     action_properties: tuple[FleetActionProperty, ...] = FLEET_ACTION_PROPERTIES
+    migration: Migration = MIGRATION
     bounds: FleetBounds = FleetBounds()
 
     def with_bounds(self, bounds: FleetBounds) -> FleetSpec:
@@ -640,6 +711,31 @@ class FleetSpec:
             if fa.needs_generation and f.fcommitted >= b.generations:
                 continue
             out.append((fa.name, None, fa.apply(f)))
+        out += self.migrations(f)
+        return out
+
+    def migrations(self, f: FleetState) -> list[tuple[str, Param, FleetState]]:
+        """Every migration: its parameter is (member it leaves, slot, member it joins,
+        slot), members and slots counted from 1."""
+        out: list[tuple[str, Param, FleetState]] = []
+        mig, b = self.migration, self.bounds
+        release, admit = self.engine.action("release"), self.engine.action("admit")
+        for n, s in enumerate(f.eng):
+            for i in range(1, len(s.bind) + 1):
+                if s.bind[i - 1] == 0:
+                    continue
+                for m, t in enumerate(f.eng):
+                    for j in range(1, len(t.bind) + 1):
+                        if m == n or not mig.when(f, s, i, t, j, b):
+                            continue
+                        # updates are checked by TLC parity, as in Spec.step
+                        leave: Callable[..., State] = s._replace
+                        join: Callable[..., State] = t._replace
+                        left = leave(**release.control(s, i))
+                        joined = join(**{**admit.world(t, j)[0], **admit.control(t, j)})
+                        eng = list(f.eng)
+                        eng[n], eng[m] = left, joined
+                        out.append((mig.name, (n + 1, i, m + 1, j), f._replace(eng=tuple(eng))))
         return out
 
 
@@ -713,8 +809,9 @@ def explore_fleet(spec: FleetSpec = FLEET, *, max_states: int = 3_000_000,
             for prop in spec.action_properties:
                 if prop.name not in violations and not prop.holds(f, g, b):
                     violations[prop.name] = [*path(f), (name, p)]
-            if isinstance(p, tuple):
-                s, t = f.eng[p[0] - 1], g.eng[p[0] - 1]
+            for s, t in zip(f.eng, g.eng, strict=True):
+                if s is t:  # an unchanged member is the same object
+                    continue
                 for mp in member.action_properties:
                     if mp.name not in violations and not mp.holds(s, t):
                         violations[mp.name] = [*path(f), (name, p)]
@@ -724,15 +821,15 @@ def explore_fleet(spec: FleetSpec = FLEET, *, max_states: int = 3_000_000,
                 queue.append(g)
                 if len(parent) > max_states:
                     raise RuntimeError(f"more than {max_states} fleet states")
-    names = [*spec.lifted, *(a.name for a in spec.actions)]
+    names = [*spec.lifted, *(a.name for a in spec.actions), spec.migration.name]
     return FleetExploration(len(parent), len(edges), violations,
                             tuple(n for n in names if n not in fired), edges, set(parent),
                             init, time.perf_counter() - t0)
 
 
-__all__ = ["FLEET", "FleetAction", "FleetBounds", "FleetExploration", "FleetSpec",
-           "FleetState", "explore_fleet", "floor_free", "held_back", "quorum", "serving",
-           "settled", "validated", "wave_settled"]
+__all__ = ["FLEET", "MIGRATION", "FleetAction", "FleetBounds", "FleetExploration",
+           "FleetSpec", "FleetState", "Migration", "explore_fleet", "floor_free", "held_back",
+           "quorum", "serving", "settled", "validated", "wave_settled"]
 
 
 
@@ -796,6 +893,32 @@ def _member_operator(spec: FleetSpec, a: Action) -> str:
     lines.append("    /\\ faults' = faults + 1" if fault else "    /\\ faults' = faults")
     lines.append("    /\\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>")
     return "\n".join(lines)
+
+
+def _effect_operator(name: str, a: Action, *, world: bool) -> str:
+    """``name(e, i)``: member ``e`` after action ``a``'s effect on slot ``i`` (its control
+    updates, and its world updates if ``world``: the migration's halves)."""
+    updates = dict(a.control_tla)
+    if world:
+        assert not any(x.startswith("\\in ") for x in a.world_tla.values()), a.name
+        updates = {**a.world_tla, **updates}
+    body = ", ".join(f"!.{v} = {lift_tla(x)}" for v, x in updates.items())
+    return f"{name}(e, i) == [e EXCEPT {body}]"
+
+
+def _migration_operator(spec: FleetSpec) -> str:
+    mig = spec.migration
+    return "\n".join([
+        f"\\* {mig.name} [fleet, two members]: {mig.doc}",
+        _effect_operator("MigrateLeave", spec.engine.action("release"), world=False),
+        _effect_operator("MigrateJoin", spec.engine.action("admit"), world=True),
+        f"{tla_name(mig.name)}(src, i, dst, j) ==",
+        "    LET e == eng[src]",
+        "        t == eng[dst] IN",
+        "    /\\ src # dst",
+        f"    /\\ {mig.when_tla}",
+        "    /\\ eng' = [eng EXCEPT ![src] = MigrateLeave(e, i), ![dst] = MigrateJoin(t, j)]",
+        "    /\\ UNCHANGED <<fphase, fcommitted, ftarget, faults, ffloor>>"])
 
 
 def _fleet_operator(fa: FleetAction) -> str:
@@ -868,6 +991,7 @@ def fleet_module(spec: FleetSpec = FLEET) -> str:
     ]
     parts += [_member_operator(spec, a) + "\n" for a in spec.member_actions()]
     parts += [_fleet_operator(fa) + "\n" for fa in spec.actions]
+    parts.append(_migration_operator(spec) + "\n")
     disj = []
     for a in spec.member_actions():
         if a.param:
@@ -877,6 +1001,8 @@ def fleet_module(spec: FleetSpec = FLEET) -> str:
         else:
             disj.append(f"\\E n \\in Engines : M{tla_name(a.name)}(n)")
     disj += [tla_name(fa.name) for fa in spec.actions]
+    disj.append(f"\\E src, dst \\in Engines : \\E i, j \\in Slots : "
+                f"{tla_name(spec.migration.name)}(src, i, dst, j)")
     parts += ["Next ==\n" + "\n".join(f"    \\/ {d}" for d in disj), "",
               "Spec == Init /\\ [][Next]_vars", "", "\\* ---- fleet invariants"]
     for inv in spec.invariants:

@@ -19,8 +19,10 @@ from rolloutcore.spec.fleet import (
     N_VALIDATED_TLA,
     FleetBounds,
     FleetSpec,
+    FleetState,
     MemberGuard,
     quorum,
+    serving,
     settled,
     validated,
 )
@@ -31,6 +33,7 @@ from rolloutcore.spec.lifecycle import (
     TIERS,
     Phase,
     Spec,
+    State,
 )
 
 
@@ -249,6 +252,9 @@ PARTIAL_QUORUM = FleetBounds(engines=2, min_serving=1, generations=2, faults=1, 
 #: Fleet bounds of a rolling update: two live generations, one member always admitting.
 ROLLING = FleetBounds(engines=2, min_serving=1, generations=3, faults=0, rollouts=1,
                       max_live=2, min_admitting=1)
+#: Three members, two of them in one wave at once (one keeps admitting).
+ROLLING_WIDE = FleetBounds(engines=3, min_serving=1, generations=2, faults=0, rollouts=1,
+                           max_live=2, min_admitting=1)
 
 
 @dataclass(frozen=True)
@@ -268,6 +274,18 @@ def _fleet_action(spec: FleetSpec, name: str, **changes: object) -> FleetSpec:
 
 def _member_guard(spec: FleetSpec, action: str, guard: MemberGuard) -> FleetSpec:
     return replace(spec, member_guards={**spec.member_guards, action: guard})
+
+
+def _migration_target(spec: FleetSpec, target: Callable[..., bool], target_tla: str) -> FleetSpec:
+    """The migration with its own rules for the member it leaves, and ``target`` (fleet,
+    member, slot, generation) for the one it joins."""
+    def when(f: FleetState, s: State, i: int, t: State, j: int, b: FleetBounds) -> bool:
+        return (f.fphase in ("READY", "ROLLING") and quorum(f, b)
+                and s.phase is Phase.DRAINING and s.bind[i - 1] != 0
+                and target(f, t, j, s.bind[i - 1]))
+    head = spec.migration.when_tla.split("\n    /\\ Serving(t)", 1)[0]
+    return replace(spec, migration=replace(spec.migration, when=when,
+                                           when_tla=f"{head}\n    /\\ {target_tla}"))
 
 
 FLEET_MUTANTS: tuple[FleetMutant, ...] = (
@@ -339,4 +357,33 @@ FLEET_MUTANTS: tuple[FleetMutant, ...] = (
         lambda s: _fleet_action(
             s, "fleet_raise_floor", when=lambda f, _b: f.ffloor < f.fcommitted,
             when_tla="ffloor < fcommitted"), ROLLING),
+    FleetMutant(
+        "migrate_across_generations",
+        "Move a draining member's rollout to any serving member, whatever generation it "
+        "serves (a router that sees only 'healthy'): the rollout continues under the new "
+        "policy, one rollout, two policies (what partial-rollout frameworks do).",
+        lambda s: _migration_target(
+            s, lambda f, t, j, _g: serving(f, t) and t.bind[j - 1] == 0 and t.req[j - 1] == 0,
+            "Serving(t) /\\ t.bind[j] = 0 /\\ t.req[j] = 0"), ROLLING),
+    FleetMutant(
+        "migrate_into_the_wave",
+        "Move a rollout to any member whose committed label is its generation, including one "
+        "preparing the update in the same wave (its label changes only at publish): the "
+        "rollout lands on an engine that mutates under it.",
+        lambda s: _migration_target(
+            s, lambda _f, t, j, g: t.phase is not Phase.TAINTED and t.committed == g
+            and t.bind[j - 1] == 0 and t.req[j - 1] == 0,
+            't.phase # "TAINTED" /\\ t.committed = e.bind[i] /\\ t.bind[j] = 0 '
+            "/\\ t.req[j] = 0"), ROLLING_WIDE),
+    FleetMutant(
+        "floor_moves_backwards",
+        "A wave that validated nothing ends by widening the window again (the floor one "
+        "generation below the frontier, so members left behind may serve): the floor, "
+        "already raised, moves back.",
+        lambda s: _fleet_action(
+            s, "fleet_end_wave",
+            apply=lambda f: f._replace(fphase="READY", ftarget=0,
+                                       ffloor=max(1, f.fcommitted - 1)),
+            apply_tla={"fphase": '"READY"', "ftarget": "0",
+                       "ffloor": "IF fcommitted > 1 THEN fcommitted - 1 ELSE 1"}), ROLLING),
 )
