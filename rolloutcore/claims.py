@@ -153,11 +153,17 @@ for _a in SPEC.actions:
                           else _AUDIT_DETAIL if _a.op == "audit" else _OUTCOME_DETAIL)
 
 #: Fleet steps' detail (checked by rolloutcore.fleet_check).
+_FLOOR = Field("int", Claim("the fleet's floor after the step (the fleet spec's effect)"),
+               required=True)
 FLEET_DETAIL: dict[str, dict[str, Field]] = {
     "fleet_open": {"members": Field("list[str]", Claim("the members verified at the open"),
                                     required=True),
                    "min_serving": Field("int", Claim("the quorum the fleet runs with"),
-                                        required=True)},
+                                        required=True),
+                   "max_live": Field("int", Claim("K: generations served at once (absent: 1, "
+                                                  "strict updates)")),
+                   "min_admitting": Field("int", Claim("C: members serving through a "
+                                                       "rolling update (absent: 0)"))},
     "fleet_request_update": {
         "target": Field("str", Claim("the label every participant's request names"),
                         required=True),
@@ -187,6 +193,34 @@ FLEET_DETAIL: dict[str, dict[str, Field]] = {
                     "min_serving": Field("int", Claim("the quorum"), required=True)},
     "fleet_recover": {"serving": Field("int", Claim("how many members serve"), required=True),
                       "min_serving": Field("int", Claim("the quorum"), required=True)},
+    "fleet_roll": {
+        "target": Field("str", Claim("the label every wave member's request names"),
+                        required=True),
+        "identity": Field("str", Info("the first wave member's target identity (each "
+                                      "member's own request names its own, checked there)")),
+        "members": Field("list[str]", Claim("the wave: members on the frontier, each "
+                                            "joining while min_admitting others serve"),
+                         required=True),
+        "floor": _FLOOR},
+    "fleet_publish_wave": {
+        "members": Field("list[str]", Claim("exactly the validated members"), required=True),
+        "label": Field("str", Claim("the fleet's target label"), required=True),
+        "identity": Field("str", Info("the first wave member's target identity (each "
+                                      "member's publish names its own, checked there)")),
+        "floor": _FLOOR},
+    "fleet_end_wave": {"members": Field("list[str]", Claim("the validated members: none"),
+                                        required=True), "floor": _FLOOR},
+    "fleet_abort_wave": {
+        "validated": Field("list[str]", Claim("exactly the validated members"), required=True),
+        "needed": Field("int", Claim("the quorum"), required=True), "floor": _FLOOR},
+    "fleet_raise_floor": {"floor": _FLOOR},
+    "migrate": {
+        "rollout": Field("str", Claim("the rollout the two members' records just released "
+                                      "and admitted"), required=True),
+        "members": Field("list[str]", Claim("the member it left (draining), the member it "
+                                            "joined (serving its generation)"),
+                         required=True),
+        "generation": Field("int", Claim("its generation, on both members"), required=True)},
 }
 
 #: Top-level fields every record has (the chain's own, ``hash`` and ``prev``, are the

@@ -43,7 +43,11 @@ from rolloutcore.spec.fleet import (
     FLEET,
     FLEET_ACTIONS,
     MEMBER_GUARDS,
+    MIGRATION,
+    ROLLING_STEPS,
     FleetPhase,
+    FleetState,
+    fleet_half,
     held_back,
     serving,
     validated,
@@ -62,9 +66,13 @@ FLEET_OPEN = "fleet_open"
 #: The fleet controller restarted: its members took their restarts (single-engine spec);
 #: the fleet reopens only with a quorum serving, else it stays closed.
 FLEET_RECOVER = "fleet_recover"
-_FLEET_STEPS = frozenset({FLEET_OPEN, FLEET_RECOVER, *(a.name for a in FLEET_ACTIONS)})
-_CONTROL_INVARIANTS = ("NoMemberAhead", "RolloutsOnlyOnServingMembers")
-_FLEET_PHASES = frozenset({FleetPhase.READY, FleetPhase.UPDATING, FleetPhase.ABORTING})
+_FLEET_STEPS = frozenset({FLEET_OPEN, FLEET_RECOVER, MIGRATION.name,
+                          *(a.name for a in FLEET_ACTIONS)})
+_CONTROL_INVARIANTS = ("NoMemberAhead", "RolloutsOnlyOnServingMembers",
+                       "AtMostKLiveGenerations")
+_FLEET_PHASES = frozenset({FleetPhase.READY, FleetPhase.UPDATING, FleetPhase.ABORTING,
+                           FleetPhase.ROLLING})
+_UPDATE_PHASES = frozenset({FleetPhase.UPDATING, FleetPhase.ROLLING})
 _AUDIT_OUTCOMES = frozenset({"audit_ok", "audit_failed", "audit_mismatch"})
 
 
@@ -73,7 +81,10 @@ class FleetTraceChecker:
     fphase: str = "UNINITIALIZED"
     fcommitted: int = 0
     ftarget: int = 0
+    ffloor: int = 0
     min_serving: int = 0
+    max_live: int = 1
+    min_admitting: int = 0
     members: dict[str, TraceChecker] = field(default_factory=dict)
     member_seq: dict[str, int] = field(default_factory=dict)
     group: list[str] = field(default_factory=list)  # members whose publish must follow
@@ -88,6 +99,9 @@ class FleetTraceChecker:
     on_unused: Any = None
     _quorum_origin: int | None = None
     participants: list[str] = field(default_factory=list)  # the fleet update's members
+    #: member -> (step, rollout, generation, phase before) of its last rollout record: a
+    #: migration names the release and the admission it is made of.
+    last_rollout_step: dict[str, tuple[str, str, int, Phase]] = field(default_factory=dict)
 
     def clone(self) -> FleetTraceChecker:
         """An independent checker in this one's state."""
@@ -96,6 +110,7 @@ class FleetTraceChecker:
         out.member_seq, out.group = dict(self.member_seq), list(self.group)
         out.last_audit = dict(self.last_audit)
         out.participants = list(self.participants)
+        out.last_rollout_step = dict(self.last_rollout_step)
         out._views = {}
         out.on_unused = out._quorum_origin = None
         return out
@@ -123,16 +138,15 @@ class FleetTraceChecker:
         return view
 
     def _fleet(self) -> Any:
-        # The fleet runs the strict update (max_live 1): its floor is its frontier.
         return SimpleNamespace(fphase=self.fphase, fcommitted=self.fcommitted,
-                               ftarget=self.ftarget, ffloor=self.fcommitted,
+                               ftarget=self.ftarget, ffloor=self.ffloor,
                                eng=tuple(self._view(n) for n in sorted(self.members)))
 
     def _bounds(self) -> Any:
         """The quorum of the update being decided (its request names it), else the
         fleet's."""
-        return SimpleNamespace(min_serving=self.quorum or self.min_serving, max_live=1,
-                               min_admitting=0)
+        return SimpleNamespace(min_serving=self.quorum or self.min_serving,
+                               max_live=self.max_live, min_admitting=self.min_admitting)
 
     def serving(self, name: str) -> bool:
         return name in self.members and serving(self._fleet(), self._view(name))
@@ -170,7 +184,11 @@ class FleetTraceChecker:
         # reads and writes that member alone, so it commutes with the publish).
         quarantined = checker is not None and checker.control.phase is Phase.TAINTED \
             and str(r.get("phase")) == Phase.TAINTED.value and name not in self.group
-        if self.group and not quarantined and (step != "publish" or name not in self.group):
+        # A release elsewhere commutes with the publish too (a rolling fleet serves on
+        # while a wave publishes; releases do not take the fleet's lock).
+        bystander = step == "release" and name not in self.group
+        if self.group and not quarantined and not bystander and (
+                step != "publish" or name not in self.group):
             return "PublishNotAtomic", (f"{name} {step} before every member of the publish "
                                         f"group {self.group} published")
         if checker is None:
@@ -188,10 +206,19 @@ class FleetTraceChecker:
                                       f"member committed {self.members[name].control.committed})")
         self.member_seq[name] += 1
         self._views.pop(name, None)
+        param, before = r.get("param"), checker.control.phase
+        released = checker.bound.get(param) if isinstance(param, str) else None
         bad = checker.feed({**r, "seq": self.member_seq[name]}, line)
         if bad is not None:
             return bad.violated, f"member {name}: {bad.message}"
-        if step == "request_update" and self.fphase == FleetPhase.UPDATING \
+        if step == "release" and released is not None:
+            self.last_rollout_step[name] = ("release", str(param), released, before)
+        elif step == "admit":
+            self.last_rollout_step[name] = ("admit", str(param), checker.bound[str(param)],
+                                            before)
+        else:
+            self.last_rollout_step.pop(name, None)
+        if step == "request_update" and self.fphase in _UPDATE_PHASES \
                 and name in self.participants and r["detail"]["target"] != self.flabel:
             return "DetailContradictsFleet", (f"{name} request_update names "
                                               f"{r['detail']['target']!r}; the fleet's update "
@@ -221,17 +248,27 @@ class FleetTraceChecker:
             if self.fphase != "UNINITIALIZED" or not isinstance(k, int) or k < 1:
                 return "Schema", "fleet_open once, with min_serving"
             self.min_serving = k
+            kk, c = detail.get("max_live", 1), detail.get("min_admitting", 0)
+            if not (isinstance(kk, int) and isinstance(c, int) and kk >= 1
+                    and 0 <= c < len(self.members) and (kk > 1 or c == 0)):
+                return "Schema", (f"fleet_open with max_live {kk!r}, min_admitting {c!r}: "
+                                  f"K >= 1, C in 0..{len(self.members) - 1}, C = 0 if K = 1")
+            self.max_live, self.min_admitting = kk, c
             self._quorum_origin = line if self.on_unused is not None else None
             ready = [n for n in self.members if self.members[n].control.phase is Phase.READY]
             if len(ready) < k:
                 return "OpenOnlyWithQuorum", f"fleet_open with {len(ready)} verified members"
-            self.fphase, self.fcommitted = FleetPhase.READY, 1
+            self.fphase, self.fcommitted, self.ffloor = FleetPhase.READY, 1, 1
+        elif step == MIGRATION.name:
+            bad_move = self._migration(detail)
+            if bad_move:
+                return "MigrationKeepsGeneration", bad_move
         elif step == FLEET_RECOVER:
             if self.fphase == "UNINITIALIZED":
                 return "spec", "fleet_recover before the fleet opened"
             open_fleet: Any = SimpleNamespace(fphase=FleetPhase.READY,
                                               fcommitted=self.fcommitted, ftarget=0,
-                                              ffloor=self.fcommitted)
+                                              ffloor=self.ffloor)
             n = sum(serving(open_fleet, s) for s in self._fleet().eng)
             self.fphase = FleetPhase.READY if n >= self.min_serving else FleetPhase.ABORTING
             self.ftarget = 0
@@ -241,24 +278,25 @@ class FleetTraceChecker:
             if self.fphase not in fa.sources or not fa.when(f, self._bounds()):
                 return "spec", (f"{step} is not a step of the fleet spec from {self.fphase} "
                                 f"(committed {self.fcommitted}, target {self.ftarget})")
-            if step == "fleet_publish":
+            if step in ("fleet_publish", "fleet_publish_wave"):
                 names = sorted(n for n in self.members if validated(f, self._view(n)))
                 named = detail.get("members") if isinstance(detail, dict) else None
                 if sorted(named or []) != names:
-                    return "PublishNotAtomic", (f"fleet_publish names {named}, the validated "
+                    return "PublishNotAtomic", (f"{step} names {named}, the validated "
                                                 f"members are {names}")
                 self.group = names
-                self.fcommitted, self.ftarget = self.ftarget, 0
-                self.quorum = None
-            elif step == "fleet_request_update":
-                self.ftarget = self.fcommitted + 1
+            elif step in ("fleet_request_update", "fleet_roll"):
                 self.flabel = detail["target"]
                 self.participants = list(detail["members"])
-            elif step == "fleet_reopen":
-                self.ftarget = 0
-            self.fphase = fa.dest
-            if step == "fleet_abort":
+            g = fleet_half(fa, FleetState(self.fphase, self.fcommitted, self.ftarget, (), 0,
+                                          self.ffloor))
+            self.fphase, self.fcommitted, self.ftarget, self.ffloor = (
+                g.fphase, g.fcommitted, g.ftarget, g.ffloor)
+            if step in ("fleet_publish", "fleet_abort"):
                 self.quorum = None  # decided: the fleet's own quorum again
+            if step in ROLLING_STEPS and detail.get("floor") != self.ffloor:
+                return "DetailContradictsFleet", (f"{step} says floor {detail.get('floor')!r}; "
+                                                  f"the fleet spec says {self.ffloor}")
         if (r.get("phase"), r.get("committed"), r.get("target")) != (
                 self.fphase, self.fcommitted, self.ftarget):
             return "spec", (f"{step} -> {r.get('phase')} (committed {r.get('committed')}, target "
@@ -276,6 +314,18 @@ class FleetTraceChecker:
         if step == FLEET_OPEN:
             want["members"] = sorted(n for n in self.members
                                      if self.members[n].control.phase is Phase.READY)
+        elif step == "fleet_roll":
+            want["members"] = sorted(d.get("members") or [])  # checked member by member
+            bad = [n for n in want["members"] if n not in self.members
+                   or self.members[n].control.committed != self.fcommitted]
+            if bad:
+                return f"fleet_roll names {bad}, not members on the frontier"
+        elif step == "fleet_publish_wave":
+            want["label"] = self.flabel
+        elif step == "fleet_end_wave":
+            want["members"] = self._names(validated)
+        elif step == "fleet_abort_wave":
+            want.update(validated=self._names(validated), needed=self._bounds().min_serving)
         elif step == "fleet_request_update":
             want["members"] = self._names(serving)
             k = d.get("min_serving")
@@ -296,7 +346,7 @@ class FleetTraceChecker:
         elif step == FLEET_RECOVER:
             open_fleet: Any = SimpleNamespace(fphase=FleetPhase.READY,
                                               fcommitted=self.fcommitted, ftarget=0,
-                                              ffloor=self.fcommitted)
+                                              ffloor=self.ffloor)
             want.update(serving=sum(serving(open_fleet, s) for s in self._fleet().eng),
                         min_serving=self.min_serving)
         if step in ("fleet_close", FLEET_RECOVER):
@@ -305,6 +355,26 @@ class FleetTraceChecker:
             got = d.get(key)
             if (sorted(got) if isinstance(got, list) else got) != value:
                 return f"{step} says {key} {got!r:.60}; the fleet's journal says {value!r:.60}"
+        return None
+
+    def _migration(self, d: Mapping[str, Any]) -> str | None:
+        """Why a ``migrate`` record is not the move its members' last records made (None:
+        it is): the member it left released the rollout while draining, the member it
+        joined admitted it, on the generation it was admitted under."""
+        names, rollout, gen = d.get("members"), d.get("rollout"), d.get("generation")
+        if not (isinstance(names, list) and len(names) == 2 and names[0] != names[1]):
+            return f"migrate names members {names!r:.60}, not the two it moved between"
+        left = self.last_rollout_step.get(str(names[0]))
+        joined = self.last_rollout_step.get(str(names[1]))
+        if left is None or left[:2] != ("release", rollout) or left[3] is not Phase.DRAINING:
+            return (f"migrate of {rollout!r}: {names[0]}'s last record is not its release "
+                    "while draining")
+        if joined is None or joined[:2] != ("admit", rollout):
+            return f"migrate of {rollout!r}: {names[1]}'s last record is not its admission"
+        if not left[2] == joined[2] == gen:
+            return (f"rollout {rollout!r} left {names[0]} on generation {left[2]} and joined "
+                    f"{names[1]} on {joined[2]} (the record says {gen!r})")
+        del self.last_rollout_step[str(names[0])], self.last_rollout_step[str(names[1])]
         return None
 
     def _invariants(self) -> tuple[str, str] | None:

@@ -484,6 +484,18 @@ def _moved(f: FleetState, g: FleetState) -> list[tuple[int, int]]:
     return [(a, c) for a in left for c in joined]
 
 
+#: The fleet steps of a rolling update (their records state the floor).
+ROLLING_STEPS = frozenset({"fleet_roll", "fleet_publish_wave", "fleet_end_wave",
+                           "fleet_abort_wave", "fleet_raise_floor"})
+
+
+def fleet_half(fa: FleetAction, f: FleetState) -> FleetState:
+    """The fleet's own half of step ``fa`` (phase, frontier, target, floor) from ``f``: what
+    the runtime and the trace checker take from the spec; the members' half (a publish
+    commits the validated members) is each member's own step."""
+    return fa.apply(f._replace(eng=()))
+
+
 # ------------------------------------------------------------------------ properties
 
 
@@ -827,9 +839,26 @@ def explore_fleet(spec: FleetSpec = FLEET, *, max_states: int = 3_000_000,
                             init, time.perf_counter() - t0)
 
 
-__all__ = ["FLEET", "MIGRATION", "FleetAction", "FleetBounds", "FleetExploration",
-           "FleetSpec", "FleetState", "Migration", "explore_fleet", "floor_free", "held_back",
-           "quorum", "serving", "settled", "validated", "wave_settled"]
+__all__ = [
+    "FLEET",
+    "MIGRATION",
+    "ROLLING_STEPS",
+    "FleetAction",
+    "FleetBounds",
+    "FleetExploration",
+    "FleetSpec",
+    "FleetState",
+    "Migration",
+    "explore_fleet",
+    "fleet_half",
+    "floor_free",
+    "held_back",
+    "quorum",
+    "serving",
+    "settled",
+    "validated",
+    "wave_settled",
+]
 
 
 

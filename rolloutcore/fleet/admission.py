@@ -1,5 +1,6 @@
-"""Admission: rollouts bound to the fleet's committed generation on serving members only
-(the fleet spec's admit guard), least outstanding first."""
+"""Admission: rollouts bound to a serving member's generation (the fleet spec's admit
+guard; the newest served first, then least outstanding), and in-flight migration of a
+rollout off a member that drains onto one serving its generation."""
 
 from __future__ import annotations
 
@@ -7,33 +8,43 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from types import SimpleNamespace
 from typing import Any
 
 from rolloutcore.controller import AdmissionCancelled, AdmissionTimeout, Binding, IllegalTransition
-from rolloutcore.fleet.base import FleetBase, Lease, Member
-from rolloutcore.spec.fleet import FleetPhase, quorum, serving
+from rolloutcore.fleet.base import FleetBase, FleetError, Lease, Member
+from rolloutcore.spec.fleet import MIGRATION, FleetPhase, quorum, serving
 from rolloutcore.spec.lifecycle import Phase
+
+#: Fleet phases that admit rollouts (the spec's admit guard).
+_ADMITTING = frozenset({FleetPhase.READY, FleetPhase.ROLLING})
 
 
 class Admission(FleetBase):
     """Admits and releases rollouts."""
 
     def admit(self, rollout_id: str, *, wait: float = 0.0, min_generation: int = 0,
-              cancel: threading.Event | None = None, detail: Mapping[str, Any] | None = None,
-              exclude: Sequence[str] = ()) -> Lease:
-        """Bind a rollout to the committed generation on the serving member with the
-        fewest outstanding rollouts. While admissions are closed (an update), or the
-        committed generation is below ``min_generation`` (a staleness bound, checked
-        against the committed generation itself), wait up to ``wait`` seconds, woken by
-        the step that opens them; ``cancel`` ends the wait. ``exclude``: members not to
-        bind it to (they failed this request already)."""
+              max_staleness: int | None = None, cancel: threading.Event | None = None,
+              detail: Mapping[str, Any] | None = None, exclude: Sequence[str] = ()) -> Lease:
+        """Bind a rollout to its member's committed generation on a serving member: the
+        newest generation served, then the fewest outstanding rollouts. Only members
+        whose generation is at least ``min_generation`` and at most ``max_staleness``
+        behind the frontier qualify. While none does (admissions closed by an update, or
+        no member new enough), wait up to ``wait`` seconds, woken by the step that opens
+        them; ``cancel`` ends the wait. ``exclude``: members not to bind it to (they
+        failed this request already)."""
         deadline = time.monotonic() + wait
         refused = set(exclude)  # and members that refused it (suspected meanwhile)
         with self._changed:
             while True:
-                candidates = [m for m in self._admissible() if m.name not in refused]
-                if candidates and self.committed >= min_generation:
-                    m = min(candidates, key=lambda x: (x.outstanding, x.name))
+                floor = max(min_generation, 0 if max_staleness is None
+                            else self.committed - max_staleness)
+                open_now = [m for m in self._admissible() if m.name not in refused]
+                candidates = [m for m in open_now
+                              if m.controller.control.committed >= floor]
+                if candidates:
+                    m = min(candidates, key=lambda x: (-x.controller.control.committed,
+                                                       x.outstanding, x.name))
                     try:
                         b = m.controller.admit(rollout_id, detail)
                     except IllegalTransition:
@@ -47,9 +58,10 @@ class Admission(FleetBase):
                                              f"{rollout_id!r} cancelled while waiting")
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    why = (f"committed generation {self.committed} is below {min_generation}"
-                           if candidates else f"the fleet is {self.phase}" if self.phase !=
-                           FleetPhase.READY else "fewer than min_serving members serve")
+                    why = (f"no member serves generation {floor} or newer (frontier "
+                           f"{self.committed})" if open_now else f"the fleet is {self.phase}"
+                           if self.phase not in _ADMITTING else
+                           "fewer than min_serving members serve")
                     raise AdmissionTimeout("admit", Phase.READY, why)
                 self._changed.wait(left if cancel is None else min(left, 0.05))
             m.outstanding += 1
@@ -60,7 +72,7 @@ class Admission(FleetBase):
     def _admissible(self) -> list[Member]:
         """Serving members, if the fleet admits (READY, a quorum serving: the spec's
         admit guard)."""
-        if self.phase != FleetPhase.READY:
+        if self.phase not in _ADMITTING:
             return []
         f = self._fleet_state()
         serving_now = [m for m, v in zip(self.members.values(), f.eng, strict=True)
@@ -77,6 +89,44 @@ class Admission(FleetBase):
             self._changed.notify_all()
         return binding
 
+    def migrate(self, lease: Lease, detail: Mapping[str, Any] | None = None) -> Lease:
+        """Move a rollout off a member that drains for an update onto a member serving the
+        rollout's own generation (the fleet spec's ``migrate``): released there, admitted
+        here, then journalled as one move naming both, so the trace checker can check the
+        generation was kept. The caller continues the rollout on the new lease's member
+        (resubmitting its prompt and the tokens so far, as token ids); the member it left
+        no longer waits for it. FleetError, with nothing changed, if the spec allows no
+        move now (no other member serves its generation: the drain waits for it)."""
+        extra = dict(detail or {})
+        with self._changed:
+            src = self.members[lease.engine]
+            if lease.rollout_id not in src.controller.bindings:
+                raise FleetError(f"rollout {lease.rollout_id!r} is not bound on {src.name}")
+            f, b = self._fleet_state(), self._bounds()
+            leaving = src.view()._replace(bind=(lease.generation,))
+            dst = min((m for m in self.members.values() if m is not src
+                       and MIGRATION.when(f, leaving, 1, _with_free_slot(m.view()), 1, b)),
+                      key=lambda m: (m.outstanding, m.name), default=None)
+            if dst is None:
+                raise FleetError(f"no move for {lease.rollout_id!r} now: {src.name} is "
+                                 f"{leaving.phase.value}, and no other member serves "
+                                 f"generation {lease.generation} (nothing was changed)")
+            src.controller.release(lease.rollout_id, {**extra, "migrated_to": dst.name})
+            src.outstanding -= 1
+            try:
+                bound = dst.controller.admit(lease.rollout_id,
+                                             {**extra, "migrated_from": src.name})
+            except IllegalTransition as e:  # dst changed since the guard read it
+                raise FleetError(f"rollout {lease.rollout_id!r} left {src.name} but {dst.name} "
+                                 f"refused it ({e}): it ended there, aborted") from None
+            dst.outstanding += 1
+            self._step("migrate", rollout=lease.rollout_id, members=[src.name, dst.name],
+                       generation=bound.generation)
+            label = dst.runner.targets[bound.generation].label \
+                if bound.generation in dst.runner.targets else str(bound.generation)
+            return Lease(lease.rollout_id, dst.name, dst.url, bound.generation,
+                         bound.identity, label, bound.seq)
+
     @contextmanager
     def rollout(self, rollout_id: str, *, wait: float = 0.0,
                 min_generation: int = 0) -> Iterator[Lease]:
@@ -85,3 +135,10 @@ class Admission(FleetBase):
             yield lease
         finally:
             self.release(lease)
+
+
+def _with_free_slot(view: Any) -> Any:
+    """A member's view with one more slot, free, as slot 1: the spec's migration guard
+    reads the slot the rollout would join (the controller has no slots, only bindings)."""
+    return SimpleNamespace(**{**view._asdict(), "bind": (0, *view.bind),
+                              "req": (0,) * (len(view.bind) + 1)})

@@ -15,7 +15,15 @@ from rolloutcore.adapters.contract import LifecycleAdapter, WeightTarget
 from rolloutcore.controller import Controller, TraceRecord, TraceSink
 from rolloutcore.journal import Journal
 from rolloutcore.runner import CycleReport, LifecycleRunner, RunnerPolicy
-from rolloutcore.spec.fleet import FLEET_ACTIONS, MEMBER_GUARDS, FleetPhase, FleetState, serving
+from rolloutcore.spec.fleet import (
+    FLEET_ACTIONS,
+    MEMBER_GUARDS,
+    ROLLING_STEPS,
+    FleetPhase,
+    FleetState,
+    fleet_half,
+    serving,
+)
 from rolloutcore.spec.lifecycle import Phase, Result
 from rolloutcore.spec.triggers import OUTCOMES, Trigger
 
@@ -116,6 +124,7 @@ class FleetCycleReport:
     committed_on: list[str] = field(default_factory=list)
     quarantined: list[str] = field(default_factory=list)
     rolled_back: dict[str, str] = field(default_factory=dict)  # member -> readmit outcome
+    waves: list[list[str]] = field(default_factory=list)  # a rolling update's, in order
     phase: str = FleetPhase.READY
     total_s: float = 0.0
 
@@ -124,7 +133,8 @@ class FleetCycleReport:
             "target": self.target.label, "generation": self.target.generation,
             "published": self.published, "aborted": self.aborted, "phase": self.phase,
             "committed_on": self.committed_on, "quarantined": self.quarantined,
-            "rolled_back": self.rolled_back, "total_s": round(self.total_s, 4),
+            "rolled_back": self.rolled_back, "waves": self.waves,
+            "total_s": round(self.total_s, 4),
             "members": {n: {"final_phase": r.final_phase.value, "prepared": r.prepared,
                             "published": r.published, "total_s": round(r.total_s, 4),
                             "tainted_after_s": r.tainted_after_s, "fenced": r.fenced,
@@ -165,8 +175,11 @@ class FleetBase:
     policy: RunnerPolicy
     on_step: StepHook | None
     phase: str
-    committed: int
+    committed: int  # the frontier: the newest generation published
     target: int
+    floor: int  # the oldest generation still served (the frontier, with max_live 1)
+    max_live: int  # K: generations served at once (1: the strict fleet-wide update)
+    min_admitting: int  # C: members that keep serving through a rolling update
     last_report: FleetCycleReport | None
     recovered: dict[str, Trigger]  # member -> the restart the spec allowed
     journal: Journal
@@ -201,9 +214,8 @@ class FleetBase:
         return hook
 
     def _fleet(self) -> Any:
-        # The runtime runs the strict update (max_live 1): its floor is its frontier.
         return SimpleNamespace(fphase=self.phase, fcommitted=self.committed,
-                               ftarget=self.target, ffloor=self.committed)
+                               ftarget=self.target, ffloor=self.floor)
 
     def _fleet_state(self) -> Any:
         """The fleet's state as the fleet spec's predicates read it, members included."""
@@ -224,8 +236,8 @@ class FleetBase:
     def _bounds(self) -> Any:
         """The fleet spec's bounds: the quorum of the update being decided, else the
         fleet's."""
-        return SimpleNamespace(min_serving=self._quorum or self.min_serving, max_live=1,
-                               min_admitting=0)
+        return SimpleNamespace(min_serving=self._quorum or self.min_serving,
+                               max_live=self.max_live, min_admitting=self.min_admitting)
 
     def _serving(self) -> list[Member]:
         f = self._fleet()
@@ -233,7 +245,7 @@ class FleetBase:
 
     def _serving_now(self) -> list[Member]:
         f: Any = SimpleNamespace(fphase=FleetPhase.READY, fcommitted=self.committed, ftarget=0,
-                                 ffloor=self.committed)
+                                 ffloor=self.floor)
         return [m for m in self.members.values() if serving(f, m.view())]
 
     def _take(self, step: str, **detail: Any) -> None:
@@ -245,11 +257,14 @@ class FleetBase:
         f = self._fleet_state()
         if self.phase not in fa.sources or not fa.when(f, self._bounds()):
             raise AssertionError(f"{step} is not enabled in the fleet's state: a fleet bug")
-        g = fa.apply(FleetState(f.fphase, f.fcommitted, f.ftarget, f.eng, 0, f.ffloor))
+        g = fleet_half(fa, FleetState(f.fphase, f.fcommitted, f.ftarget, (), 0, f.ffloor))
         self.phase, self.committed, self.target = g.fphase, g.fcommitted, g.ftarget
+        self.floor = g.ffloor
         self._step(step, **detail)
 
     def _step(self, step: str, **detail: Any) -> None:
+        if self.max_live > 1 and step in ROLLING_STEPS:  # the floor, for the reader
+            detail["floor"] = self.floor
         self.journal.fleet_step(step, self.phase, self.committed, self.target, detail or None)
         self._changed.notify_all()
 
@@ -292,6 +307,22 @@ class FleetBase:
                     m.controller.identity, serving(f, c), c.phase is Phase.TAINTED,
                     m.outstanding, m.last_audit))
             return out
+
+    def _catch_up_plan(self, committed: int, target: WeightTarget | None) -> list[WeightTarget]:
+        """The targets of the generations after ``committed`` up to the fleet's, in order
+        (``target`` for the last); FleetError if the fleet knows no checkpoint of one."""
+        plan: list[WeightTarget] = []
+        for g in range(committed + 1, self.committed + 1):
+            t = target if target is not None and g == self.committed else self._known_target(g)
+            if t is None:
+                raise FleetError(f"no checkpoint known for generation {g}, needed to catch "
+                                 f"up from {committed} to {self.committed} (nothing was "
+                                 "changed)")
+            if t.generation != g:
+                raise FleetError(f"the target given describes generation {t.generation}, not "
+                                 f"the fleet's {g} (nothing was changed)")
+            plan.append(t)
+        return plan
 
     def committed_target(self) -> WeightTarget | None:
         return self._known_target(self.committed)

@@ -29,17 +29,26 @@ class Fleet(Admission, Readmission, Updates, Recovery):
                  clock: Callable[[], float] = time.time,
                  on_step: StepHook | None = None,
                  target_of: TargetFactory | None = None,
-                 watchdog_s: float | None = None) -> None:
+                 watchdog_s: float | None = None, max_live: int = 1,
+                 min_admitting: int = 0) -> None:
         """A fleet over ``members`` (name, adapter, URL). A new journal starts a fresh
         fleet (to bootstrap); an existing one is recovered (see :meth:`_recover`), which
         needs ``target_of`` to describe the generations it names. ``watchdog_s``: audit
-        every READY member that often (see :meth:`start_watchdog`)."""
+        every READY member that often (see :meth:`start_watchdog`). ``max_live`` K >= 2 makes
+        updates roll (:meth:`roll`): at most K generations served at once, at least
+        ``min_admitting`` members serving throughout; a recovered fleet keeps the ones its
+        journal opened with."""
         names = [n for n, _a, _u in members]
         if not names or len(set(names)) != len(names):
             raise ValueError(f"members need distinct names: {names}")
         self.min_serving = len(names) if min_serving is None else min_serving
         if not 1 <= self.min_serving <= len(names):
             raise ValueError(f"min_serving must be in 1..{len(names)}")
+        if max_live < 1 or not 0 <= min_admitting < len(names) or (
+                max_live == 1 and min_admitting):
+            raise ValueError(f"max_live {max_live} and min_admitting {min_admitting}: K >= 1, "
+                             f"C in 0..{len(names) - 1}, and C = 0 with K = 1")
+        self.max_live, self.min_admitting = max_live, min_admitting
         path = Path(journal)
         existing = path.exists() and path.stat().st_size > 0
         self.policy = policy = policy or RunnerPolicy()
@@ -53,6 +62,7 @@ class Fleet(Admission, Readmission, Updates, Recovery):
         self.phase = UNINITIALIZED
         self.committed = 0
         self.target = 0
+        self.floor = 0
         self.last_report = None
         self.recovered = {}
         if existing:

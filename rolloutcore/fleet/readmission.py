@@ -86,22 +86,6 @@ class Readmission(Audits):
             return Outcome(Trigger.READMIT_OK, f"{name} serves generation {self.committed} "
                            f"({'; '.join(done)})")
 
-    def _catch_up_plan(self, committed: int, target: WeightTarget | None) -> list[WeightTarget]:
-        """The targets of the generations after ``committed`` up to the fleet's, in order
-        (``target`` for the last); FleetError if the fleet knows no checkpoint of one."""
-        plan: list[WeightTarget] = []
-        for g in range(committed + 1, self.committed + 1):
-            t = target if target is not None and g == self.committed else self._known_target(g)
-            if t is None:
-                raise FleetError(f"no checkpoint known for generation {g}, needed to catch "
-                                 f"up from {committed} to {self.committed} (nothing was "
-                                 "changed)")
-            if t.generation != g:
-                raise FleetError(f"the target given describes generation {t.generation}, not "
-                                 f"the fleet's {g} (nothing was changed)")
-            plan.append(t)
-        return plan
-
     def _settled_readmission(self) -> None:
         with self._lock:
             self._reopen_if_quorum()

@@ -10,6 +10,7 @@ from typing import Any
 from rolloutcore.controller import IllegalTransition
 from rolloutcore.fleet.base import (
     AUDIT_OUTCOMES,
+    FLEET_STEP,
     UNINITIALIZED,
     FleetBase,
     FleetError,
@@ -18,7 +19,7 @@ from rolloutcore.fleet.base import (
     log,
 )
 from rolloutcore.journal import HEADER, SCHEMA, JournalReader, apply_record, restart_step
-from rolloutcore.spec.fleet import FLEET, FleetPhase
+from rolloutcore.spec.fleet import FLEET, FleetPhase, FleetState, fleet_half
 from rolloutcore.spec.lifecycle import FENCED, Phase
 from rolloutcore.spec.triggers import Trigger
 
@@ -57,12 +58,20 @@ class Recovery(FleetBase):
                              f"({report.reason}); move it aside and bootstrap a new fleet")
 
     def _replay_fleet_step(self, rec: Mapping[str, Any]) -> None:
+        step = rec.get("step")
+        fa = FLEET_STEP.get(str(step))
+        if fa is not None:  # the floor is the spec's effect (records state it for readers)
+            before = FleetState(self.phase, self.committed, self.target, (), 0, self.floor)
+            self.floor = fleet_half(fa, before).ffloor
         self.phase = str(rec.get("phase"))
         self.committed = int(rec.get("committed") or 0)
         self.target = int(rec.get("target") or 0)
         detail = rec.get("detail") or {}
-        if rec.get("step") == "fleet_open" and isinstance(detail, dict):
+        if step == "fleet_open" and isinstance(detail, dict):
             self.min_serving = int(detail.get("min_serving", self.min_serving))
+            self.max_live = int(detail.get("max_live", 1))
+            self.min_admitting = int(detail.get("min_admitting", 0))
+            self.floor = 1
 
     @staticmethod
     def _replay_target(m: Member, rec: Mapping[str, Any], target_of: TargetFactory | None

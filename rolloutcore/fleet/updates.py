@@ -1,14 +1,23 @@
-"""Updates: bootstrap, and the fleet's two-phase commit of a generation (prepare every
-serving member in parallel, then publish on a quorum of validated members, or abort)."""
+"""Updates: bootstrap; the fleet's two-phase commit of a generation (prepare every serving
+member in parallel, then publish on a quorum of validated members, or abort); and the
+rolling update (max_live >= 2: a wave prepares and publishes while the rest serve, then
+the rest catch up, while min_admitting members serve throughout)."""
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from rolloutcore.adapters.contract import WeightTarget
-from rolloutcore.fleet.base import FleetBase, FleetCycleReport, FleetError, PendingDecision
+from rolloutcore.fleet.base import (
+    FleetBase,
+    FleetCycleReport,
+    FleetError,
+    Member,
+    PendingDecision,
+)
 from rolloutcore.postconditions import Outcome
 from rolloutcore.runner import CycleReport
 from rolloutcore.spec.fleet import FleetPhase, held_back, validated
@@ -30,8 +39,11 @@ class Updates(FleetBase):
             with self._lock:
                 ok = [n for n, o in out.items() if o.trigger == Trigger.BOOTSTRAP_OK]
                 if len(ok) >= self.min_serving:
-                    self.phase, self.committed = FleetPhase.READY, 1
-                    self._step("fleet_open", members=sorted(ok), min_serving=self.min_serving)
+                    self.phase, self.committed, self.floor = FleetPhase.READY, 1, 1
+                    rolling = {"max_live": self.max_live, "min_admitting": self.min_admitting
+                               } if self.max_live > 1 else {}
+                    self._step("fleet_open", members=sorted(ok), min_serving=self.min_serving,
+                               **rolling)
             return out
 
     @staticmethod
@@ -130,6 +142,136 @@ class Updates(FleetBase):
         self.last_report = report
         return report
 
+    def roll(self, target: WeightTarget | Mapping[str, WeightTarget]) -> FleetCycleReport:
+        """A rolling update (max_live >= 2) to the next generation; admissions never close.
+        A wave of members on the frontier (as many as can leave while min_admitting others
+        serve) prepares in parallel while the rest serve their generation; the wave's
+        validated members publish at once (the frontier moves, the floor stays); then
+        every member left behind catches up, as many at a time as min_admitting allows,
+        and the floor moves up to the frontier once none serves or holds a rollout below
+        it. A wave that validated nothing ends on the generations served; one that leaves
+        fewer than min_serving serving aborts and rolls its members back."""
+        with self._update_lock:
+            return self._roll(target)
+
+    def _roll(self, target: WeightTarget | Mapping[str, WeightTarget]) -> FleetCycleReport:
+        t0 = time.perf_counter()
+        if self.floor < self.committed:  # the last rolling update left members behind
+            self._catch_up_behind({}, FleetCycleReport(target if isinstance(
+                target, WeightTarget) else next(iter(target.values())), False, False))
+        with self._lock:
+            if self.max_live < 2:
+                raise FleetError("max_live is 1: this fleet updates strictly (update())")
+            if self.phase != FleetPhase.READY:
+                raise FleetError(f"the fleet is {self.phase}: a rolling update needs READY")
+            if not self._enabled("fleet_roll"):
+                raise FleetError(
+                    f"no rolling update now (nothing was changed): generation "
+                    f"{self.committed + 1} would be more than {self.max_live} above the "
+                    f"floor {self.floor}, or fewer than {self.min_serving} members serve")
+            serving_now = self._serving()
+            width = len(serving_now) - self.min_admitting
+            frontier = [m for m in serving_now if m.view().committed == self.committed]
+            wave = sorted(frontier, key=lambda m: (m.outstanding, m.name))[:max(width, 0)]
+            if not wave:
+                raise FleetError(f"{len(serving_now)} members serve: none can leave while "
+                                 f"min_admitting {self.min_admitting} keep serving (nothing "
+                                 "was changed)")
+            targets = self._targets_for(target, self.members.values())
+            if {t.generation for t in targets.values()} != {self.committed + 1}:
+                raise FleetError(f"the target is not generation {self.committed + 1}")
+            first = targets[wave[0].name]
+            self._take("fleet_roll", target=first.label, identity=first.identity,
+                       members=[m.name for m in wave])
+        report = FleetCycleReport(first, published=False, aborted=False)
+        report.waves.append([m.name for m in wave])
+        report.members = {m.name: CycleReport(targets[m.name], published=False,
+                                              final_phase=m.controller.phase) for m in wave}
+        self._deciding = deciding = PendingDecision({m.name for m in wave})
+        try:
+            for m in wave:
+                with self._lock:  # the spec's guard, as each member leaves service
+                    if not self._member_may("request_update", m):
+                        deciding.settle(m.name)
+                        continue
+                m.work = self._pool.submit(m.runner.prepare, targets[m.name],
+                                           report.members[m.name])
+                m.work.add_done_callback(deciding.settler(m.name))
+            deciding.wait()
+        finally:
+            self._deciding = None
+        for m in wave:
+            if m.work is not None and m.work.done():
+                m.work.result()
+                m.work = None
+        with self._lock:
+            f = self._fleet()
+            views = {m.name: m.view() for m in self.members.values()}
+            ok = [n for n, v in views.items() if validated(f, v)]
+            report.quarantined = [n for n in report.members if views[n].phase is Phase.TAINTED]
+            if self._enabled("fleet_publish_wave"):
+                self._take("fleet_publish_wave", members=ok, label=first.label,
+                           identity=first.identity)
+                for name in ok:
+                    self.members[name].runner.commit(report.members[name])
+                report.published, report.committed_on = True, ok
+            elif self._enabled("fleet_end_wave"):
+                self._take("fleet_end_wave", members=[])
+            elif self._enabled("fleet_abort_wave"):
+                self._take("fleet_abort_wave", validated=ok, needed=self._bounds().min_serving)
+                report.aborted = True
+            else:
+                raise AssertionError(f"no wave decision the spec allows: {views}")
+        if report.aborted:
+            for name in ok:
+                m = self.members[name]
+                m.runner.withdraw(report.members[name], "the fleet aborted the wave")
+                out = m.runner.readmit(m.runner.targets[self.committed],
+                                       who="wave abort: roll back to its generation")
+                report.rolled_back[name] = out.trigger
+            with self._lock:
+                self._reopen_if_quorum()
+        if report.published:
+            self._catch_up_behind(targets, report)
+        for m in wave:
+            m.settle_work(self.policy.fence_timeout_s + 5.0)
+        report.phase = self.phase
+        report.total_s = time.perf_counter() - t0
+        self.last_report = report
+        return report
+
+    def _catch_up_behind(self, targets: Mapping[str, WeightTarget],
+                         report: FleetCycleReport) -> None:
+        """Every member serving below the frontier catches up, as many at a time as
+        min_admitting allows (each its own update, published alone); then the floor
+        moves up once nothing is served or bound below the frontier."""
+        while True:
+            with self._lock:
+                serving_now = self._serving()
+                behind = sorted((m for m in serving_now if m.view().committed < self.committed),
+                                key=lambda m: (m.outstanding, m.name))
+                batch: list[Member] = []
+                for m in behind[:max(len(serving_now) - self.min_admitting, 0)]:
+                    if self._member_may("request_update", m):
+                        batch.append(m)
+            if not batch:
+                break
+            report.waves.append([m.name for m in batch])
+            plans = {m.name: self._catch_up_plan(m.view().committed, targets.get(m.name))
+                     for m in batch}
+            reports = self._parallel(functools.partial(_updates, plans=plans), batch)
+            for name, reps in reports.items():
+                report.members[name] = reps[-1]
+                if reps[-1].published:
+                    report.committed_on.append(name)
+                elif reps[-1].final_phase is Phase.TAINTED:
+                    report.quarantined.append(name)
+            if not any(r[-1].published for r in reports.values()):
+                break  # nobody moved: the next batch would be the same
+        with self._lock:
+            if self._enabled("fleet_raise_floor"):
+                self._take("fleet_raise_floor")
+
     def _publish(self, report: FleetCycleReport, names: list[str], quorum: int) -> None:
         """One group in the journal: the fleet's record, then each member's publish."""
         self._take("fleet_publish", members=names, label=report.target.label,
@@ -139,3 +281,13 @@ class Updates(FleetBase):
         report.published = True
         report.committed_on = names
         self._changed.notify_all()
+
+
+def _updates(m: Member, plans: Mapping[str, list[WeightTarget]]) -> list[CycleReport]:
+    """Member ``m``'s own updates through its plan, up to the first that does not publish."""
+    out: list[CycleReport] = []
+    for t in plans[m.name]:
+        out.append(m.runner.update(t))
+        if not out[-1].published:
+            break
+    return out

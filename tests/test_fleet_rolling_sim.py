@@ -1,0 +1,177 @@
+"""Rolling updates on a simulated fleet of three (max_live 2, min_admitting 2): admissions
+never close, a draining member's rollouts migrate to a member on their own generation
+instead of being waited for, the floor rises once nobody serves below the frontier, and
+the journal passes the fleet trace checker (which rejects a migration that changes a
+rollout's generation, and a floor the spec would not set)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rolloutcore.adapters.sim import SimAdapter, SimEngine, reference_tokens, sim_target
+from rolloutcore.fleet import Fleet, FleetCycleReport, FleetError
+from rolloutcore.fleet_check import check_fleet_file, check_fleet_records
+from rolloutcore.journal import read_journal
+from rolloutcore.runner import RunnerPolicy
+from rolloutcore.spec.fleet import FleetPhase
+from rolloutcore.spec.lifecycle import Phase
+
+NAMES = ("e0", "e1", "e2")
+#: Generous deadlines: every wait in these tests is on a lease the test holds.
+POLICY = RunnerPolicy(step_timeout_s=30.0, pause_timeout_s=30.0, fence_timeout_s=30.0,
+                      drain_timeout_s=30.0, retries=1, retry_backoff_s=0.0)
+PROMPT = (3, 1, 4, 1, 5, 9, 2, 6)
+
+
+def ckpt(g: int) -> str:
+    return f"ckpt-{g}"
+
+
+@pytest.fixture
+def rolling(tmp_path: Path) -> Iterator[tuple[Fleet, dict[str, SimAdapter]]]:
+    adapters = {n: SimAdapter(SimEngine(ckpt(1), label="rc-1")) for n in NAMES}
+    fleet = Fleet([(n, a, None) for n, a in adapters.items()], journal=tmp_path / "f.jsonl",
+                  min_serving=2, policy=POLICY, fsync=False, max_live=2, min_admitting=2)
+    fleet.bootstrap(sim_target(1, ckpt(1)))
+    yield fleet, adapters
+    fleet.close()
+
+
+def wait_until(pred: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    """Wait for a state the test itself causes (a member draining a lease it holds)."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.002)
+
+
+def draining(fleet: Fleet) -> str | None:
+    return next((n for n, m in fleet.members.items()
+                 if m.controller.phase is Phase.DRAINING), None)
+
+
+def in_background(fn: Callable[[], FleetCycleReport]) -> tuple[threading.Thread, list[Any]]:
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as e:  # surfaced by the test
+            out.append(e)
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out
+
+
+def fleet_steps(path: Path) -> list[str]:
+    _chain, records = read_journal(path)
+    return [str(r["step"]) for r in records if "step" in r and r.get("engine") is None]
+
+
+def test_a_rolling_update_never_closes_admissions_and_migrates_instead_of_waiting(
+        rolling: tuple[Fleet, dict[str, SimAdapter]], tmp_path: Path) -> None:
+    fleet, ad = rolling
+    held = {lease.engine: lease for lease in (fleet.admit(f"r{i}") for i in range(3))}
+    assert sorted(held) == list(NAMES)  # one rollout on each member
+    worker, result = in_background(lambda: fleet.roll(sim_target(2, ckpt(2))))
+    # The wave: one member (three serve, two must keep serving) drains its rollout...
+    wait_until(lambda: draining(fleet) is not None, "the wave to drain")
+    wave = draining(fleet)
+    assert wave is not None and fleet.phase == FleetPhase.ROLLING
+    # ...and admissions stay open on the other two, on generation 1, meanwhile.
+    during = fleet.admit("during-wave")
+    assert during.engine != wave and during.generation == 1
+    # Its rollout moves to a member serving generation 1: the wave does not wait for it.
+    moved = fleet.migrate(held.pop(wave))
+    assert moved.engine != wave and moved.generation == 1
+    assert ad[moved.engine].generate(PROMPT, 4).tokens == reference_tokens(ckpt(1), PROMPT, 4)
+    # The wave publishes; new rollouts go to the newest generation.
+    wait_until(lambda: fleet.committed == 2, "the wave to publish")
+    assert fleet.floor == 1
+    # The members left on generation 1 catch up one at a time, each moving its rollouts
+    # to the other while one is left; the last one's rollouts have nowhere to go.
+    leases = [moved, during, *held.values()]
+    for _ in range(2):
+        wait_until(lambda: draining(fleet) is not None, "a member to catch up")
+        src = draining(fleet)
+        mine = [x for x in leases if x.engine == src]
+        others = [x for x in leases if x.engine != src]
+        try:
+            leases = others + [fleet.migrate(x) for x in mine]
+        except FleetError as e:  # no other member on generation 1 serves: release them
+            assert "no other member serves generation 1" in str(e)
+            for x in mine:
+                fleet.release(x)
+            leases = others
+        wait_until(lambda s=src: fleet.members[s].controller.control.committed == 2
+                   or fleet.members[s].controller.phase is Phase.TAINTED, f"{src} to publish")
+    worker.join(30)
+    assert result and isinstance(result[0], FleetCycleReport), result
+    report = result[0]
+    assert report.published and len(report.waves) == 3 and report.quarantined == []
+    assert (fleet.phase, fleet.committed, fleet.floor) == (FleetPhase.READY, 2, 2)
+    newest = fleet.admit("after")
+    assert newest.generation == 2
+    for x in [*leases, newest]:
+        fleet.release(x)
+    steps = fleet_steps(tmp_path / "f.jsonl")
+    assert steps[:2] == ["fleet_open", "fleet_roll"] and steps[-1] == "fleet_raise_floor"
+    assert "fleet_publish_wave" in steps and steps.count("migrate") >= 2
+    assert not {"fleet_request_update", "fleet_close", "fleet_abort"} & set(steps)
+    verdict = check_fleet_file(tmp_path / "f.jsonl")
+    assert verdict.accepted, verdict.message
+
+
+def test_a_second_rolling_update_waits_for_the_floor(
+        rolling: tuple[Fleet, dict[str, SimAdapter]], tmp_path: Path) -> None:
+    fleet, _ad = rolling
+    assert fleet.roll(sim_target(2, ckpt(2))).published
+    assert fleet.roll(sim_target(3, ckpt(3))).published
+    assert (fleet.committed, fleet.floor) == (3, 3)
+    strict = Fleet([("x", SimAdapter(SimEngine(ckpt(1), label="rc-1")), None)],
+                   journal=tmp_path / "strict.jsonl", fsync=False)
+    strict.bootstrap(sim_target(1, ckpt(1)))
+    with pytest.raises(FleetError, match="strictly"):
+        strict.roll(sim_target(2, ckpt(2)))
+    strict.close()
+
+
+def test_the_checker_rejects_a_migration_across_generations_and_a_wrong_floor(
+        rolling: tuple[Fleet, dict[str, SimAdapter]], tmp_path: Path) -> None:
+    fleet, _ad = rolling
+    held = {x.engine: x for x in (fleet.admit(f"r{i}") for i in range(3))}
+    worker, result = in_background(lambda: fleet.roll(sim_target(2, ckpt(2))))
+    wait_until(lambda: draining(fleet) is not None, "the wave to drain")
+    moved = fleet.migrate(held.pop(str(draining(fleet))))
+    for x in [moved, *held.values()]:
+        fleet.release(x)
+    worker.join(30)
+    assert result and isinstance(result[0], FleetCycleReport), result
+    _chain, records = read_journal(tmp_path / "f.jsonl")
+    assert check_fleet_records(enumerate(records, 1)).accepted
+
+    def tampered(step: str, **detail: Any) -> list[dict[str, Any]]:
+        out = [dict(r) for r in records]
+        r = next(r for r in out if r.get("step") == step)
+        r["detail"] = {**r["detail"], **detail}
+        return out
+    bad = check_fleet_records(enumerate(tampered("migrate", generation=2), 1))
+    assert not bad.accepted and bad.violated == "MigrationKeepsGeneration"
+    bad = check_fleet_records(enumerate(tampered("fleet_raise_floor", floor=1), 1))
+    assert not bad.accepted and bad.violated == "DetailContradictsFleet"
+    bad = check_fleet_records(enumerate(tampered("fleet_roll", members=["nobody"]), 1))
+    assert not bad.accepted
+
+
+def test_rolling_bounds_are_checked() -> None:
+    ad = [("a", SimAdapter(SimEngine(ckpt(1), label="rc-1")), None),
+          ("b", SimAdapter(SimEngine(ckpt(1), label="rc-1")), None)]
+    for k, c in ((0, 0), (1, 1), (2, 2)):
+        with pytest.raises(ValueError, match="max_live"):
+            Fleet(ad, journal="/nonexistent/never-written.jsonl", max_live=k, min_admitting=c)
