@@ -99,9 +99,9 @@ class FleetTraceChecker:
     on_unused: Any = None
     _quorum_origin: int | None = None
     participants: list[str] = field(default_factory=list)  # the fleet update's members
-    #: member -> (step, rollout, generation, phase before) of its last rollout record: a
-    #: migration names the release and the admission it is made of.
-    last_rollout_step: dict[str, tuple[str, str, int, Phase]] = field(default_factory=dict)
+    #: rollout -> (member it leaves, member it joins, generation, released yet) of each
+    #: migration announced and not yet admitted where it goes.
+    moves: dict[str, tuple[str, str, int, bool]] = field(default_factory=dict)
 
     def clone(self) -> FleetTraceChecker:
         """An independent checker in this one's state."""
@@ -110,7 +110,7 @@ class FleetTraceChecker:
         out.member_seq, out.group = dict(self.member_seq), list(self.group)
         out.last_audit = dict(self.last_audit)
         out.participants = list(self.participants)
-        out.last_rollout_step = dict(self.last_rollout_step)
+        out.moves = dict(self.moves)
         out._views = {}
         out.on_unused = out._quorum_origin = None
         return out
@@ -211,13 +211,12 @@ class FleetTraceChecker:
         bad = checker.feed({**r, "seq": self.member_seq[name]}, line)
         if bad is not None:
             return bad.violated, f"member {name}: {bad.message}"
-        if step == "release" and released is not None:
-            self.last_rollout_step[name] = ("release", str(param), released, before)
-        elif step == "admit":
-            self.last_rollout_step[name] = ("admit", str(param), checker.bound[str(param)],
-                                            before)
-        else:
-            self.last_rollout_step.pop(name, None)
+        move = self.moves.get(param) if isinstance(param, str) else None
+        if move is not None and step in ("release", "admit"):
+            bad_move = self._moved(name, str(step), str(param), move, released, before,
+                                   checker.bound.get(str(param)))
+            if bad_move:
+                return "MigrationKeepsGeneration", bad_move
         if step == "request_update" and self.fphase in _UPDATE_PHASES \
                 and name in self.participants and r["detail"]["target"] != self.flabel:
             return "DetailContradictsFleet", (f"{name} request_update names "
@@ -358,23 +357,35 @@ class FleetTraceChecker:
         return None
 
     def _migration(self, d: Mapping[str, Any]) -> str | None:
-        """Why a ``migrate`` record is not the move its members' last records made (None:
-        it is): the member it left released the rollout while draining, the member it
-        joined admitted it, on the generation it was admitted under."""
+        """Why a ``migrate`` record (it announces the move: the release and the admission
+        it is made of follow) is malformed (None: it is not)."""
         names, rollout, gen = d.get("members"), d.get("rollout"), d.get("generation")
-        if not (isinstance(names, list) and len(names) == 2 and names[0] != names[1]):
-            return f"migrate names members {names!r:.60}, not the two it moved between"
-        left = self.last_rollout_step.get(str(names[0]))
-        joined = self.last_rollout_step.get(str(names[1]))
-        if left is None or left[:2] != ("release", rollout) or left[3] is not Phase.DRAINING:
-            return (f"migrate of {rollout!r}: {names[0]}'s last record is not its release "
-                    "while draining")
-        if joined is None or joined[:2] != ("admit", rollout):
-            return f"migrate of {rollout!r}: {names[1]}'s last record is not its admission"
-        if not left[2] == joined[2] == gen:
-            return (f"rollout {rollout!r} left {names[0]} on generation {left[2]} and joined "
-                    f"{names[1]} on {joined[2]} (the record says {gen!r})")
-        del self.last_rollout_step[str(names[0])], self.last_rollout_step[str(names[1])]
+        if not (isinstance(names, list) and len(names) == 2 and names[0] != names[1]
+                and all(n in self.members for n in names)):
+            return f"migrate names members {names!r:.60}, not the two it moves between"
+        if not isinstance(rollout, str) or rollout in self.moves:
+            return f"migrate of {rollout!r:.40}: not a rollout, or already moving"
+        self.moves[rollout] = (str(names[0]), str(names[1]), int(gen), False)
+        return None
+
+    def _moved(self, name: str, step: str, rollout: str, move: tuple[str, str, int, bool],
+               released: int | None, before: Phase, bound: int | None) -> str | None:
+        """Why member ``name``'s ``step`` of a moving rollout breaks the announced move
+        (None: it does not): it leaves the member it was on while that member drains, on
+        the generation announced, and joins the other on that same generation."""
+        src, dst, gen, gone = move
+        if step == "release" and name == src and not gone:
+            if before is not Phase.DRAINING or released != gen:
+                return (f"rollout {rollout!r} left {src} ({before.value}, generation "
+                        f"{released}); the move says a draining member on generation {gen}")
+            self.moves[rollout] = (src, dst, gen, True)
+        elif step == "admit" and name == dst and gone:
+            del self.moves[rollout]
+            if bound != gen:
+                return (f"rollout {rollout!r} joined {dst} on generation {bound}; it left "
+                        f"{src} on generation {gen}: one rollout, two policies")
+        else:
+            return f"{name} {step} of rollout {rollout!r} is not the move {src} -> {dst}"
         return None
 
     def _invariants(self) -> tuple[str, str] | None:

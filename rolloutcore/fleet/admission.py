@@ -91,11 +91,11 @@ class Admission(FleetBase):
 
     def migrate(self, lease: Lease, detail: Mapping[str, Any] | None = None) -> Lease:
         """Move a rollout off a member that drains for an update onto a member serving the
-        rollout's own generation (the fleet spec's ``migrate``): released there, admitted
-        here, then journalled as one move naming both, so the trace checker can check the
-        generation was kept. The caller continues the rollout on the new lease's member
-        (resubmitting its prompt and the tokens so far, as token ids); the member it left
-        no longer waits for it. FleetError, with nothing changed, if the spec allows no
+        rollout's own generation (the fleet spec's ``migrate``): journalled as one move
+        naming both, then released there and admitted here (the trace checker checks both
+        against the move: the generation is kept). The caller continues the rollout on the
+        new lease's member (resubmitting its prompt and the tokens so far, as token ids);
+        the member it left no longer waits for it. FleetError, with nothing changed, if the spec allows no
         move now (no other member serves its generation: the drain waits for it)."""
         extra = dict(detail or {})
         with self._changed:
@@ -111,6 +111,9 @@ class Admission(FleetBase):
                 raise FleetError(f"no move for {lease.rollout_id!r} now: {src.name} is "
                                  f"{leaving.phase.value}, and no other member serves "
                                  f"generation {lease.generation} (nothing was changed)")
+            # Announced first: the member it leaves moves on as soon as it is released.
+            self._step("migrate", rollout=lease.rollout_id, members=[src.name, dst.name],
+                       generation=lease.generation)
             src.controller.release(lease.rollout_id, {**extra, "migrated_to": dst.name})
             src.outstanding -= 1
             try:
@@ -120,8 +123,6 @@ class Admission(FleetBase):
                 raise FleetError(f"rollout {lease.rollout_id!r} left {src.name} but {dst.name} "
                                  f"refused it ({e}): it ended there, aborted") from None
             dst.outstanding += 1
-            self._step("migrate", rollout=lease.rollout_id, members=[src.name, dst.name],
-                       generation=bound.generation)
             label = dst.runner.targets[bound.generation].label \
                 if bound.generation in dst.runner.targets else str(bound.generation)
             return Lease(lease.rollout_id, dst.name, dst.url, bound.generation,
