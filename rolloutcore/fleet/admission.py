@@ -95,8 +95,9 @@ class Admission(FleetBase):
         naming both, then released there and admitted here (the trace checker checks both
         against the move: the generation is kept). The caller continues the rollout on the
         new lease's member (resubmitting its prompt and the tokens so far, as token ids);
-        the member it left no longer waits for it. FleetError, with nothing changed, if the spec allows no
-        move now (no other member serves its generation: the drain waits for it)."""
+        the member it left no longer waits for it. FleetError, with nothing changed, if
+        the spec allows no move now (no other member serves its generation: the drain
+        waits for it)."""
         extra = dict(detail or {})
         with self._changed:
             src = self.members[lease.engine]
