@@ -363,9 +363,9 @@ class FleetTraceChecker:
         if not (isinstance(names, list) and len(names) == 2 and names[0] != names[1]
                 and all(n in self.members for n in names)):
             return f"migrate names members {names!r:.60}, not the two it moves between"
-        if not isinstance(rollout, str) or rollout in self.moves:
-            return f"migrate of {rollout!r:.40}: not a rollout, or already moving"
-        self.moves[rollout] = (str(names[0]), str(names[1]), int(gen), False)
+        if not isinstance(rollout, str) or rollout in self.moves or type(gen) is not int:
+            return f"migrate of {rollout!r:.40}: not a rollout, already moving, or no generation"
+        self.moves[rollout] = (str(names[0]), str(names[1]), gen, False)
         return None
 
     def _moved(self, name: str, step: str, rollout: str, move: tuple[str, str, int, bool],
