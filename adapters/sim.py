@@ -50,14 +50,29 @@ def sim_identity(checkpoint: str) -> str:
     return hashlib.sha256(f"sim-weights:{checkpoint}".encode()).hexdigest()
 
 
-def _token(kv_weights: str, weights: str, prompt: tuple[int, ...], k: int) -> int:
-    h = hashlib.blake2b(f"{kv_weights}|{weights}|{prompt}|{k}".encode(), digest_size=4)
+def _extend(context: bytes, tokens: tuple[int, ...] | list[int]) -> bytes:
+    """The digest of a token sequence, extended token by token (weights apart)."""
+    for t in tokens:
+        context = hashlib.blake2b(context + t.to_bytes(4, "big"), digest_size=8).digest()
+    return context
+
+
+def _token(kv_weights: str, weights: str, context: bytes) -> int:
+    """The next token after ``context`` (a sequence's digest): autoregressive, as a model
+    is, so a rollout continued from its prompt and the tokens so far goes on exactly as
+    it would have (greedy), on the same weights."""
+    h = hashlib.blake2b(f"{kv_weights}|{weights}|".encode() + context, digest_size=4)
     return int.from_bytes(h.digest(), "big") % VOCAB
 
 
 def reference_tokens(checkpoint: str, prompt: tuple[int, ...], n: int) -> tuple[int, ...]:
     """Greedy output of a clean engine holding ``checkpoint`` (no stale KV)."""
-    return tuple(_token(checkpoint, checkpoint, prompt, k) for k in range(n))
+    out: list[int] = []
+    context = _extend(b"", prompt)
+    for _ in range(n):
+        out.append(_token(checkpoint, checkpoint, context))
+        context = _extend(context, out[-1:])
+    return tuple(out)
 
 
 def _score(weights: str, prompt: tuple[int, ...], i: int) -> float:
@@ -120,8 +135,9 @@ class SimEngine:
                 raise EngineDead("EngineCore encountered an issue (weights not loaded)")
             kv = self._prefill(req.prompt, mm_key)
             self.running.append(req)
+        context = _extend(b"", req.prompt)
         try:
-            for k in range(max_tokens):
+            for _ in range(max_tokens):
                 if self.token_seconds:
                     time.sleep(self.token_seconds)
                 with self._cv:
@@ -132,7 +148,8 @@ class SimEngine:
                     if req.aborted:
                         return GenerationResult(req.prompt, tuple(req.tokens), "abort")
                     req.weights_seen.add(self.weights)
-                    req.tokens.append(_token(kv, self.weights, req.prompt, k))
+                    req.tokens.append(_token(kv, self.weights, context))
+                    context = _extend(context, req.tokens[-1:])
             return GenerationResult(req.prompt, tuple(req.tokens), "length",
                                     extra={"weights_seen": sorted(req.weights_seen)})
         finally:

@@ -12,6 +12,7 @@ engine through vLLM's trainer-side API).
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -25,7 +26,7 @@ from rolloutcore.adapters.contract import LifecycleAdapter, PauseMode, WeightTar
 from rolloutcore.conformance.engines import HarnessEngine, SimHarnessEngine
 from rolloutcore.conformance.harness import Check, wait_until
 from rolloutcore.controller import IllegalTransition
-from rolloutcore.fleet import Fleet, FleetCycleReport, Lease
+from rolloutcore.fleet import Fleet, FleetCycleReport, FleetError, Lease
 from rolloutcore.fleet_check import check_fleet_file
 from rolloutcore.journal import JournalReader
 from rolloutcore.runner import RunnerPolicy
@@ -144,7 +145,7 @@ class FleetRig:
 
     def open(self, name: str, *, min_serving: int, policy: RunnerPolicy | None = None,
              adapters: Mapping[str, LifecycleAdapter] | None = None,
-             recover: bool = False) -> Fleet:
+             recover: bool = False, max_live: int = 1, min_admitting: int = 0) -> Fleet:
         """A fleet over the rig's engines on journal ``<name>-<kind>.jsonl``: a new one,
         or with ``recover`` the one there (a restarted fleet controller)."""
         ads = adapters or self.adapters()
@@ -154,7 +155,8 @@ class FleetRig:
         urls = self.urls()
         members = [(n, ads[n], urls[n]) for n in self.engines]
         return Fleet(members, journal=journal, min_serving=min_serving,
-                     policy=policy or POLICY, fsync=False, target_of=self.target_of)
+                     policy=policy or POLICY, fsync=False, target_of=self.target_of,
+                     max_live=max_live, min_admitting=min_admitting)
 
 
 #: Deadlines generous enough never to decide an outcome (faults decide them).
@@ -209,9 +211,10 @@ class FleetContext:
 
     def open(self, *, min_serving: int, policy: RunnerPolicy | None = None,
              adapters: Mapping[str, LifecycleAdapter] | None = None, name: str | None = None,
-             recover: bool = False) -> Fleet:
+             recover: bool = False, max_live: int = 1, min_admitting: int = 0) -> Fleet:
         self.fleet = self.rig.open(name or self.result.name, min_serving=min_serving,
-                                   policy=policy, adapters=adapters, recover=recover)
+                                   policy=policy, adapters=adapters, recover=recover,
+                                   max_live=max_live, min_admitting=min_admitting)
         self.result.journal = str(self.fleet.journal.path)
         return self.fleet
 
@@ -324,6 +327,106 @@ def s_clean_update_live(ctx: FleetContext) -> None:
     ctx.check("rollouts after the publish: generation 2 on every server, v2's tokens",
               _all_on(after, 2) and {lease.engine for lease, _ in after} == set(names),
               _seen(after))
+    ctx.members_serve(fleet, names, 2)
+
+
+def _on_generation(m: Any, generation: int) -> bool:
+    return bool(m.controller.control.committed == generation)
+
+
+def _draining(fleet: Fleet) -> str | None:
+    return next((n for n, m in fleet.members.items()
+                 if m.controller.phase is Phase.DRAINING), None)
+
+
+def s_rolling_update_migrated(ctx: FleetContext) -> None:
+    """A rolling update (max_live 2, min_admitting 2) under held rollouts: admissions never
+    close; the wave member's rollout, half generated, moves to a member on generation 1
+    and ends there with exactly the greedy tokens of an unmigrated v1 rollout; the members
+    left behind catch up one at a time, moving their rollouts while another member serves
+    generation 1; the floor rises; no strict update step is ever taken.
+
+    The rollouts outlast each drain by a cause the scenario controls: it holds their
+    leases, and moves or releases them only once their member drains."""
+    names = ctx.rig.names
+    engines = ctx.rig.engines
+    fleet = ctx.open(min_serving=2, max_live=2, min_admitting=2)
+    ctx.bootstrap(fleet)
+    held = {lease.engine: lease for lease in (fleet.admit(f"held-{i}") for i in range(3))}
+    ctx.check("a held rollout on every member", sorted(held) == sorted(names), sorted(held))
+    with ThreadPoolExecutor(1) as pool:
+        rolling = pool.submit(fleet.roll, ctx.rig.targets(2))
+        try:
+            ctx.check("the wave drains one member while the fleet rolls",
+                      wait_until(lambda: _draining(fleet) is not None, 60.0)
+                      and fleet.phase == FleetPhase.ROLLING, fleet.phase)
+            wave = str(_draining(fleet))
+            during = fleet.admit("during-wave")
+            e_during = engines[during.engine]
+            out = e_during.raw_generate(e_during.prompt("rollout"), e_during.rollout_tokens)
+            fleet.release(during)
+            ctx.check("admissions stay open during the wave: generation 1 elsewhere, v1's "
+                      "tokens", during.engine != wave and during.generation == 1
+                      and out.tokens == e_during.reference("v1", "rollout"),
+                      (during.engine, during.generation))
+            # The straggler: half its tokens on the wave member, the rest where it moves.
+            src, lease = engines[wave], held.pop(wave)
+            prompt, n = src.prompt("rollout"), src.rollout_tokens
+            first = src.raw_generate(prompt, n // 2).tokens
+            moved = fleet.migrate(lease)
+            dst = engines[moved.engine]
+            rest = dst.raw_generate((*prompt, *first), n - len(first)).tokens
+            segments = [(wave, lease.generation, 0, len(first)),
+                        (moved.engine, moved.generation, len(first), n)]
+            ctx.result.evidence["segments"] = segments
+            ctx.check("the migrated rollout: both segments on generation 1, its tokens the "
+                      "greedy v1 reference", moved.generation == lease.generation == 1
+                      and moved.engine != wave
+                      and (*first, *rest) == src.reference("v1", "rollout"), segments)
+            leases = [moved, *held.values()]
+            ctx.check("the wave publishes on its member; the floor stays",
+                      wait_until(lambda: fleet.committed == 2, 120.0) and fleet.floor == 1,
+                      (fleet.committed, fleet.floor))
+            newest = fleet.admit("newest")
+            e_new = engines[newest.engine]
+            out = e_new.raw_generate(e_new.prompt("rollout"), e_new.rollout_tokens)
+            fleet.release(newest)
+            ctx.check("new rollouts go to the frontier: generation 2 on the wave member, "
+                      "v2's tokens", newest.engine == wave and newest.generation == 2
+                      and out.tokens == e_new.reference("v2", "rollout"),
+                      (newest.engine, newest.generation))
+            moves = 1
+            for _ in range(len(names) - 1):  # each member left behind, one at a time
+                if not wait_until(lambda: _draining(fleet) is not None, 120.0):
+                    break
+                behind = str(_draining(fleet))
+                mine = [x for x in leases if x.engine == behind]
+                leases = [x for x in leases if x.engine != behind]
+                for x in mine:
+                    try:
+                        leases.append(fleet.migrate(x))
+                        moves += 1
+                    except FleetError:  # no other member serves generation 1: let it end
+                        fleet.release(x)
+                wait_until(functools.partial(_on_generation, fleet.members[behind], 2), 120.0)
+        finally:
+            for x in list(held.values()):
+                if x.rollout_id in fleet.members[x.engine].controller.bindings:
+                    fleet.release(x)
+        rep = rolling.result()
+    for x in leases:
+        if x.rollout_id in fleet.members[x.engine].controller.bindings:
+            fleet.release(x)
+    ctx.report("roll", rep)
+    ctx.result.evidence["waves"] = rep.waves
+    ctx.check("the rolling update publishes everywhere, wave by wave, and the floor rises",
+              rep.published and len(rep.waves) == len(names) and fleet.committed == 2
+              and fleet.floor == 2 and fleet.phase == FleetPhase.READY,
+              (rep.waves, fleet.committed, fleet.floor, fleet.phase))
+    steps = member_steps(Path(str(ctx.result.journal))).get("fleet", [])
+    ctx.check("admissions never closed: no strict update, close or abort; the moves are "
+              "journalled", not {"fleet_request_update", "fleet_close", "fleet_abort"}
+              & set(steps) and steps.count("migrate") == moves >= 2, steps)
     ctx.members_serve(fleet, names, 2)
 
 
@@ -664,6 +767,7 @@ def _kill_midway(adapter: Any, engine: Any, box: dict[str, float]) -> None:
 
 SCENARIOS: dict[str, Scenario] = {
     "clean_update_live": s_clean_update_live,
+    "rolling_update_migrated": s_rolling_update_migrated,
     "one_refuses": s_one_refuses,
     "dies_halfway_quorum": s_dies_halfway_quorum,
     "dies_halfway_no_quorum": s_dies_halfway_no_quorum,

@@ -1038,7 +1038,8 @@ def test_catch_up_while_aborting_conforms_to_the_spec(fleet3: Any, tmp_path: Pat
     journal_ok(tmp_path / "f.jsonl")
 
 
-@pytest.mark.parametrize("name", ["clean_update_live", "one_refuses", "dies_halfway_quorum",
+@pytest.mark.parametrize("name", ["clean_update_live", "rolling_update_migrated",
+                                  "one_refuses", "dies_halfway_quorum",
                                   "dies_halfway_no_quorum", "killed_mid_broadcast",
                                   "restarted_out_of_band", "frozen_member",
                                   "recovered_tainted_fenced"])

@@ -58,8 +58,10 @@ class Admission(FleetBase):
                                              f"{rollout_id!r} cancelled while waiting")
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    why = (f"no member serves generation {floor} or newer (frontier "
-                           f"{self.committed})" if open_now else f"the fleet is {self.phase}"
+                    why = ((f"committed generation {self.committed} is below {floor}"
+                            if self.committed < floor else f"no member serves generation "
+                            f"{floor} or newer (frontier {self.committed})")
+                           if open_now else f"the fleet is {self.phase}"
                            if self.phase not in _ADMITTING else
                            "fewer than min_serving members serve")
                     raise AdmissionTimeout("admit", Phase.READY, why)
