@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from rolloutcore.adapters.sim import SimAdapter, SimEngine, reference_tokens, sim_target
+from rolloutcore.controller import AdmissionTimeout
 from rolloutcore.fleet import Fleet, FleetCycleReport, FleetError
 from rolloutcore.fleet_check import check_fleet_file, check_fleet_records
 from rolloutcore.journal import read_journal
@@ -94,6 +95,15 @@ def test_a_rolling_update_never_closes_admissions_and_migrates_instead_of_waitin
     # The wave publishes; new rollouts go to the newest generation.
     wait_until(lambda: fleet.committed == 2, "the wave to publish")
     assert fleet.floor == 1
+    # A request that accepts no staleness is served by the frontier only.
+    wait_until(lambda: any(m.controller.phase is Phase.READY and m.controller.control.committed
+                           == 1 for n, m in fleet.members.items() if n != wave),
+               "a member on generation 1 to serve")
+    with pytest.raises(AdmissionTimeout, match="no member serves generation 2"):
+        fleet.admit("fresh-only", max_staleness=0, exclude=[wave])
+    stale_ok = fleet.admit("stale-ok", max_staleness=1, exclude=[wave])
+    assert stale_ok.generation == 1
+    fleet.release(stale_ok)
     # The members left on generation 1 catch up one at a time, each moving its rollouts
     # to the other while one is left; the last one's rollouts have nowhere to go.
     leases = [moved, during, *held.values()]

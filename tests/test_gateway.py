@@ -676,6 +676,9 @@ BAD_REQUESTS: list[tuple[str, dict[str, Any], int, str]] = [
     ("bad min generation", {"json": {"model": MODEL, "prompt": [1]},
                             "headers": {"X-RolloutCore-Min-Generation": "-1"}}, 400,
      "invalid_request"),
+    ("bad max staleness", {"json": {"model": MODEL, "prompt": [1]},
+                           "headers": {"X-RolloutCore-Max-Staleness": "one"}}, 400,
+     "invalid_request"),
 ]
 
 

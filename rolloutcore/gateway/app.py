@@ -55,6 +55,7 @@ H_ROLLOUT = "x-rolloutcore-rollout-id"
 H_LABEL = "x-rolloutcore-label"
 H_SEQ = "x-rolloutcore-admission-seq"
 H_MIN_GENERATION = "x-rolloutcore-min-generation"
+H_MAX_STALENESS = "x-rolloutcore-max-staleness"
 #: Not forwarded either way: hop-by-hop, recomputed, or the gateway's own.
 _HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
                   "proxy-connection", "te", "trailer", "trailers", "transfer-encoding",
@@ -177,7 +178,8 @@ class GatewayApp:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1")
                    for k, v in scope["headers"]}
         try:
-            min_gen = _min_generation(headers)
+            min_gen = _header_count(headers, H_MIN_GENERATION)
+            staleness = _header_count(headers, H_MAX_STALENESS)
             body, obj = b"", None
             if scope["method"] == "POST":
                 body = await _read_body(receive, headers, cfg.max_body_bytes)
@@ -193,8 +195,8 @@ class GatewayApp:
         if obj is not None and self.gw.records is not None and wants_injection(endpoint, obj):
             obj = {**obj, "return_token_ids": True}
             body, inject = json.dumps(obj).encode(), True
-        await _Exchange(self, endpoint, scope, headers, body, obj, min_gen, inject)(
-            receive, send)
+        await _Exchange(self, endpoint, scope, headers, body, obj, min_gen, inject,
+                        None if H_MAX_STALENESS not in headers else staleness)(receive, send)
 
     # ------------------------------------------------------------------ the rest
 
@@ -358,8 +360,9 @@ def _flag(obj: Mapping[str, Any], key: str, default: bool) -> bool:
     return v
 
 
-def _min_generation(headers: Mapping[str, str]) -> int:
-    raw = headers.get(H_MIN_GENERATION)
+def _header_count(headers: Mapping[str, str], name: str) -> int:
+    """A header holding a generation count (0 if absent); a 400 if it is not one."""
+    raw = headers.get(name)
     if raw is None:
         return 0
     try:
@@ -367,8 +370,7 @@ def _min_generation(headers: Mapping[str, str]) -> int:
     except ValueError:
         n = -1
     if n < 0:
-        raise _bad(f"{H_MIN_GENERATION} must be an integer >= 0, got {raw!r}",
-                   param=H_MIN_GENERATION)
+        raise _bad(f"{name} must be an integer >= 0, got {raw!r}", param=name)
     return n
 
 
@@ -431,7 +433,8 @@ class _Exchange:
 
     def __init__(self, owner: GatewayApp, endpoint: str, scope: Scope,
                  headers: dict[str, str], body: bytes, obj: dict[str, Any] | None,
-                 min_generation: int, inject: bool) -> None:
+                 min_generation: int, inject: bool, max_staleness: int | None = None
+                 ) -> None:
         self.owner, self.gw = owner, owner.gw
         self.endpoint, self.path = endpoint, scope["path"]
         self.method = scope["method"]
@@ -440,6 +443,7 @@ class _Exchange:
         self.body_out = body
         self.stream = bool(obj and obj.get("stream"))
         self.min_generation = min_generation
+        self.max_staleness = max_staleness
         self.inject = inject
         self.collector = Collector(endpoint, obj) if (
             obj is not None and self.gw.records is not None) else None
@@ -518,7 +522,7 @@ class _Exchange:
             with anyio.CancelScope(shield=True):  # a lease, once made, is never dropped
                 first = await loop.run_in_executor(
                     gw.quick, gw.admit_now, gw.new_rollout_id(), self.endpoint,
-                    self.min_generation, tuple(self.failed_on))
+                    self.min_generation, tuple(self.failed_on), self.max_staleness)
                 self.lease = self.bound = first if isinstance(first, Lease) else \
                     await loop.run_in_executor(gw.waits, gw.admit_queued, first, cancel)
             return True

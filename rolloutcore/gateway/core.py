@@ -99,6 +99,7 @@ class Queued:
     endpoint: str
     floor: int
     exclude: tuple[str, ...] = ()
+    max_staleness: int | None = None  # generations behind the frontier it accepts
 
 
 class Busy(Exception):
@@ -149,19 +150,21 @@ class Gateway:
         return f"gw-{self._prefix}-{next(self._ids)}"
 
     def admit(self, rollout_id: str, endpoint: str, min_generation: int,
-              cancel: threading.Event) -> Lease:
+              cancel: threading.Event, max_staleness: int | None = None) -> Lease:
         """Admit now, or wait in the bounded queue; raise :class:`Refusal` otherwise.
         Returns once the admission is durable in the journal."""
-        first = self.admit_now(rollout_id, endpoint, min_generation, ())
+        first = self.admit_now(rollout_id, endpoint, min_generation, (), max_staleness)
         return first if isinstance(first, Lease) else self.admit_queued(first, cancel)
 
     def admit_now(self, rollout_id: str, endpoint: str, min_generation: int,
-                  exclude: tuple[str, ...] = ()) -> Lease | Queued:
+                  exclude: tuple[str, ...] = (), max_staleness: int | None = None
+                  ) -> Lease | Queued:
         """Admit at once if admissions are open (durably: returns once journalled), or
         take a place in the queue (then :meth:`admit_queued`, always), or refuse. Never
         waits for admissions: the ASGI half runs this on a pool of its own, so that
         queued requests cannot starve admissions and releases of threads. ``exclude``:
-        engines this request failed on already."""
+        engines this request failed on already. ``max_staleness``: serve it only on a
+        member at most that many generations behind the frontier."""
         floor = max(min_generation, self.floor)
         if self._closing:
             raise Refusal(503, "the gateway is shutting down", type="server_error",
@@ -169,6 +172,7 @@ class Gateway:
         try:
             with self.fleet.journal.deferred():
                 return self.fleet.admit(rollout_id, min_generation=floor, exclude=exclude,
+                                        max_staleness=max_staleness,
                                         detail={"via": "gateway", "endpoint": endpoint})
         except AdmissionTimeout:
             pass  # closed for an update, or below the floor: queue (or refuse)
@@ -188,7 +192,7 @@ class Gateway:
                               retry_after=self.config.retry_after_s)
             self._queued += 1
             self.metrics.queue_depth.set(self._queued)
-        return Queued(rollout_id, endpoint, floor, exclude)
+        return Queued(rollout_id, endpoint, floor, exclude, max_staleness)
 
     def admit_queued(self, q: Queued, cancel: threading.Event) -> Lease:
         """Wait in the queue place ``q`` (bounded by the configured wait; ``cancel`` ends
@@ -203,6 +207,7 @@ class Gateway:
             with self.fleet.journal.deferred():
                 return self.fleet.admit(q.rollout_id, wait=self.config.queue_wait_s,
                                         min_generation=q.floor, cancel=cancel,
+                                        max_staleness=q.max_staleness,
                                         exclude=q.exclude,
                                         detail={"via": "gateway", "endpoint": q.endpoint})
         except AdmissionTimeout:
