@@ -66,7 +66,7 @@ def open_fleet(cfg: FleetConfig, fleet_file: str, *, min_serving: int | None = N
         members.append((e.name, HttpAdapter(e.url, model=e.model, token=e.token), e.url))
     return Fleet(members, journal=journal_of(cfg, fleet_file),
                  min_serving=min_serving or cfg.min_serving, policy=RunnerPolicy(),
-                 on_step=on_step,
+                 on_step=on_step, max_live=cfg.max_live, min_admitting=cfg.min_admitting,
                  target_of=lambda src, gen, label: checkpoint_target(src, gen, label))
 
 
@@ -118,11 +118,18 @@ def fleet_status(args: argparse.Namespace) -> int:
         except (AdapterError, ValueError) as err:
             row.update(engine_error=str(err)[:200])
         rows.append(row)
-    fleet = {"phase": state.fphase if state else "UNINITIALIZED",
-             "committed": state.fcommitted if state else 0,
-             "min_serving": state.min_serving if state else cfg.min_serving}
+    fleet: dict[str, Any] = {"phase": state.fphase if state else "UNINITIALIZED",
+                             "committed": state.fcommitted if state else 0,  # the frontier
+                             "floor": state.ffloor if state else 0,
+                             "min_serving": state.min_serving if state else cfg.min_serving,
+                             "max_live": state.max_live if state else cfg.max_live,
+                             "min_admitting": (state.min_admitting if state
+                                               else cfg.min_admitting)}
     text = [f"fleet {fleet['phase']}, committed generation {fleet['committed']}, "
             f"min_serving {fleet['min_serving']}"]
+    if fleet["max_live"] > 1:
+        text[0] += (f"; rolling: frontier {fleet['committed']}, floor {fleet['floor']}, "
+                    f"max_live {fleet['max_live']}, min_admitting {fleet['min_admitting']}")
     for r in rows:
         live = (f"engine says label {r.get('engine_label')!r}, identity "
                 f"{str(r.get('engine_identity'))[:12]}, paused {r.get('engine_paused')}"
@@ -187,6 +194,9 @@ def fleet_update(args: argparse.Namespace) -> int:
         if args.min_serving is not None and args.min_serving > len(cfg.engines):
             raise FleetFileError(f"--min-serving {args.min_serving} exceeds the fleet's "
                                  f"{len(cfg.engines)} engines")
+        if args.min_serving is not None and cfg.max_live > 1:
+            raise FleetFileError("--min-serving: a rolling fleet (max_live >= 2) keeps the "
+                                 "quorum its fleet file gives")
         for path in (args.checkpoint, args.initial):  # before anything is written
             if path is not None:
                 check_checkpoint(path)
@@ -212,7 +222,7 @@ def fleet_update(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"fleet update to {args.label} (generation {target.generation}), "
                   f"min_serving {fleet.min_serving}:")
-        report = fleet.update(target)
+        report = fleet.roll(target) if fleet.max_live > 1 else fleet.update(target)
     except (TargetError, FleetError) as err:
         return _fail(args, str(err))
     finally:

@@ -134,6 +134,11 @@ CASES: list[Case] = [
         "notjson", "empty", "binary", "dir", "missing", "fleet_dup", "fleet_bad_k",
         "fleet_bad_transfer", "fleet_unknown_key")),
     C("fleet status", "", 2, "no fleet file"),
+    *(C(f"fleet {cmd}", f"--fleet {{{f}}} {extra}", 2, f) for cmd, extra in (
+        ("status", ""), ("update", "--checkpoint {dir} --label v2")) for f in (
+        "fleet_c_without_k", "fleet_c_every_member", "fleet_k_string")),
+    C("fleet update", "--fleet {fleet_rolling} --checkpoint {dir} --label v2 --min-serving 1",
+      2, "min serving on a rolling fleet"),
     C("fleet update", "--fleet {fleet_good} --label v2", 2, "no checkpoint"),
     C("fleet update", "--fleet {fleet_good} --checkpoint {missing} --label v2", 2,
       "checkpoint missing"),
@@ -217,6 +222,12 @@ def _make_corpus(root: Path) -> dict[str, str]:
                                   b'colour = "blue"\n')
     files["fleet_bad_watchdog"] = (b'[fleet]\nwatchdog_s = -1\n'
                                    b'[[engine]]\nname = "a"\nurl = "http://127.0.0.1:1"\n')
+    two = b'[[engine]]\nname = "a"\nurl = "http://127.0.0.1:1"\n' \
+          b'[[engine]]\nname = "b"\nurl = "http://127.0.0.1:2"\n'
+    files["fleet_c_without_k"] = b'[fleet]\nmin_admitting = 1\n' + two
+    files["fleet_c_every_member"] = b'[fleet]\nmax_live = 2\nmin_admitting = 2\n' + two
+    files["fleet_k_string"] = b'[fleet]\nmax_live = "2"\n' + two
+    files["fleet_rolling"] = b'[fleet]\nmax_live = 2\nmin_admitting = 1\n' + two
     files["fleet_good"] = b'[[engine]]\nname = "a"\nurl = "http://127.0.0.1:1"\n'
     out = {"journal": str(journal), "dir": str(root / "dir"),
            "missing": str(root / "missing"), "new": str(root / "new.jsonl")}

@@ -185,3 +185,36 @@ def test_rolling_bounds_are_checked() -> None:
     for k, c in ((0, 0), (1, 1), (2, 2)):
         with pytest.raises(ValueError, match="max_live"):
             Fleet(ad, journal="/nonexistent/never-written.jsonl", max_live=k, min_admitting=c)
+
+
+def test_fleet_status_shows_frontier_floor_and_the_policy_mid_roll(
+        rolling: tuple[Fleet, dict[str, SimAdapter]], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`fleet status` reads the journal: while a member still holds a rollout below the
+    frontier, the floor stays behind it; the policy is the one the journal opened with."""
+    import json
+
+    from rolloutcore import cli
+
+    fleet, _ad = rolling
+    (tmp_path / "fleet.toml").write_text(
+        '[fleet]\nmin_serving = 2\nmax_live = 2\nmin_admitting = 2\njournal = "f.jsonl"\n'
+        + "".join(f'[[engine]]\nname = "{n}"\nurl = "http://127.0.0.1:1"\n' for n in NAMES))
+    held = {x.engine: x for x in (fleet.admit(f"r{i}") for i in range(3))}
+    worker, result = in_background(lambda: fleet.roll(sim_target(2, ckpt(2))))
+    wait_until(lambda: draining(fleet) is not None, "the wave to drain")
+    held[str(draining(fleet))] = fleet.migrate(held.pop(str(draining(fleet))))
+    wait_until(lambda: fleet.committed == 2, "the wave to publish")
+
+    def status() -> dict[str, Any]:
+        assert cli.main(["fleet", "status", "--fleet", str(tmp_path / "fleet.toml"),
+                         "--json"]) == 0
+        return dict(json.loads(capsys.readouterr().out)["fleet"])
+    mid = status()
+    assert (mid["committed"], mid["floor"], mid["max_live"], mid["min_admitting"]) == (
+        2, 1, 2, 2), mid
+    for x in held.values():
+        fleet.release(x)
+    worker.join(30)
+    assert result and isinstance(result[0], FleetCycleReport) and result[0].published
+    assert (status()["committed"], status()["floor"]) == (2, 2)

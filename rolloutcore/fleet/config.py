@@ -30,6 +30,18 @@ class FleetConfig:
     min_serving: int
     journal: Path | None = None
     watchdog_s: float | None = None  # None: not given (``serve`` has a default)
+    max_live: int = 1  # K: generations served at once (>= 2: updates roll)
+    min_admitting: int = 0  # C: members serving throughout a rolling update
+
+
+def rolling_bounds_error(max_live: int, min_admitting: int, members: int) -> str | None:
+    """Why (``max_live``, ``min_admitting``) is not a fleet update policy for ``members``
+    engines, or None: K >= 1, C in 0..members-1 (a wave needs a member to leave), and
+    C = 0 with K = 1 (the strict update closes every member)."""
+    if max_live < 1 or not 0 <= min_admitting < members or (max_live == 1 and min_admitting):
+        return (f"max_live {max_live} and min_admitting {min_admitting}: K >= 1, C in "
+                f"0..{members - 1}, and C = 0 with K = 1")
+    return None
 
 
 def load_fleet_file(path: str | Path) -> FleetConfig:
@@ -39,6 +51,8 @@ def load_fleet_file(path: str | Path) -> FleetConfig:
         min_serving = 2          # optional, default: every engine
         journal = "fleet.jsonl"  # optional, relative to the file
         watchdog_s = 10          # optional: audit every serving engine this often
+        max_live = 2             # optional, default 1: >= 2 makes updates roll in waves
+        min_admitting = 2        # optional, default 0: members serving throughout a roll
 
         [[engine]]
         name = "a"
@@ -83,8 +97,9 @@ def load_fleet_file(path: str | Path) -> FleetConfig:
     if len(set(names)) != len(names):
         raise FleetFileError(f"{p}: engine names must be distinct: {names}")
     fleet = data.get("fleet", {})
-    if not isinstance(fleet, dict) or set(fleet) - {"min_serving", "journal", "watchdog_s"}:
-        raise FleetFileError(f"{p}: [fleet] takes min_serving, journal and watchdog_s only")
+    keys = {"min_serving", "journal", "watchdog_s", "max_live", "min_admitting"}
+    if not isinstance(fleet, dict) or set(fleet) - keys:
+        raise FleetFileError(f"{p}: [fleet] takes {', '.join(sorted(keys))} only")
     k = fleet.get("min_serving", len(engines))
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= len(engines):
         raise FleetFileError(f"{p}: min_serving must be an integer in 1..{len(engines)}")
@@ -95,8 +110,15 @@ def load_fleet_file(path: str | Path) -> FleetConfig:
     if watchdog is not None and (isinstance(watchdog, bool) or not isinstance(
             watchdog, int | float) or not 0 < watchdog < float("inf")):
         raise FleetFileError(f"{p}: watchdog_s must be a positive number of seconds")
+    rolling = [fleet.get("max_live", 1), fleet.get("min_admitting", 0)]
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in rolling):
+        raise FleetFileError(f"{p}: max_live and min_admitting must be integers")
+    bad = rolling_bounds_error(rolling[0], rolling[1], len(engines))
+    if bad:
+        raise FleetFileError(f"{p}: {bad}")
     return FleetConfig(tuple(engines), k, (p.parent / journal) if journal else None,
-                       None if watchdog is None else float(watchdog))
+                       None if watchdog is None else float(watchdog), *rolling)
 
 
-__all__ = ["TRANSFERS", "EngineConfig", "FleetConfig", "FleetFileError", "load_fleet_file"]
+__all__ = ["TRANSFERS", "EngineConfig", "FleetConfig", "FleetFileError", "load_fleet_file",
+           "rolling_bounds_error"]

@@ -12,6 +12,7 @@ from rolloutcore.adapters.contract import LifecycleAdapter
 from rolloutcore.controller import Controller
 from rolloutcore.fleet.admission import Admission
 from rolloutcore.fleet.base import UNINITIALIZED, Member, StepHook, TargetFactory
+from rolloutcore.fleet.config import rolling_bounds_error
 from rolloutcore.fleet.readmission import Readmission
 from rolloutcore.fleet.recovery import Recovery
 from rolloutcore.fleet.updates import Updates
@@ -44,10 +45,9 @@ class Fleet(Admission, Readmission, Updates, Recovery):
         self.min_serving = len(names) if min_serving is None else min_serving
         if not 1 <= self.min_serving <= len(names):
             raise ValueError(f"min_serving must be in 1..{len(names)}")
-        if max_live < 1 or not 0 <= min_admitting < len(names) or (
-                max_live == 1 and min_admitting):
-            raise ValueError(f"max_live {max_live} and min_admitting {min_admitting}: K >= 1, "
-                             f"C in 0..{len(names) - 1}, and C = 0 with K = 1")
+        bad = rolling_bounds_error(max_live, min_admitting, len(names))
+        if bad:
+            raise ValueError(bad)
         self.max_live, self.min_admitting = max_live, min_admitting
         path = Path(journal)
         existing = path.exists() and path.stat().st_size > 0

@@ -273,6 +273,8 @@ class Gateway:
         if min_serving is not None and (isinstance(min_serving, bool) or not isinstance(
                 min_serving, int) or not 1 <= min_serving <= n):
             raise ValueError(f"min_serving must be an integer in 1..{n}")
+        if min_serving is not None and self.fleet.max_live > 1:
+            raise ValueError("min_serving: a rolling fleet (max_live >= 2) keeps its quorum")
         self._claim(f"update to {label}")
         try:
             target = self.target_of(checkpoint, self.fleet.committed + 1, label)
@@ -285,7 +287,8 @@ class Gateway:
         fleet = self.fleet
         t0 = time.perf_counter()
         try:
-            report = fleet.update(target, min_serving=min_serving)  # journalled with it
+            report = (fleet.roll(target) if fleet.max_live > 1 else  # admissions stay open
+                      fleet.update(target, min_serving=min_serving))  # journalled with it
         except FleetError as e:
             self.metrics.cycle.labels("refused").observe(time.perf_counter() - t0)
             self.last_error = str(e)
@@ -361,7 +364,9 @@ class Gateway:
         report = self.last_report
         return {
             "fleet": {"phase": f.phase, "committed": f.committed,
-                      "min_serving": f.min_serving, "min_generation_floor": self.floor},
+                      "min_serving": f.min_serving, "min_generation_floor": self.floor,
+                      "floor": f.floor, "max_live": f.max_live,
+                      "min_admitting": f.min_admitting},
             "engines": engines,
             "queue": {"depth": self._queued, "max_depth": self.config.queue_depth,
                       "max_wait_s": self.config.queue_wait_s, "stale": self.config.stale},
