@@ -218,3 +218,29 @@ def test_fleet_status_shows_frontier_floor_and_the_policy_mid_roll(
     worker.join(30)
     assert result and isinstance(result[0], FleetCycleReport) and result[0].published
     assert (status()["committed"], status()["floor"]) == (2, 2)
+
+
+def test_a_wave_member_that_loads_the_wrong_weights_is_quarantined_and_serves_nothing(
+        rolling: tuple[Fleet, dict[str, SimAdapter]], tmp_path: Path) -> None:
+    """The wave's one member loads other weights than the target declares: it is
+    quarantined, nothing publishes, the fleet stays on one live generation, every
+    admission goes to the members that kept serving, and verified re-admission brings
+    it back onto the committed generation."""
+    fleet, ad = rolling
+    for a in ad.values():  # whichever member the wave takes; the others never mutate
+        a.faults.add("mutate", "wrong_weights")
+    report = fleet.roll(sim_target(2, ckpt(2)))
+    assert not report.published and len(report.quarantined) == 1, report.as_json()
+    (bad,) = report.quarantined
+    assert fleet.members[bad].controller.phase is Phase.TAINTED
+    assert (fleet.phase, fleet.committed, fleet.floor) == (FleetPhase.READY, 1, 1)
+    served = [fleet.admit(f"r{i}") for i in range(4)]
+    assert {x.engine for x in served} == set(NAMES) - {bad}
+    assert {x.generation for x in served} == {1}
+    for x in served:
+        fleet.release(x)
+    assert fleet.readmit(bad, who="operator").trigger.name == "READMIT_OK"
+    assert fleet.admit("after", min_generation=1).generation == 1
+    _chain, records = read_journal(tmp_path / "f.jsonl")
+    verdict = check_fleet_records(enumerate(records, 1))
+    assert verdict.accepted, verdict

@@ -200,6 +200,8 @@ class Updates(FleetBase):
             deciding.wait()
         finally:
             self._deciding = None
+        for m in wave:  # a wave decides once a quarantined member's fence ended (the spec's
+            m.settle_work(self.policy.fence_timeout_s + 5.0)  # wave_settled); others serve
         for m in wave:
             if m.work is not None and m.work.done():
                 m.work.result()
