@@ -462,7 +462,9 @@ def _show_line(r: Any) -> str:
             f"{(r.identity or '-')[:12]}), prompt {len(r.prompt_token_ids)} + response "
             f"{len(r.response_token_ids)} tokens, {r.finish_reason}"
             f"{' (ABORTED by the drain: partial output)' if r.binding.aborted else ''}; "
-            f"T={d.temperature} "
+            + (f"migrated: {', '.join(f'{x.engine} {x.start}..{x.end}' for x in r.segments)}"
+               "; " if r.segments else "")
+            + f"T={d.temperature} "
             f"top_p={d.top_p} max={d.max_tokens} seed={d.seed}; {r.timing.seconds:.3f} s")
 
 

@@ -14,6 +14,8 @@ re-admission. A record is
   that seq, another rollout, another generation or identity than the admission's, a
   second record for one admission, an admission never released, a record that says it
   finished of a rollout the drain aborted (``release_aborted``) or the other way round;
+  for a migrated rollout, each segment's admission is checked the same way and must be
+  on the member it names and on the rollout's one generation;
 * ``unverifiable`` when nothing contradicts it but the journal does not name the
   identity of its generation: said, never passed silently;
 * ``consistent`` otherwise.
@@ -77,7 +79,7 @@ def journal_fact(rec: Mapping[str, Any]) -> Fact | None:
     step = rec.get("step")
     engine = rec.get("engine") if isinstance(rec.get("engine"), str) else None
     if step == "admit":
-        return Fact("admit", rec["seq"], str(rec["param"]), rec["committed"])
+        return Fact("admit", rec["seq"], str(rec["param"]), rec["committed"], engine=engine)
     if step in ("release", "release_aborted"):
         return Fact("release", rec["seq"], str(rec["param"]),
                     aborted=step == "release_aborted")
@@ -138,6 +140,9 @@ class JournalIndex:
         self.generations = array("q")
         self.released = bytearray()
         self.claimed = array("q")  # 1 + position of the first record claiming it; 0: none
+        self.engines = array("i")  # the member it was admitted on, as an index of names
+        self.engine_names: list[str | None] = []
+        engine_ids: dict[str | None, int] = {}
         self.identities: dict[int, str | None] = {}
         open_: dict[str, int] = {}  # bound rollout id -> its admission's index
         #: Per engine, the (generation, identity) its validation and probe verified last.
@@ -154,6 +159,10 @@ class JournalIndex:
                 self.generations.append(fact.generation)
                 self.released.append(0)
                 self.claimed.append(0)
+                if fact.engine not in engine_ids:
+                    engine_ids[fact.engine] = len(self.engine_names)
+                    self.engine_names.append(fact.engine)
+                self.engines.append(engine_ids[fact.engine])
             elif fact.kind == "release" and fact.rollout_id is not None:
                 i = open_.pop(fact.rollout_id, None)
                 if i is not None:
@@ -183,43 +192,66 @@ class JournalIndex:
 
     def check(self, position: int, record: TrajectoryRecord, *,
               unit: str = "line") -> RecordVerdict:
-        """Judge the record at ``position`` (a ``unit``: line or row) of its file."""
+        """Judge the record at ``position`` (a ``unit``: line or row) of its file: its
+        admission, or each admission of a migrated rollout's segments."""
         b = record.binding
         reasons: list[str] = []
-        i = bisect_left(self.seqs, b.seq)
-        if i == len(self.seqs) or self.seqs[i] != b.seq:
-            beyond = b.seq > self.chain.last_seq
-            reasons.append(f"no admission at journal seq {b.seq}"
-                           + (f" (the journal ends at seq {self.chain.last_seq})"
-                              if beyond else ""))
-            return self._verdict(position, record, REJECTED, reasons)
-        if self.rollouts[i] != _digest(b.rollout_id):
-            reasons.append(f"journal seq {b.seq} admits another rollout than "
-                           f"{b.rollout_id!r}")
-        gen = self.generations[i]
-        if b.generation != gen:
-            reasons.append(f"claims generation {b.generation}, admitted under generation "
-                           f"{gen}")
-        ident = self.identities.get(gen)
+        gen = b.generation
         unverifiable = False
-        if ident == _CONFLICT:
-            reasons.append(f"the journal names two identities for generation {gen}")
-        elif ident is None:
-            unverifiable = True
-        elif b.identity != ident:
-            reasons.append(f"claims identity {b.identity}, generation {gen} is {ident} in "
-                           "the journal")
-        if self.claimed[i]:
-            reasons.append(f"a second record for the admission at seq {b.seq} (the first "
-                           f"is at {unit} {self.claimed[i] - 1})")
-        else:
-            self.claimed[i] = position + 1
-        if not self.released[i]:
-            reasons.append(f"its admission (seq {b.seq}) was never released in the journal")
-        elif (self.released[i] == ABORTED) != b.aborted:
-            said = "aborted" if b.aborted else "finished"
-            was = "aborted by the drain" if self.released[i] == ABORTED else "finished"
-            reasons.append(f"claims it {said}; the journal released it as {was}")
+        parts = record.segments or (None,)
+        for k, seg in enumerate(parts):
+            last = k == len(parts) - 1
+            seq = b.seq if seg is None else seg.seq
+            what = "" if seg is None else f"segment {k} ({seg.engine}, tokens " \
+                f"{seg.start}..{seg.end}): "
+            i = bisect_left(self.seqs, seq)
+            if i == len(self.seqs) or self.seqs[i] != seq:
+                beyond = seq > self.chain.last_seq
+                reasons.append(f"{what}no admission at journal seq {seq}"
+                               + (f" (the journal ends at seq {self.chain.last_seq})"
+                                  if beyond else ""))
+                continue
+            if self.rollouts[i] != _digest(b.rollout_id):
+                reasons.append(f"{what}journal seq {seq} admits another rollout than "
+                               f"{b.rollout_id!r}")
+            if k == 0:
+                gen = self.generations[i]
+                if b.generation != gen:
+                    reasons.append(f"claims generation {b.generation}, admitted under "
+                                   f"generation {gen}")
+                ident = self.identities.get(gen)
+                if ident == _CONFLICT:
+                    reasons.append(f"the journal names two identities for generation {gen}")
+                elif ident is None:
+                    unverifiable = True
+                elif b.identity != ident:
+                    reasons.append(f"claims identity {b.identity}, generation {gen} is "
+                                   f"{ident} in the journal")
+            elif self.generations[i] != b.generation:
+                reasons.append(f"{what}admitted under generation {self.generations[i]}, the "
+                               f"rollout under {b.generation}: one rollout, two policies")
+            if seg is not None:
+                if seg.generation != b.generation:
+                    reasons.append(f"{what}claims generation {seg.generation}, the "
+                                   f"rollout's binding {b.generation}")
+                on = self.engine_names[self.engines[i]]
+                if on != seg.engine:
+                    reasons.append(f"{what}claims member {seg.engine!r}, journal seq {seq} "
+                                   f"admitted it on {on!r}")
+            if self.claimed[i]:
+                reasons.append(f"{what}a second record for the admission at seq {seq} (the "
+                               f"first is at {unit} {self.claimed[i] - 1})")
+            else:
+                self.claimed[i] = position + 1
+            if not self.released[i]:
+                reasons.append(f"{what}its admission (seq {seq}) was never released in the "
+                               "journal")
+            elif last and (self.released[i] == ABORTED) != b.aborted:
+                said = "aborted" if b.aborted else "finished"
+                was = "aborted by the drain" if self.released[i] == ABORTED else "finished"
+                reasons.append(f"claims it {said}; the journal released it as {was}")
+            elif not last and self.released[i] == ABORTED:
+                reasons.append(f"{what}the drain aborted it: the rollout cannot go on")
         if reasons:
             return self._verdict(position, record, REJECTED, reasons)
         if unverifiable:

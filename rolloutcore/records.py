@@ -37,7 +37,9 @@ from rolloutcore.inputs import file_problem
 if TYPE_CHECKING:
     from rolloutcore.runner import LifecycleRunner
 
-SCHEMA_VERSION = 2  # 2: the binding says whether the drain aborted the rollout
+#: 2: the binding says whether the drain aborted the rollout; 3: a migrated rollout's
+#: segments.
+SCHEMA_VERSION = 3
 SCHEMA_NAME = "rolloutcore.trajectory"
 _PARQUET_META_KEY = b"rolloutcore.trajectory.schema_version"
 
@@ -181,10 +183,44 @@ class Timing:
                    _float(d["seconds"], "timing.seconds"))
 
 
+@dataclass(frozen=True)
+class Segment:
+    """The part of a migrated rollout's response one member generated: tokens
+    ``[start, end)``, under the admission at journal seq ``seq``, on generation
+    ``generation`` (``records verify`` checks each against the journal)."""
+
+    engine: str
+    seq: int
+    generation: int
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        if not _str(self.engine, "segments[].engine"):
+            raise RecordError("segments[].engine: must not be empty")
+        _int(self.seq, "segments[].seq", minimum=0)
+        _int(self.generation, "segments[].generation", minimum=1)
+        _int(self.start, "segments[].start", minimum=0)
+        if _int(self.end, "segments[].end", minimum=0) < self.start:
+            raise RecordError(f"segments[]: end {self.end} is before start {self.start}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"engine": self.engine, "seq": self.seq, "generation": self.generation,
+                "start": self.start, "end": self.end}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Segment:
+        d = _exact_keys(d, "segments[]", _SEGMENT_KEYS)
+        return cls(_str(d["engine"], "segments[].engine"), _int(d["seq"], "segments[].seq"),
+                   _int(d["generation"], "segments[].generation"),
+                   _int(d["start"], "segments[].start"), _int(d["end"], "segments[].end"))
+
+
+_SEGMENT_KEYS = ("engine", "seq", "generation", "start", "end")
 _BINDING_KEYS = ("rollout_id", "generation", "identity", "seq", "aborted")
 _RECORD_KEYS = ("schema", "schema_version", "binding", "label", "prompt_token_ids",
                 "response_token_ids", "logprobs", "decoding", "finish_reason", "stop_reason",
-                "timing")
+                "timing", "segments")
 
 
 @dataclass(frozen=True)
@@ -200,6 +236,9 @@ class TrajectoryRecord:
     finish_reason: str | None
     stop_reason: str | int | None  # vLLM's: the stop string or token id that matched
     timing: Timing
+    #: A migrated rollout's parts, in order (empty: it ran on its binding's admission
+    #: alone). The first is the binding's admission; together they span the response.
+    segments: tuple[Segment, ...] = ()
     schema_version: int = field(default=SCHEMA_VERSION)
 
     def __post_init__(self) -> None:
@@ -240,6 +279,33 @@ class TrajectoryRecord:
         sr = self.stop_reason
         if sr is not None and not isinstance(sr, str):
             _int(sr, "stop_reason")
+        self._check_segments()
+
+    def _check_segments(self) -> None:
+        """Their shape only; whether the journal admitted each, on which generation, is
+        ``records verify``'s to say."""
+        segs = self.segments
+        if not isinstance(segs, tuple) or not all(isinstance(x, Segment) for x in segs):
+            raise RecordError("segments: expected a tuple of Segment")
+        if not segs:
+            return
+        if len(segs) < 2:
+            raise RecordError("segments: a rollout that was not migrated has none")
+        if segs[0].seq != self.binding.seq:
+            raise RecordError(f"segments: the first is admission {segs[0].seq}, the "
+                              f"binding's is {self.binding.seq}")
+        at = 0
+        for i, x in enumerate(segs):
+            if x.start != at:
+                raise RecordError(f"segments[{i}]: starts at token {x.start}, the one "
+                                  f"before ends at {at}")
+            if i and x.seq <= segs[i - 1].seq:
+                raise RecordError(f"segments[{i}]: admission {x.seq} is not after "
+                                  f"{segs[i - 1].seq}")
+            at = x.end
+        if at != len(self.response_token_ids):
+            raise RecordError(f"segments: they end at token {at}, the response has "
+                              f"{len(self.response_token_ids)}")
 
     @property
     def version(self) -> int:
@@ -269,6 +335,7 @@ class TrajectoryRecord:
             "finish_reason": self.finish_reason,
             "stop_reason": self.stop_reason,
             "timing": self.timing.to_dict(),
+            "segments": [x.to_dict() for x in self.segments],
         }
 
     @classmethod
@@ -297,7 +364,9 @@ class TrajectoryRecord:
                    logprobs=None if lp is None else _floats(lp, "logprobs"),
                    decoding=Decoding.from_dict(d["decoding"]),
                    finish_reason=_opt_str(d["finish_reason"], "finish_reason"),
-                   stop_reason=sr, timing=Timing.from_dict(d["timing"]))
+                   stop_reason=sr, timing=Timing.from_dict(d["timing"]),
+                   segments=tuple(Segment.from_dict(x)
+                                  for x in _seq(d["segments"], "segments")))
 
 
 def record_from(binding: Binding, label: str, prompt: Sequence[int], result: GenerationResult,
@@ -410,7 +479,10 @@ def _arrow_schema() -> Any:
          ("decoding", decoding), ("finish_reason", pa.string()),
          # a stop reason is a string or a token id: one column each, at most one set
          ("stop_reason_text", pa.string()), ("stop_reason_token", pa.int64()),
-         ("timing", timing)],
+         ("timing", timing),
+         ("segments", pa.list_(pa.struct([
+             ("engine", pa.string()), ("seq", pa.int64()), ("generation", pa.int64()),
+             ("start", pa.int64()), ("end", pa.int64())])))],
         metadata={_PARQUET_META_KEY: str(SCHEMA_VERSION).encode()},
     )
 
@@ -536,7 +608,7 @@ def write_records(path: str | os.PathLike[str], records: Iterable[TrajectoryReco
     return write_jsonl(path, records)
 
 
-__all__ = ["SCHEMA_VERSION", "Decoding", "RecordError", "Timing", "TrajectoryRecord", "dumps",
-           "greedy", "iter_jsonl", "iter_parquet", "iter_records", "iter_records_at",
+__all__ = ["SCHEMA_VERSION", "Decoding", "RecordError", "Segment", "Timing", "TrajectoryRecord",
+           "dumps", "greedy", "iter_jsonl", "iter_parquet", "iter_records", "iter_records_at",
            "read_jsonl", "read_parquet", "read_records", "record_from", "rollout_record",
            "write_jsonl", "write_parquet", "write_records"]

@@ -20,6 +20,7 @@ from rolloutcore.records import (
     SCHEMA_VERSION,
     Decoding,
     RecordError,
+    Segment,
     Timing,
     TrajectoryRecord,
     greedy,
@@ -55,7 +56,10 @@ def _records() -> list[TrajectoryRecord]:
             _record(3, logprobs=False),
             dataclasses.replace(_record(4), binding=Binding("r4", 1, None, 0)),
             # a rollout the drain aborted: its partial output, marked
-            dataclasses.replace(_record(5), binding=Binding("r5", 3, IDENT, 45, aborted=True))]
+            dataclasses.replace(_record(5), binding=Binding("r5", 3, IDENT, 45, aborted=True)),
+            # a migrated rollout: two members' parts, one generation
+            dataclasses.replace(_record(6), segments=(Segment("e0", 46, 3, 0, 3),
+                                                      Segment("e1", 50, 3, 3, 7)))]
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
@@ -158,6 +162,27 @@ def test_bad_records_refused(tmp_path: Path, mutate: object, message: str) -> No
         read_jsonl(p)
 
 
+@pytest.mark.parametrize(("segments", "message"), [
+    ([("e0", 40, 3, 0, 7)], "a rollout that was not migrated has none"),
+    ([("e0", 41, 3, 0, 3), ("e1", 50, 3, 3, 7)], "the first is admission 41, the binding's "
+                                                   "is 40"),
+    ([("e0", 40, 3, 0, 3), ("e1", 50, 3, 4, 7)], "starts at token 4, the one before ends at 3"),
+    ([("e0", 40, 3, 0, 3), ("e1", 50, 3, 3, 6)], "they end at token 6, the response has 7"),
+    ([("e0", 40, 3, 0, 3), ("e1", 40, 3, 3, 7)], "admission 40 is not after 40"),
+    ([("e0", 40, 3, 0, 3), ("e1", 50, 3, 5, 3)], "end 3 is before start 5"),
+    ([("", 40, 3, 0, 3), ("e1", 50, 3, 3, 7)], "segments\\[\\].engine: must not be empty"),
+])
+def test_bad_segments_refused(tmp_path: Path, segments: list[tuple[Any, ...]],
+                              message: str) -> None:
+    d = _record().to_dict()
+    d["segments"] = [dict(zip(("engine", "seq", "generation", "start", "end"), x,
+                              strict=True)) for x in segments]
+    p = tmp_path / "bad.jsonl"
+    p.write_text(json.dumps(d) + "\n")
+    with pytest.raises(RecordError, match=message):
+        read_jsonl(p)
+
+
 def test_bad_files_refused(tmp_path: Path) -> None:
     p = tmp_path / "x.jsonl"
     write_jsonl(p, [_record()])
@@ -189,8 +214,9 @@ def test_cli_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_parquet(p, _records())
     assert cli_main(["records", "show", str(p)]) == 0
     out = capsys.readouterr().out
-    assert "6 records" in out and "r1: version 3 (v3" in out
+    assert "7 records" in out and "r1: version 3 (v3" in out
     assert out.count("ABORTED by the drain") == 1
+    assert out.count("migrated: e0 0..3, e1 3..7;") == 1
     assert cli_main(["records", "show", str(p), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert [TrajectoryRecord.from_dict(d) for d in data["records"]] == _records()

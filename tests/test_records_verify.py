@@ -4,6 +4,7 @@ so each disagreement is exactly the one under test."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from rolloutcore.journal import HEADER, SCHEMA, ZERO_HASH, dumps_line, rechain
 from rolloutcore.provenance import Fact, JournalIndex, journal_fact
 from rolloutcore.records import (
     Decoding,
+    Segment,
     Timing,
     TrajectoryRecord,
     record_from,
@@ -288,3 +290,64 @@ def test_a_rollout_the_drain_aborts_is_recorded_as_aborted(
     write_jsonl(records, [rec])
     assert main(["records", "verify", str(records), "--journal", str(journal), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["counts"]["consistent"] == 1
+
+
+def _on(engine: str, rec: dict[str, Any]) -> dict[str, Any]:
+    rec["engine"] = engine
+    return rec
+
+
+def _migrated_journal(second_generation: int = 1) -> list[dict[str, Any]]:
+    """Rollout ``m`` admitted on e0, moved to e1 (released there, admitted here), ended;
+    rollout ``n`` admitted on e1 alone."""
+    return [_verified(_step(1, "bootstrap_ok", detail={"label": "gen-1"}, typ="ok"), ID1),
+            _on("e0", _step(2, "admit", "m")),
+            _on("e0", _step(3, "release", "m", detail={"migrated_to": "e1"})),
+            _on("e1", _step(4, "admit", "m", second_generation,
+                            detail={"migrated_from": "e0"})),
+            _on("e1", _step(5, "admit", "n")),
+            _on("e1", _step(6, "release", "m", second_generation)),
+            _on("e1", _step(7, "release", "n"))]
+
+
+def _migrated(*parts: tuple[str, int, int], rollout: str = "m") -> TrajectoryRecord:
+    """A record of four tokens in ``parts`` (engine, seq, generation), two tokens each
+    but the last, which takes the rest."""
+    at, segments = 0, []
+    for k, (engine, seq, generation) in enumerate(parts):
+        end = 4 if k == len(parts) - 1 else at + 2
+        segments.append(Segment(engine, seq, generation, at, end))
+        at = end
+    whole = record_from(Binding(rollout, 1, ID1, parts[0][1]), "gen-1", (1, 2, 3),
+                        GenerationResult((1, 2, 3), (4, 5, 6, 7), "length", None),
+                        Decoding(0.0), Timing(1.0, 0.1))
+    return dataclasses.replace(whole, segments=tuple(segments))
+
+
+@pytest.mark.parametrize(("journal_gen", "parts", "reason"), [
+    (1, [("e0", 2, 1), ("e1", 4, 1)], None),
+    (2, [("e0", 2, 1), ("e1", 4, 1)], "segment 1 (e1, tokens 2..4): admitted under "
+                                      "generation 2, the rollout under 1: one rollout, two "
+                                      "policies"),
+    (1, [("e0", 2, 1), ("e1", 4, 2)], "claims generation 2, the rollout's binding 1"),
+    (1, [("e0", 2, 1), ("e0", 4, 1)], "claims member 'e0', journal seq 4 admitted it on "
+                                      "'e1'"),
+    (1, [("e0", 2, 1), ("e1", 5, 1)], "journal seq 5 admits another rollout than 'm'"),
+    (1, [("e0", 2, 1), ("e1", 6, 1)], "no admission at journal seq 6"),
+])
+def test_each_segment_of_a_migrated_rollout_is_checked_against_the_journal(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], journal_gen: int,
+        parts: list[tuple[str, int, int]], reason: str | None) -> None:
+    """A migrated rollout is consistent only if every segment's admission is of this
+    rollout, on the member it names, under the rollout's one generation."""
+    journal = _write_journal(tmp_path / "j.jsonl", _migrated_journal(journal_gen))
+    path = tmp_path / "r.jsonl"
+    write_jsonl(path, [_migrated(*parts)])
+    rc = main(["records", "verify", str(path), "--journal", str(journal), "--json"])
+    data = json.loads(capsys.readouterr().out)
+    (verdict,) = data["verdicts"]
+    if reason is None:
+        assert rc == 0 and verdict["verdict"] == "consistent", verdict
+    else:
+        assert rc == 1 and verdict["verdict"] == "rejected", verdict
+        assert any(reason in r for r in verdict["reasons"]), verdict["reasons"]

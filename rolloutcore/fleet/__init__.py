@@ -57,6 +57,7 @@ from rolloutcore.fleet.base import (
     Lease,
     Member,
     MemberStatus,
+    MigrationLost,
     StepHook,
     TargetFactory,
 )
@@ -70,5 +71,5 @@ from rolloutcore.fleet.config import (
 from rolloutcore.fleet.controller import Fleet
 
 __all__ = ["TRANSFERS", "EngineConfig", "Fleet", "FleetConfig", "FleetCycleReport", "FleetError",
-           "FleetFileError", "Lease", "Member", "MemberStatus", "StepHook", "TargetFactory",
-           "load_fleet_file"]
+           "FleetFileError", "Lease", "Member", "MemberStatus", "MigrationLost", "StepHook",
+           "TargetFactory", "load_fleet_file"]

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from rolloutcore.controller import AdmissionCancelled, AdmissionTimeout, Binding, IllegalTransition
-from rolloutcore.fleet.base import FleetBase, FleetError, Lease, Member
+from rolloutcore.fleet.base import FleetBase, FleetError, Lease, Member, MigrationLost
 from rolloutcore.spec.fleet import MIGRATION, FleetPhase, quorum, serving
 from rolloutcore.spec.lifecycle import Phase
 
@@ -99,7 +99,7 @@ class Admission(FleetBase):
         new lease's member (resubmitting its prompt and the tokens so far, as token ids);
         the member it left no longer waits for it. FleetError, with nothing changed, if
         the spec allows no move now (no other member serves its generation: the drain
-        waits for it)."""
+        waits for it); :class:`MigrationLost` if it left but was refused there."""
         extra = dict(detail or {})
         with self._changed:
             src = self.members[lease.engine]
@@ -123,8 +123,9 @@ class Admission(FleetBase):
                 bound = dst.controller.admit(lease.rollout_id,
                                              {**extra, "migrated_from": src.name})
             except IllegalTransition as e:  # dst changed since the guard read it
-                raise FleetError(f"rollout {lease.rollout_id!r} left {src.name} but {dst.name} "
-                                 f"refused it ({e}): it ended there, aborted") from None
+                raise MigrationLost(f"rollout {lease.rollout_id!r} left {src.name} but "
+                                    f"{dst.name} refused it ({e}): it ended there, "
+                                    "aborted") from None
             dst.outstanding += 1
             label = dst.runner.targets[bound.generation].label \
                 if bound.generation in dst.runner.targets else str(bound.generation)

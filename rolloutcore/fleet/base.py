@@ -37,6 +37,12 @@ class FleetError(Exception):
     """A fleet operation that cannot be carried out as asked (nothing was changed)."""
 
 
+class MigrationLost(FleetError):
+    """A migration whose rollout left its member but was refused where it went (that
+    member changed since the guard read it): the rollout ended, released; the caller
+    reports it as aborted. The one FleetError after which something changed."""
+
+
 FLEET_STEP = {a.name: a for a in FLEET_ACTIONS}
 _OK_OUTCOMES = frozenset({o[Result.OK] for o in OUTCOMES.values()} | {"drained"})
 
@@ -174,6 +180,11 @@ class FleetBase:
     min_serving: int
     policy: RunnerPolicy
     on_step: StepHook | None
+    #: Called with a member's name as it starts to drain for an update (from the step's
+    #: journal write, under the member's lock: a listener must only signal, never block
+    #: or call back into the fleet). Rollouts held elsewhere (the gateway's streams)
+    #: learn from it that they may move (:meth:`migrate`) instead of being waited for.
+    drain_listeners: list[Callable[[str], None]]
     phase: str
     committed: int  # the frontier: the newest generation published
     target: int
@@ -200,6 +211,9 @@ class FleetBase:
 
         def sink(record: TraceRecord) -> int:
             seq = journal(record)
+            if record.step == "request_update":
+                for listener in self.drain_listeners:
+                    listener(name)
             if record.phase is Phase.TAINTED:
                 deciding = self._deciding
                 if deciding is not None:

@@ -54,6 +54,7 @@ class Fleet(Admission, Readmission, Updates, Recovery):
         self.policy = policy = policy or RunnerPolicy()
         self._clock = clock
         self.on_step = on_step
+        self.drain_listeners = []
         self.members = {}
         for name, adapter, url in members:
             ctl = Controller()

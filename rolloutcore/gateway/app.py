@@ -15,6 +15,7 @@ disconnect nor a shutdown can skip them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -35,7 +36,8 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from rolloutcore.adapters.http import is_loopback
-from rolloutcore.fleet import FleetError, Lease
+from rolloutcore.controller import Binding
+from rolloutcore.fleet import FleetError, Lease, MigrationLost
 from rolloutcore.gateway.core import Busy, Gateway, Refusal
 from rolloutcore.gateway.records import (
     Collector,
@@ -45,6 +47,7 @@ from rolloutcore.gateway.records import (
     rewrite_event,
     wants_injection,
 )
+from rolloutcore.records import Segment
 
 log = logging.getLogger("rolloutcore.gateway")
 
@@ -192,11 +195,14 @@ class GatewayApp:
             await error_response(r)(scope, receive, send)
             return
         inject = False
-        if obj is not None and self.gw.records is not None and wants_injection(endpoint, obj):
+        movable = obj is not None and movable_stream(endpoint, obj)
+        if obj is not None and (self.gw.records is not None or movable) \
+                and wants_injection(endpoint, obj):
             obj = {**obj, "return_token_ids": True}
             body, inject = json.dumps(obj).encode(), True
         await _Exchange(self, endpoint, scope, headers, body, obj, min_gen, inject,
-                        None if H_MAX_STALENESS not in headers else staleness)(receive, send)
+                        None if H_MAX_STALENESS not in headers else staleness,
+                        movable)(receive, send)
 
     # ------------------------------------------------------------------ the rest
 
@@ -374,6 +380,20 @@ def _header_count(headers: Mapping[str, str], name: str) -> int:
     return n
 
 
+def movable_stream(endpoint: str, obj: Mapping[str, Any]) -> bool:
+    """Can this request's stream move to another member mid-way (in-flight migration)? A
+    streamed completion of one prompt with one choice: it is continued elsewhere as the
+    prompt plus the tokens so far, as token ids. Not with echo or prompt logprobs (the
+    continuation's prompt is longer), nor with several choices or prompts."""
+    prompt = obj.get("prompt")
+    one_prompt = isinstance(prompt, str) or (
+        isinstance(prompt, list) and bool(prompt)
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt))
+    return (endpoint == "completions" and obj.get("stream") is True and one_prompt
+            and obj.get("n") in (None, 1) and obj.get("best_of") in (None, 1)
+            and not obj.get("echo") and obj.get("prompt_logprobs") is None)
+
+
 class _ClientGone(Exception):
     """The client went away before its request was read."""
 
@@ -433,8 +453,8 @@ class _Exchange:
 
     def __init__(self, owner: GatewayApp, endpoint: str, scope: Scope,
                  headers: dict[str, str], body: bytes, obj: dict[str, Any] | None,
-                 min_generation: int, inject: bool, max_staleness: int | None = None
-                 ) -> None:
+                 min_generation: int, inject: bool, max_staleness: int | None = None,
+                 movable: bool = False) -> None:
         self.owner, self.gw = owner, owner.gw
         self.endpoint, self.path = endpoint, scope["path"]
         self.method = scope["method"]
@@ -445,8 +465,12 @@ class _Exchange:
         self.min_generation = min_generation
         self.max_staleness = max_staleness
         self.inject = inject
+        self.movable = movable
         self.collector = Collector(endpoint, obj) if (
-            obj is not None and self.gw.records is not None) else None
+            obj is not None and (self.gw.records is not None or movable)) else None
+        self.segments: list[Segment] = []  # a migrated stream's parts left behind
+        self.seam = 0  # tokens generated before the current part
+        self.stream_id: tuple[Any, Any] | None = None  # the first part's id and created
         self.lease: Lease | None = None  # held until released
         self.bound: Lease | None = None  # the last lease, kept after its release
         self.failed_on: list[str] = []  # engines that could not be reached for it
@@ -586,22 +610,151 @@ class _Exchange:
                     "headers": headers})  # the binding headers, before the first chunk
         parse = self.collector is not None
         buf = bytearray()
-        tail = b""
-        async for chunk in up.content.iter_any():
-            if parse:
-                buf += chunk
-                chunk = self._collect_events(buf)
-                if not chunk:
-                    continue
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            # the last event sent: a client may leave now (the openai client does)
-            if not self.done and b"data: [DONE]" in tail + chunk:
-                self.done = True
-            tail = chunk[-16:]
+        if self.movable:
+            if not await self._stream_movable(up, send, buf):
+                return  # broken off mid-way (said in the outcome)
+        else:
+            tail = b""
+            async for chunk in up.content.iter_any():
+                if parse:
+                    buf += chunk
+                    chunk = self._collect_events(buf)
+                    if not chunk:
+                        continue
+                await self._send_chunk(send, chunk, tail)
+                tail = chunk[-16:]
         self.done = True
         await self._finish_shielded()
         self.complete = True
         await send({"type": "http.response.body", "body": bytes(buf), "more_body": False})
+
+    async def _send_chunk(self, send: Send, chunk: bytes, tail: bytes) -> None:
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        # the last event sent: a client may leave now (the openai client does)
+        if not self.done and b"data: [DONE]" in tail + chunk:
+            self.done = True
+
+    async def _stream_movable(self, up: aiohttp.ClientResponse, send: Send,
+                              buf: bytearray) -> bool:
+        """Forward a movable stream. When its member starts to drain for an update, the
+        rollout moves (the fleet's ``migrate``) to a member on its own generation and the
+        stream goes on from there without a seam: the prompt plus the tokens sent so far,
+        as token ids, with the same sampling parameters; the updating member does not
+        wait for it. Where the spec allows no move, it stays and the drain waits. True
+        once the stream has ended; False if it broke off (the outcome says why)."""
+        gw = self.gw
+        loop = asyncio.get_running_loop()
+        drained = asyncio.Event()
+
+        def signal() -> None:
+            loop.call_soon_threadsafe(drained.set)
+
+        lease = self.lease
+        assert lease is not None
+        token = gw.watch_drain(lease.engine, signal)
+        try:
+            while not await self._pump(up, send, buf, drained):
+                drained.clear()
+                body = self._continuation()
+                lease = self.lease
+                if body is None or lease is None:
+                    continue  # nothing left to move: it ends where it is
+                try:
+                    with anyio.CancelScope(shield=True):  # a move, once made, is kept
+                        moved = await loop.run_in_executor(gw.quick, gw.migrate, lease)
+                except MigrationLost as e:
+                    self.lease = None  # released where it was; admitted nowhere
+                    self.outcome = f"migration lost: {e}"
+                    log.warning("%s", e)
+                    return False
+                if moved is None:
+                    continue  # no member serves its generation: the drain waits for it
+                assert self.collector is not None
+                at = len(self.collector.tokens)
+                self.segments.append(Segment(lease.engine, lease.seq, lease.generation,
+                                             self.seam, at))
+                self.seam = at
+                self.lease = self.bound = moved
+                gw.unwatch_drain(token)
+                token = gw.watch_drain(moved.engine, signal)
+                up.close()  # the member it left aborts what it still generates
+                buf.clear()  # (an event cut in two is generated again)
+                went_on = await self._open_continuation(moved, body)
+                if went_on is None:
+                    return False
+                up = went_on
+            return True
+        finally:
+            gw.unwatch_drain(token)
+
+    async def _pump(self, up: aiohttp.ClientResponse, send: Send, buf: bytearray,
+                    drained: asyncio.Event) -> bool:
+        """Forward ``up``'s events until the stream ends (True) or ``drained`` is set
+        (False; every event read so far is sent)."""
+        waiter = asyncio.ensure_future(drained.wait())
+        read: asyncio.Future[bytes] | None = None
+        tail = b""
+        try:
+            while True:
+                read = asyncio.ensure_future(up.content.readany())
+                await asyncio.wait({read, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                if read.done():
+                    chunk = read.result()
+                    if not chunk:
+                        return True
+                    buf += chunk
+                    out = self._collect_events(buf)
+                    if out:
+                        await self._send_chunk(send, out, tail)
+                        tail = out[-16:]
+                    if self.done:
+                        return True
+                if waiter.done():
+                    return False
+        finally:
+            for fut in (read, waiter):
+                if fut is not None and not fut.done():
+                    fut.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await fut
+
+    def _continuation(self) -> bytes | None:
+        """The request that goes on from the tokens sent so far; None if none is left
+        to generate or the prompt's token ids are not known yet."""
+        c = self.collector
+        if c is None or not c.prompt:
+            return None
+        req = dict(c.request)
+        done = len(c.tokens)
+        max_tokens = req.get("max_tokens")
+        left = (max_tokens if isinstance(max_tokens, int) else 16) - done
+        if left < 1:
+            return None
+        req["prompt"] = [*c.prompt, *c.tokens]
+        req["max_tokens"] = left
+        if isinstance(req.get("min_tokens"), int):
+            req["min_tokens"] = max(0, req["min_tokens"] - done)
+        return json.dumps(req).encode()
+
+    async def _open_continuation(self, lease: Lease, body: bytes
+                                 ) -> aiohttp.ClientResponse | None:
+        """Send the continuation to the member the rollout moved to; None (the stream
+        breaks off, said in the outcome) unless it streams."""
+        session = self.owner.upstream
+        assert session is not None and lease.url is not None
+        url = lease.url.rstrip("/") + self.path
+        self.upstream = up = await session.request(
+            "POST", url, data=body, headers=self._upstream_headers(lease.engine),
+            allow_redirects=False)
+        if up.status == 200 and up.headers.get("content-type", "").startswith(
+                "text/event-stream"):
+            return up
+        self.status = up.status
+        self.outcome = f"the continuation on {lease.engine} answered HTTP {up.status}"
+        log.warning("%s: %s", lease.rollout_id, self.outcome)
+        if up.status >= 500:
+            await self._suspect(f"answered HTTP {up.status}", retried=False)
+        return None
 
     def _upstream_headers(self, engine: str) -> dict[str, str]:
         out = {k: v for k, v in self.headers_in.items()
@@ -637,12 +790,37 @@ class _Exchange:
             except ValueError:
                 out += event
                 continue
+            seam = self.movable and self._seam(obj)
             self.collector.feed(obj)
             if self.inject:
                 blank_token_ids(obj)
+            if self.inject or seam:
                 event = rewrite_event(event, obj)
             out += event
         return bytes(out)
+
+    def _seam(self, obj: Any) -> bool:
+        """Make a continuation's event read as the first part's (its id and created; its
+        longer prompt's token ids dropped; usage counted from the client's prompt).
+        Whether the event was changed."""
+        if not isinstance(obj, dict):
+            return False
+        if self.stream_id is None:
+            self.stream_id = (obj.get("id"), obj.get("created"))
+        if not self.seam and not self.segments:
+            return False
+        for key, value in zip(("id", "created"), self.stream_id, strict=True):
+            if value is not None:
+                obj[key] = value
+        for choice in obj.get("choices") or ():
+            if isinstance(choice, dict) and "prompt_token_ids" in choice:
+                choice["prompt_token_ids"] = None
+        usage = obj.get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int) \
+                and isinstance(usage.get("completion_tokens"), int):
+            usage["prompt_tokens"] -= self.seam
+            usage["completion_tokens"] += self.seam
+        return True
 
     async def _send_refusal(self, send: Send, r: Refusal) -> None:
         resp = error_response(r)
@@ -687,11 +865,20 @@ class _Exchange:
         seconds = time.perf_counter() - self.t0
         started_at = self.started_at
 
+        first = self.segments[0] if self.segments else None
+        segments = self.segments
+
         def release() -> None:
             binding = gw.release(lease, detail)
             if collector is None or gw.records is None:
                 return
-            rec = collector.record(binding, lease.label, started_at, seconds)
+            parts: tuple[Segment, ...] = ()
+            if first is not None:  # the record is bound to where the rollout began
+                parts = (*segments, Segment(lease.engine, lease.seq, lease.generation,
+                                            segments[-1].end, len(collector.tokens)))
+                binding = Binding(binding.rollout_id, binding.generation, binding.identity,
+                                  first.seq, aborted=binding.aborted)
+            rec = collector.record(binding, lease.label, started_at, seconds, parts)
             if isinstance(rec, str):
                 gw.metrics.records.labels("skipped").inc()
                 log.info("no record for %s: %s", lease.rollout_id, rec)

@@ -31,6 +31,7 @@ from rolloutcore.fleet import Fleet, FleetCycleReport, FleetError, Lease, Target
 from rolloutcore.gateway.metrics import GatewayMetrics
 from rolloutcore.gateway.records import RecordWriter
 from rolloutcore.postconditions import Outcome
+from rolloutcore.spec.lifecycle import Phase
 
 log = logging.getLogger("rolloutcore.gateway")
 
@@ -137,6 +138,10 @@ class Gateway:
         self.waits = ThreadPoolExecutor(max_workers=max(1, config.queue_depth),
                                         thread_name_prefix="gateway-queue")
         self._busy: str | None = None  # the admin operation running, if any
+        #: Streams that may move when their member drains: token -> (member, signal).
+        self._movable: dict[int, tuple[str, Callable[[], None]]] = {}
+        self._tokens = itertools.count(1)
+        fleet.drain_listeners.append(self._draining)
         self.last_report: FleetCycleReport | None = None
         self.last_error: str | None = None
 
@@ -240,6 +245,44 @@ class Gateway:
         """Release a lease; returns once the release is durable in the journal."""
         with self.fleet.journal.deferred():
             return self.fleet.release(lease, detail)
+
+    # ------------------------------------------------------------------ migration
+
+    def watch_drain(self, engine: str, signal: Callable[[], None]) -> int:
+        """Call ``signal`` (from any thread; it must not block) when ``engine`` starts to
+        drain for an update, or at once if it drains already. Returns the token to
+        :meth:`unwatch_drain` with."""
+        token = next(self._tokens)
+        with self._lock:
+            self._movable[token] = (engine, signal)
+        if self.fleet.members[engine].controller.phase is Phase.DRAINING:
+            signal()
+        return token
+
+    def unwatch_drain(self, token: int) -> None:
+        with self._lock:
+            self._movable.pop(token, None)
+
+    def _draining(self, engine: str) -> None:
+        with self._lock:
+            signals = [sig for name, sig in self._movable.values() if name == engine]
+        for sig in signals:
+            sig()
+
+    def migrate(self, lease: Lease) -> Lease | None:
+        """Move a stream's rollout off its draining member (the fleet's ``migrate``): the
+        new lease, durable; None when the spec allows no move now (nothing changed)."""
+        try:
+            with self.fleet.journal.deferred():
+                moved = self.fleet.migrate(lease, {"via": "gateway"})
+        except FleetError as e:
+            self.metrics.migrations.labels("stayed").inc()
+            log.info("%s stays on %s: %s", lease.rollout_id, lease.engine, e)
+            return None
+        self.metrics.migrations.labels("moved").inc()
+        log.info("%s moved from %s to %s (generation %d)", lease.rollout_id, lease.engine,
+                 moved.engine, moved.generation)
+        return moved
 
     def set_floor(self, generation: int) -> None:
         if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:

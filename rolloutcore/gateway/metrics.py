@@ -59,6 +59,10 @@ class GatewayMetrics:
         self.client_disconnects = Counter(
             "rolloutcore_gateway_client_disconnects", "Clients gone before their answer "
             "ended (the engine request is aborted, then released)", registry=r)
+        self.migrations = Counter(
+            "rolloutcore_gateway_migrations", "Streams whose member drained for an update, "
+            "by outcome (moved: continued on a member of the same generation; stayed: no "
+            "such member, the drain waits for it)", ["outcome"], registry=r)
         self.records = Counter("rolloutcore_gateway_records", "Trajectory records, by "
                                "result (written, skipped)", ["result"], registry=r)
         self.cycle = Histogram(

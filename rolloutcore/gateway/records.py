@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rolloutcore.controller import Binding
-from rolloutcore.records import Decoding, RecordError, Timing, TrajectoryRecord, dumps
+from rolloutcore.records import Decoding, RecordError, Segment, Timing, TrajectoryRecord, dumps
 
 #: Response fields vLLM fills only when asked for token ids.
 TOKEN_FIELDS = ("token_ids", "prompt_token_ids")
@@ -114,8 +114,8 @@ class Collector:
             else 0, stops, seed if isinstance(seed, int) and not isinstance(seed, bool)
             else None)
 
-    def record(self, binding: Binding, label: str, started_at: float, seconds: float
-               ) -> TrajectoryRecord | str:
+    def record(self, binding: Binding, label: str, started_at: float, seconds: float,
+               segments: tuple[Segment, ...] = ()) -> TrajectoryRecord | str:
         """The record, or why there is none."""
         if self.multi:
             return "more than one choice"
@@ -136,7 +136,8 @@ class Collector:
                 response_token_ids=tuple(self.tokens),
                 logprobs=None if logprobs is None else tuple(logprobs),
                 decoding=self.decoding(), finish_reason=self.finish_reason,
-                stop_reason=self.stop_reason, timing=Timing(started_at, max(0.0, seconds)))
+                stop_reason=self.stop_reason, timing=Timing(started_at, max(0.0, seconds)),
+                segments=segments)
         except (RecordError, TypeError, ValueError) as e:
             return f"not a valid record: {e}"
 
