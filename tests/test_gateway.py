@@ -12,6 +12,7 @@ configured queue wait), never from the machine's speed; waits are bounded by
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -51,6 +52,7 @@ from rolloutcore.gateway.app import GatewayApp
 from rolloutcore.gateway.core import Gateway, GatewayConfig, StaleMode
 from rolloutcore.gateway.server import ServerThread
 from rolloutcore.journal import Journal, JournalError, read_journal
+from rolloutcore.spec.lifecycle import Phase
 from rolloutcore.targets import TargetError
 
 BOUND = 10.0
@@ -90,14 +92,22 @@ class FakeEngine:
                 self.violations.append("a request reached a paused engine")
         return self.engine.weights
 
+    def sent(self, weights: str) -> None:
+        """A token goes out: under the weights the request started on, or a violation."""
+        if self.engine.weights != weights:
+            with self.lock:
+                self.violations.append("a token was sent across a mutation")
+
     def end(self, weights: str, ok: bool) -> None:
+        # An aborted request (its client gone) may be torn down after its engine moved
+        # on; what matters is that nothing it generated went out (``sent``).
         with self.lock:
             self.running -= 1
             if ok:
                 self.completed += 1
             else:
                 self.aborted += 1
-            if self.engine.weights != weights:
+            if ok and self.engine.weights != weights:
                 self.violations.append("a request crossed a mutation")
 
 
@@ -185,6 +195,7 @@ class FakeUpstream:
             ok = False
             try:
                 for k, t in enumerate(toks):
+                    fe.sent(weights)
                     chunk = top({"object": kind + ".chunk" if chat else kind, "model": MODEL,
                                  "choices": [choice(k, [t], k == n - 1)]}, k == 0)
                     yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
@@ -284,7 +295,8 @@ class Rig:
 def rig(tmp_path: Path, upstream: FakeUpstream, *, names: tuple[str, ...] = ("a", "b"),
         min_serving: int | None = None, faults: dict[str, FaultPlan] | None = None,
         dead: tuple[str, ...] = (), clock: Callable[[], float] = time.monotonic,
-        records: bool = True, **config: Any) -> Iterator[Rig]:
+        records: bool = True, max_live: int = 1, min_admitting: int = 0,
+        **config: Any) -> Iterator[Rig]:
     prefix = uuid.uuid4().hex[:8]
     engines = {n: SimEngine("ckpt-1") for n in names}
     adapters = {n: SimAdapter(engines[n], (faults or {}).get(n)) for n in names}
@@ -296,7 +308,8 @@ def rig(tmp_path: Path, upstream: FakeUpstream, *, names: tuple[str, ...] = ("a"
         members.append((n, adapters[n], url))
     journal = tmp_path / f"fleet-{prefix}.jsonl"
     rec_path = tmp_path / f"records-{prefix}.jsonl"
-    fleet = Fleet(members, journal=journal, min_serving=min_serving, target_of=target_of)
+    fleet = Fleet(members, journal=journal, min_serving=min_serving, target_of=target_of,
+                  max_live=max_live, min_admitting=min_admitting)
     fleet.bootstrap(sim_target(1, "ckpt-1", label="default"))
     assert fleet.phase == "READY"
     gw = Gateway(fleet, GatewayConfig(model=MODEL, records=rec_path if records else None,
@@ -400,6 +413,80 @@ def test_openai_client_streaming_and_not_bound_and_released(
         assert first["binding"]["seq"] == admits[0]["seq"]
         assert first["binding"]["identity"] == sim_identity("ckpt-1")
         r.check()
+
+
+def _stream_tokens(url: str, prompt: list[int], n: int, gate: str) -> dict[str, Any]:
+    """A streamed completion held by the engine after each part's first chunk (gate);
+    its headers, events and the tokens its text spells."""
+    with httpx.stream("POST", f"{url}/v1/completions", headers={"x-test-hold": gate},
+                      json={"model": MODEL, "prompt": prompt, "max_tokens": n,
+                            "temperature": 0, "stream": True}, timeout=3 * BOUND) as resp:
+        events = [json.loads(line[6:]) for line in resp.iter_lines()
+                  if line.startswith("data: {")]
+        text = "".join(e["choices"][0]["text"] for e in events)
+        return {"status": resp.status_code, "headers": dict(resp.headers), "events": events,
+                "tokens": [int(t[1:]) for t in text.split()]}
+
+
+def test_a_stream_moves_off_a_draining_member_and_goes_on_without_a_seam(
+        tmp_path: Path, upstream: FakeUpstream) -> None:
+    """A rolling update (K=2, C=2) under three held streams, one per member: each
+    member that drains hands its streams to a member still on generation 1 instead of
+    waiting for them; a client sees one stream with the greedy tokens of generation 1;
+    the record lists every segment (member, admission, span) and verifies against the
+    journal. The streams are held by a gate the test opens once the last member on
+    generation 1 drains: there, no move is left and the drain waits for them."""
+    n = 6
+    prompts = {k: [k + 1, *PROMPT] for k in range(3)}
+    with rig(tmp_path, upstream, names=("a", "b", "c"), min_serving=2, max_live=2,
+             min_admitting=2) as r:
+        threads = []
+        for k in range(3):
+            threads.append(in_thread(functools.partial(_stream_tokens, r.url, prompts[k], n,
+                                                       "g")))
+            wait_until(lambda k=k: r.bound() == k + 1, "the stream to be admitted")
+        wait_until(lambda: all(fe.running == 1 for fe in r.fakes.values()),
+                   "one held stream on every member")
+        upd, box = in_thread(lambda: r.update("ckpt-2", "v2"))
+        # a (the wave) hands its stream to b; c (caught up first: fewer rollouts) hands
+        # its own to b; b, last on generation 1, keeps all three
+        b = r.fleet.members["b"]
+        wait_until(lambda: b.controller.phase is Phase.DRAINING and b.outstanding == 3,
+                   "the last member on generation 1 to drain, holding every stream")
+        assert r.metric("rolloutcore_gateway_migrations_total", outcome="moved") == 2
+        upstream.gates["g"].set()
+        outs = []
+        for t, out in threads:
+            t.join(3 * BOUND)
+            outs.append(out["value"])
+        upd.join(3 * BOUND)
+        rep = box["value"].json()
+        assert rep["published"] and rep["report"]["waves"] == [["a"], ["c"], ["b"]], rep
+        for k, out in enumerate(outs):
+            assert out["status"] == 200
+            assert out["headers"]["x-rolloutcore-generation"] == "1"
+            assert out["tokens"] == r.reference(1, prompts[k], n), (k, out)
+            # the client never sees the continuation's longer prompt, nor token ids it
+            # did not ask for
+            assert all(e["choices"][0].get("prompt_token_ids") is None and
+                       e["choices"][0].get("token_ids") is None for e in out["events"])
+        records = {x["binding"]["rollout_id"]: x for x in map(
+            json.loads, r.records.read_text().splitlines())}
+        assert len(records) == 3
+        by_start = {out["headers"]["x-rolloutcore-engine"]: records[
+            out["headers"]["x-rolloutcore-rollout-id"]] for out in outs}
+        assert [(x["engine"], x["start"], x["end"]) for x in by_start["a"]["segments"]] == [
+            ("a", 0, 1), ("b", 1, n)]
+        assert [(x["engine"], x["start"], x["end"]) for x in by_start["c"]["segments"]] == [
+            ("c", 0, 1), ("b", 1, n)]
+        assert by_start["b"]["segments"] == []
+        for rec in records.values():
+            assert rec["binding"]["generation"] == 1
+            assert rec["response_token_ids"] == r.reference(1, rec["prompt_token_ids"], n)
+        moves = [x for x in r.journal_records() if x["step"] == "migrate"]
+        assert [x["detail"]["members"] for x in moves] == [["a", "b"], ["c", "b"]]
+        assert r.fakes["a"].aborted == r.fakes["c"].aborted == 1  # the parts left behind
+        r.check()  # the journal checks; records verify accepts every segment
 
 
 def test_stream_headers_come_before_the_first_chunk(tmp_path: Path,
