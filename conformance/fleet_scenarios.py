@@ -430,6 +430,169 @@ def s_rolling_update_migrated(ctx: FleetContext) -> None:
     ctx.members_serve(fleet, names, 2)
 
 
+def _admits_while_preparing(journal: Path) -> list[tuple[str, int]]:
+    """(member, seq) of every admission to a member that was not READY just before it
+    (draining, preparing, quarantined): the journal's own word that no rollout joined a
+    member that had left service."""
+    phase: dict[str, str] = {}
+    bad = []
+    for _, rec in JournalReader(journal):
+        member = rec.get("engine")
+        if not isinstance(member, str):
+            continue
+        if rec.get("step") == "admit" and phase.get(member) != Phase.READY.value:
+            bad.append((member, int(rec["seq"])))
+        phase[member] = str(rec.get("phase"))
+    return bad
+
+
+class _Load:
+    """Steady load: one rollout after another, admitted without waiting (a refusal is a
+    closed admission, counted), generated on its member, released; each noted with
+    whether its tokens are its generation's reference."""
+
+    def __init__(self, ctx: FleetContext, fleet: Fleet) -> None:
+        self.ctx, self.fleet = ctx, fleet
+        self.done: list[tuple[str, int, bool]] = []
+        self.refused = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="load", daemon=True)
+
+    def __enter__(self) -> _Load:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(120.0)
+
+    def _run(self) -> None:
+        from rolloutcore.controller import AdmissionTimeout
+
+        i = 0
+        while not self.stop.is_set():
+            i += 1
+            try:
+                lease = self.fleet.admit(f"load-{i}")
+            except AdmissionTimeout:
+                self.refused += 1
+                continue
+            e = self.ctx.rig.engines[lease.engine]
+            try:
+                out = e.raw_generate(e.prompt("probe"), e.probe_tokens)
+            finally:
+                self.fleet.release(lease)
+            self.done.append((lease.engine, lease.generation,
+                              out.tokens == e.reference(VERSION[lease.generation], "probe")))
+
+    def wait_for(self, more: int) -> bool:
+        """Wait until ``more`` further rollouts have ended."""
+        want = len(self.done) + more
+        return wait_until(lambda: len(self.done) >= want, 120.0)
+
+
+def s_rolling_steady_load(ctx: FleetContext) -> None:
+    """A rolling update (max_live 2, min_admitting 2) under steady load: rollout after
+    rollout is admitted without ever waiting, none on a member that is preparing, each
+    with its generation's greedy tokens; generation 2 is served while the others still
+    serve 1; the floor rises once every member caught up.
+
+    Each member's drain lasts as long as the scenario holds a rollout of its own there,
+    released only once the load has run three more rollouts during that drain."""
+    names = ctx.rig.names
+    fleet = ctx.open(min_serving=2, max_live=2, min_admitting=2)
+    ctx.bootstrap(fleet)
+    held = {lease.engine: lease for lease in (fleet.admit(f"held-{i}") for i in range(3))}
+    ctx.check("a held rollout on every member", sorted(held) == sorted(names), sorted(held))
+    with _Load(ctx, fleet) as load, ThreadPoolExecutor(1) as pool:
+        rolling = pool.submit(fleet.roll, ctx.rig.targets(2))
+        during: list[tuple[str, int, bool]] = []
+        try:
+            for _ in names:  # the wave, then each member left behind
+                if not wait_until(lambda: _draining(fleet) is not None, 120.0):
+                    break
+                member = str(_draining(fleet))
+                start = len(load.done)
+                load.wait_for(3)
+                during += load.done[start:]
+                fleet.release(held.pop(member))
+                wait_until(functools.partial(_on_generation, fleet.members[member], 2),
+                           120.0)
+        finally:
+            for x in held.values():
+                fleet.release(x)
+        rep = rolling.result()
+        load.wait_for(3)
+    ctx.report("roll", rep)
+    ctx.check("the rolling update publishes everywhere, wave by wave, and the floor rises",
+              rep.published and len(rep.waves) == len(names) and fleet.committed == 2
+              and fleet.floor == 2 and fleet.phase == FleetPhase.READY,
+              (rep.waves, fleet.committed, fleet.floor, fleet.phase))
+    ctx.result.evidence["load"] = {"rollouts": len(load.done), "refused": load.refused,
+                                   "during_drains": len(during)}
+    ctx.check("admissions never closed: no rollout of the load was refused",
+              load.refused == 0 and len(load.done) >= 3 * len(names) + 3, load.refused)
+    ctx.check("every rollout of the load has its generation's greedy tokens",
+              all(ok for _e, _g, ok in load.done),
+              [x for x in load.done if not x[2]][:5])
+    ctx.check("during the drains generation 2 is served beside generation 1",
+              {g for _e, g, _ok in during} == {1, 2}, sorted({(e, g) for e, g, _ in during}))
+    bad = _admits_while_preparing(Path(str(ctx.result.journal)))
+    ctx.check("the journal: no admission to a member between its request_update and its "
+              "publish", not bad, bad)
+    steps = member_steps(Path(str(ctx.result.journal))).get("fleet", [])
+    ctx.check("no strict update, close or abort: admissions stayed open",
+              not {"fleet_request_update", "fleet_close", "fleet_abort"} & set(steps), steps)
+    ctx.members_serve(fleet, names, 2)
+
+
+def s_rolling_wave_fails_validation(ctx: FleetContext) -> None:
+    """A rolling update whose wave member loads other weights than its target declares
+    (the target names v2's identity; the mutation installs v1 and reports success):
+    validation catches it, the member is quarantined, nothing is published, the fleet
+    stays on one live generation, no rollout is admitted to it, and verified
+    re-admission brings it back onto generation 1."""
+    names = ctx.rig.names
+    fleet = ctx.open(min_serving=2, max_live=2, min_admitting=2)
+    ctx.bootstrap(fleet)
+    targets = {n: ctx.rig.engines[n].arm_wrong_checkpoint(t, "v1")  # whichever the wave
+               for n, t in ctx.rig.targets(2).items()}              # takes; the rest wait
+    with _Load(ctx, fleet) as load:
+        try:
+            rep = fleet.roll(targets)
+        finally:
+            for e in ctx.rig.engines.values():
+                e.disarm()
+        load.wait_for(3)
+    ctx.report("roll", rep)
+    ctx.check("one wave member, quarantined; nothing published; one live generation",
+              not rep.published and len(rep.quarantined) == 1 and rep.waves == [
+                  rep.quarantined] and fleet.committed == 1 and fleet.floor == 1
+              and fleet.phase == FleetPhase.READY,
+              (rep.waves, rep.quarantined, fleet.committed, fleet.floor, fleet.phase))
+    bad_member = rep.quarantined[0] if rep.quarantined else names[0]
+    steps = [f"{s.step}:{s.outcome}" for s in rep.members[bad_member].steps] \
+        if bad_member in rep.members else []
+    ctx.check(f"{bad_member}: its validation found other weights than the target's",
+              any(x.startswith("validate:") and not x.endswith(str(Trigger.VALIDATE_OK))
+                  for x in steps), steps)
+    ctx.check(f"the load: never refused, generation 1's tokens, none on {bad_member} once "
+              "it left service", load.refused == 0 and all(ok for *_x, ok in load.done)
+              and {g for _e, g, _ok in load.done} == {1}, ctx.result.evidence.setdefault(
+                  "load", {"rollouts": len(load.done), "refused": load.refused}))
+    bad = _admits_while_preparing(Path(str(ctx.result.journal)))
+    ctx.check("the journal: no admission to a member between its request_update and its "
+              "re-admission", not bad, bad)
+    out = fleet.readmit(bad_member, who="operator")
+    ctx.check(f"{bad_member} re-admitted onto generation 1, verified",
+              out.trigger == Trigger.READMIT_OK, out.trigger)
+    ctx.members_serve(fleet, names, 1)
+    after = ctx.spread(fleet, "after", len(names))
+    ctx.check("rollouts: generation 1 on every member, v1's tokens",
+              _all_on(after, 1) and {lease.engine for lease, _ in after} == set(names),
+              _seen(after))
+
+
 def s_one_refuses(ctx: FleetContext) -> None:
     """The last member refuses the load (min_serving: all): the fleet aborts; the others,
     which validated v2, are rolled back to v1 by verified re-admission; everything
@@ -768,6 +931,8 @@ def _kill_midway(adapter: Any, engine: Any, box: dict[str, float]) -> None:
 SCENARIOS: dict[str, Scenario] = {
     "clean_update_live": s_clean_update_live,
     "rolling_update_migrated": s_rolling_update_migrated,
+    "rolling_steady_load": s_rolling_steady_load,
+    "rolling_wave_fails_validation": s_rolling_wave_fails_validation,
     "one_refuses": s_one_refuses,
     "dies_halfway_quorum": s_dies_halfway_quorum,
     "dies_halfway_no_quorum": s_dies_halfway_no_quorum,

@@ -1039,6 +1039,7 @@ def test_catch_up_while_aborting_conforms_to_the_spec(fleet3: Any, tmp_path: Pat
 
 
 @pytest.mark.parametrize("name", ["clean_update_live", "rolling_update_migrated",
+                                  "rolling_steady_load", "rolling_wave_fails_validation",
                                   "one_refuses", "dies_halfway_quorum",
                                   "dies_halfway_no_quorum", "killed_mid_broadcast",
                                   "restarted_out_of_band", "frozen_member",

@@ -4,25 +4,41 @@ journals must pass the fleet trace checker, and every check must hold on both.""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import json
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.vllm
 
 if importlib.util.find_spec("vllm") is None:  # pragma: no cover - depends on the env
     pytest.skip("vllm is not installed (pip install -e '.[vllm]')", allow_module_level=True)
 
+from rolloutcore.adapters.contract import PauseMode  # noqa: E402
 from rolloutcore.conformance.fleet_scenarios import (  # noqa: E402
     SCENARIOS,
     FleetResult,
     FleetRig,
     run_fleet_scenario,
 )
+from rolloutcore.conformance.harness import wait_until  # noqa: E402
 from rolloutcore.conformance.server_pool import ServerPool  # noqa: E402
 from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models  # noqa: E402
+from rolloutcore.fleet_check import check_fleet_file  # noqa: E402
+from rolloutcore.gateway.core import Gateway, GatewayConfig  # noqa: E402
+from rolloutcore.gateway.server import ServerThread  # noqa: E402
+from rolloutcore.spec.fleet import FleetPhase  # noqa: E402
+from rolloutcore.spec.lifecycle import Phase  # noqa: E402
 
+BOUND = 120.0  # a bound against a broken test, never a measurement
 #: The application's own steps interleave with the lifecycle as threads run; the
 #: comparison is of the lifecycle.
 APPLICATION = frozenset({"admit", "release"})
@@ -57,3 +73,117 @@ def test_fleet_scenario_on_three_vllm_servers(name: str, rig: FleetRig,
     assert real.passed, real.failures()
     assert sim.passed, sim.failures()
     assert lifecycle(real) == lifecycle(sim), "real vLLM and the simulated fleet differ"
+
+
+def _pause_held(log: list[Any]) -> bool:
+    """The runner's pause (vLLM: /sleep level 0, or /pause) held at the fault proxy."""
+    return any(x.method == "POST" and x.path in ("/pause", "/sleep")
+               and x.phase == "held_before" for x in log)
+
+
+def _idle(engine: Any) -> bool:
+    return bool(engine.running_requests() == 0)
+
+
+def _stream(url: str, prompt: list[int], n: int, first: threading.Event) -> dict[str, Any]:
+    """A greedy streamed completion through the gateway; ``first`` is set once its first
+    event is in. Its headers, events and token ids."""
+    with httpx.stream("POST", f"{url}/v1/completions", json={
+            "model": "tiny", "prompt": prompt, "max_tokens": n, "min_tokens": n,
+            "temperature": 0, "stream": True, "return_token_ids": True},
+            timeout=BOUND) as resp:
+        events = []
+        for line in resp.iter_lines():
+            if line.startswith("data: {"):
+                events.append(json.loads(line[6:]))
+                first.set()
+        return {"status": resp.status_code, "headers": dict(resp.headers), "events": events,
+                "tokens": [t for e in events for t in e["choices"][0]["token_ids"] or ()]}
+
+
+def test_gateway_streams_move_off_draining_vllm_members_with_the_greedy_tokens(
+        rig: FleetRig, tmp_path: Path) -> None:
+    """A rolling update (K=2, C=2) of three real servers under three streams through
+    the gateway, one per member, each part-way through 256 greedy tokens: the wave
+    member hands its stream to a member on generation 1, the first member caught up
+    hands its own, the last keeps all three (no member of generation 1 is left). Every
+    client sees one stream whose token ids are exactly the v1 greedy reference; every
+    record lists its segments and verifies against the journal; the journal checks.
+
+    Every step is held by a cause the test controls: each engine is paused (keep) right
+    after its stream's first event, so no stream can end before the update; the runner's
+    own pause of the members that hand streams on is held at their fault proxy until the
+    test has resumed the engine (its aborted part ends) and lets it go."""
+    rig.restore()
+    engines = rig.engines
+    fleet = rig.open("gateway_migration", min_serving=2, max_live=2, min_admitting=2)
+    records = tmp_path / "records.jsonl"
+    boot = fleet.bootstrap(rig.targets(1))
+    assert fleet.phase == FleetPhase.READY, boot
+    gw = Gateway(fleet, GatewayConfig(model="tiny", records=records, queue_wait_s=BOUND),
+                 target_of=rig.target_of)
+
+    def moved() -> float:
+        return sum(x.value for fam in text_string_to_metric_families(
+            gw.metrics.exposition().decode()) for x in fam.samples
+            if x.name == "rolloutcore_gateway_migrations_total"
+            and x.labels.get("outcome") == "moved")
+    e0 = engines["a"]
+    prompt, n = list(e0.prompt("rollout")), e0.rollout_tokens
+    reference = list(e0.reference("v1", "rollout"))
+    try:
+        with ServerThread(gw) as url, ThreadPoolExecutor(4) as pool:
+            streams = []
+            for name in ("a", "b", "c"):  # admitted least loaded first: one each
+                first = threading.Event()
+                streams.append(pool.submit(_stream, url, prompt, n, first))
+                assert first.wait(BOUND)
+                engines[name].pause_raw(PauseMode.KEEP)
+            assert {m.name: m.outstanding for m in fleet.members.values()} == {
+                "a": 1, "b": 1, "c": 1}
+            for name in ("a", "c"):
+                engines[name].inject("pause", "hang")
+            rolling = pool.submit(fleet.roll, rig.targets(2))
+            for name, moves in (("a", 1), ("c", 2)):
+                proxy = engines[name].proxy  # type: ignore[attr-defined]
+                proxy.wait_for(_pause_held, timeout=BOUND)  # its drain ended
+                assert moved() == moves
+                engines[name].resume_raw()  # the part it no longer serves is aborted
+                assert wait_until(functools.partial(_idle, engines[name]), BOUND)
+                engines[name].clear_faults()  # its pause goes through
+            b = fleet.members["b"]
+            assert wait_until(lambda: b.controller.phase is Phase.DRAINING, BOUND)
+            assert b.outstanding == 3  # nowhere left to go: the drain waits for them
+            engines["b"].resume_raw()
+            outs: list[dict[str, Any]] = [s.result(timeout=BOUND) for s in streams]
+            rep = rolling.result(timeout=3 * BOUND)
+    finally:
+        for e in engines.values():
+            e.clear_faults()
+            if e.is_paused_raw():
+                e.resume_raw()
+        gw.close()
+        fleet.close()
+    assert rep.published and rep.waves == [["a"], ["c"], ["b"]], rep.as_json()
+    for out in outs:
+        assert out["status"] == 200 and out["headers"]["x-rolloutcore-generation"] == "1"
+        assert out["tokens"] == reference, out["headers"]["x-rolloutcore-engine"]
+        assert [e["choices"][0].get("prompt_token_ids") is not None
+                for e in out["events"]].count(True) == 1  # the client's prompt, once
+    recs = {r["binding"]["rollout_id"]: r for r in map(json.loads,
+                                                       records.read_text().splitlines())}
+    by_member = {o["headers"]["x-rolloutcore-engine"]: recs[
+        o["headers"]["x-rolloutcore-rollout-id"]]["segments"] for o in outs}
+    assert [s["engine"] for s in by_member["a"]] == ["a", "b"]
+    assert [s["engine"] for s in by_member["c"]] == ["c", "b"]
+    assert by_member["b"] == []
+    for segs in (by_member["a"], by_member["c"]):
+        assert 0 < segs[0]["end"] < n and segs[-1]["end"] == n  # moved part-way
+    print({m: [(s["engine"], s["start"], s["end"]) for s in segs]
+           for m, segs in by_member.items()})
+    verdict = check_fleet_file(Path(fleet.journal.path))
+    assert verdict.accepted, verdict.message
+    from rolloutcore import cli
+
+    assert cli.main(["records", "verify", str(records), "--journal",
+                     str(fleet.journal.path)]) == 0
