@@ -555,18 +555,25 @@ def s_rolling_wave_fails_validation(ctx: FleetContext) -> None:
     names = ctx.rig.names
     fleet = ctx.open(min_serving=2, max_live=2, min_admitting=2)
     ctx.bootstrap(fleet)
-    targets = {n: ctx.rig.engines[n].arm_wrong_checkpoint(t, "v1")  # whichever the wave
-               for n, t in ctx.rig.targets(2).items()}              # takes; the rest wait
+    # The wave is the least loaded member: a rollout held on each of the others makes it
+    # the first, whatever the load holds at that moment.
+    held = [fleet.admit(f"held-{n}", exclude=names[:1]) for n in names[1:]]
+    ctx.check("a held rollout on every member but the first",
+              sorted(x.engine for x in held) == sorted(names[1:]), [x.engine for x in held])
+    targets = {n: ctx.rig.engines[n].arm_wrong_checkpoint(t, "v1")
+               for n, t in ctx.rig.targets(2).items()}
     with _Load(ctx, fleet) as load:
         try:
             rep = fleet.roll(targets)
         finally:
             for e in ctx.rig.engines.values():
                 e.disarm()
+            for x in held:
+                fleet.release(x)
         load.wait_for(3)
     ctx.report("roll", rep)
-    ctx.check("one wave member, quarantined; nothing published; one live generation",
-              not rep.published and len(rep.quarantined) == 1 and rep.waves == [
+    ctx.check("the wave's one member, quarantined; nothing published; one live generation",
+              not rep.published and rep.quarantined == [names[0]] and rep.waves == [
                   rep.quarantined] and fleet.committed == 1 and fleet.floor == 1
               and fleet.phase == FleetPhase.READY,
               (rep.waves, rep.quarantined, fleet.committed, fleet.floor, fleet.phase))
