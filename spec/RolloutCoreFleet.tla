@@ -537,7 +537,7 @@ FleetRequestUpdate ==
 \* fleet_publish [fleet]: Every member has settled and at least min_serving validated the target: commit it on every validated member at once.
 FleetPublish ==
     /\ fphase \in {"UPDATING"}
-    /\ (\A n \in Engines : LET e == eng[n] IN (e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none") \/ (e.pending = "none" /\ (e.phase = "TAINTED" \/ (e.phase = "READY" /\ \A i \in Slots : e.bind[i] = 0)))) /\ Cardinality({n \in Engines : LET e == eng[n] IN e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none"}) >= MinServing
+    /\ (\A n \in Engines : LET e == eng[n] IN (e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none") \/ e.phase = "TAINTED" \/ (e.pending = "none" /\ e.phase = "READY" /\ \A i \in Slots : e.bind[i] = 0)) /\ Cardinality({n \in Engines : LET e == eng[n] IN e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none"}) >= MinServing
     /\ fphase' = "READY"
     /\ fcommitted' = ftarget
     /\ ftarget' = 0

@@ -307,9 +307,10 @@ def _admitted(f: FleetState, g: FleetState) -> bool:
 
 _VALIDATED_TLA = ('e.phase = "RESUMING" /\\ ftarget # 0 /\\ e.target = ftarget '
                   '/\\ e.evidence = AllEvidence /\\ e.pending = "none"')
+#: TAINTED settles whatever is pending (its fence may be in flight), as in settled().
 _SETTLED_TLA = (f'\\A n \\in Engines : LET e == eng[n] IN ({_VALIDATED_TLA}) '
-                '\\/ (e.pending = "none" /\\ (e.phase = "TAINTED" \\/ (e.phase = "READY" '
-                '/\\ \\A i \\in Slots : e.bind[i] = 0)))')
+                '\\/ e.phase = "TAINTED" \\/ (e.pending = "none" /\\ e.phase = "READY" '
+                '/\\ \\A i \\in Slots : e.bind[i] = 0)')
 _HELD_BACK_TLA = ('eng[n].phase = "READY" /\\ eng[n].pending = "none" '
                   '/\\ eng[n].committed = fcommitted /\\ \\E i \\in Slots : eng[n].bind[i] # 0')
 N_VALIDATED_TLA = f"Cardinality({{n \\in Engines : LET e == eng[n] IN {_VALIDATED_TLA}}})"
