@@ -222,7 +222,7 @@ def fleet_update(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"fleet update to {args.label} (generation {target.generation}), "
                   f"min_serving {fleet.min_serving}:")
-        report = fleet.roll(target) if fleet.max_live > 1 else fleet.update(target)
+        report = fleet.advance(target)
     except (TargetError, FleetError) as err:
         return _fail(args, str(err))
     finally:

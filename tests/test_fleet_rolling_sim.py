@@ -244,3 +244,15 @@ def test_a_wave_member_that_loads_the_wrong_weights_is_quarantined_and_serves_no
     _chain, records = read_journal(tmp_path / "f.jsonl")
     verdict = check_fleet_records(enumerate(records, 1))
     assert verdict.accepted, verdict
+
+
+def test_advance_rolls_a_rolling_fleet_and_refuses_a_quorum_of_its_own(
+        rolling: tuple[Fleet, dict[str, SimAdapter]]) -> None:
+    """``Fleet.advance`` is the one place that picks the update by the fleet's K: a
+    rolling fleet rolls (waves, never a strict step) and keeps its own quorum."""
+    fleet, _ad = rolling
+    with pytest.raises(FleetError, match="keeps its quorum"):
+        fleet.advance(sim_target(2, ckpt(2)), min_serving=1)
+    assert fleet.committed == 1  # nothing changed
+    report = fleet.advance(sim_target(2, ckpt(2)))
+    assert report.published and len(report.waves) == len(NAMES), report.as_json()

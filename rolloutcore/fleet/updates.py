@@ -142,6 +142,23 @@ class Updates(FleetBase):
         self.last_report = report
         return report
 
+    @property
+    def rolling(self) -> bool:
+        """Whether this fleet's updates roll (max_live >= 2) instead of closing every
+        member at once."""
+        return self.max_live > 1
+
+    def advance(self, target: WeightTarget | Mapping[str, WeightTarget], *,
+                min_serving: int | None = None) -> FleetCycleReport:
+        """The next generation, as the fleet's update policy says: :meth:`roll` for a
+        rolling fleet, else :meth:`update` (``min_serving``: its quorum; a rolling fleet
+        keeps its own, and refuses one with FleetError, nothing changed)."""
+        if not self.rolling:
+            return self.update(target, min_serving=min_serving)
+        if min_serving is not None:
+            raise FleetError("min_serving: a rolling fleet (max_live >= 2) keeps its quorum")
+        return self.roll(target)
+
     def roll(self, target: WeightTarget | Mapping[str, WeightTarget]) -> FleetCycleReport:
         """A rolling update (max_live >= 2) to the next generation; admissions never close.
         A wave of members on the frontier (as many as can leave while min_admitting others

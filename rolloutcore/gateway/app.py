@@ -195,7 +195,8 @@ class GatewayApp:
             await error_response(r)(scope, receive, send)
             return
         inject = False
-        movable = obj is not None and movable_stream(endpoint, obj)
+        # only a rolling fleet ever has a member of the stream's generation to move it to
+        movable = obj is not None and self.gw.fleet.rolling and movable_stream(endpoint, obj)
         if obj is not None and (self.gw.records is not None or movable) \
                 and wants_injection(endpoint, obj):
             obj = {**obj, "return_token_ids": True}
@@ -657,7 +658,8 @@ class _Exchange:
                 drained.clear()
                 body = self._continuation()
                 lease = self.lease
-                if body is None or lease is None:
+                assert lease is not None  # (None only after a lost move, which returned)
+                if body is None:
                     continue  # nothing left to move: it ends where it is
                 try:
                     with anyio.CancelScope(shield=True):  # a move, once made, is kept
@@ -726,8 +728,7 @@ class _Exchange:
             return None
         req = dict(c.request)
         done = len(c.tokens)
-        max_tokens = req.get("max_tokens")
-        left = (max_tokens if isinstance(max_tokens, int) else 16) - done
+        left = c.max_tokens() - done
         if left < 1:
             return None
         req["prompt"] = [*c.prompt, *c.tokens]

@@ -316,7 +316,7 @@ class Gateway:
         if min_serving is not None and (isinstance(min_serving, bool) or not isinstance(
                 min_serving, int) or not 1 <= min_serving <= n):
             raise ValueError(f"min_serving must be an integer in 1..{n}")
-        if min_serving is not None and self.fleet.max_live > 1:
+        if min_serving is not None and self.fleet.rolling:
             raise ValueError("min_serving: a rolling fleet (max_live >= 2) keeps its quorum")
         self._claim(f"update to {label}")
         try:
@@ -330,8 +330,7 @@ class Gateway:
         fleet = self.fleet
         t0 = time.perf_counter()
         try:
-            report = (fleet.roll(target) if fleet.max_live > 1 else  # admissions stay open
-                      fleet.update(target, min_serving=min_serving))  # journalled with it
+            report = fleet.advance(target, min_serving=min_serving)  # journalled with it
         except FleetError as e:
             self.metrics.cycle.labels("refused").observe(time.perf_counter() - t0)
             self.last_error = str(e)

@@ -94,14 +94,19 @@ class Collector:
                 return
             self.logprobs.append(float(v))
 
+    def max_tokens(self) -> int:
+        """The request's token limit; vLLM's default if it names none: 16 for completions,
+        the model's room for chat (here: what it generated)."""
+        max_tokens = self.request.get("max_tokens", self.request.get("max_completion_tokens"))
+        if isinstance(max_tokens, int) and not isinstance(max_tokens, bool):
+            return max_tokens
+        return 16 if self.endpoint == "completions" else max(1, len(self.tokens))
+
     def decoding(self) -> Decoding:
         r = self.request
         temperature = r.get("temperature")
         top_p = r.get("top_p")
-        max_tokens = r.get("max_tokens", r.get("max_completion_tokens"))
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
-            # vLLM's default: 16 for completions, the model's room for chat
-            max_tokens = 16 if self.endpoint == "completions" else max(1, len(self.tokens))
+        max_tokens = self.max_tokens()
         stop = r.get("stop")
         stops = (stop,) if isinstance(stop, str) else tuple(s for s in stop or ()
                                                             if isinstance(s, str))
