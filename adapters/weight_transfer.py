@@ -124,6 +124,29 @@ class CheckpointSource(WeightSource):
         return None
 
 
+class TensorSource(WeightSource):
+    """Tensors a trainer holds (a snapshot of its live model) as a vLLM ``WeightSource``,
+    in sorted name order; its provenance is their identity, computed by the caller with
+    :func:`rolloutcore.rl.weights.state_identity` over these very tensors."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], *, provenance: str) -> None:
+        self.tensors = {name: tensors[name] for name in sorted(tensors)}
+        self._provenance = provenance
+
+    @property
+    def provenance(self) -> str:
+        return self._provenance
+
+    def metadata(self) -> list[ParamMeta]:
+        return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in self.tensors.items()]
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(self.tensors.items())
+
+    def held_names(self) -> Collection[str] | None:
+        return None
+
+
 def source_manifest(meta: list[ParamMeta]) -> list[tuple[str, str, tuple[int, ...]]]:
     return [(m.name, _TORCH_TO_ST.get(m.dtype, str(m.dtype)), tuple(int(d) for d in m.shape))
             for m in meta]
@@ -476,6 +499,6 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-__all__ = ["CheckpointSource", "TargetAwareClient", "TransferAdapter", "TransferPolicy",
-           "checkpoint_manifest", "cuda_device_lookup", "manifest_difference",
+__all__ = ["CheckpointSource", "TargetAwareClient", "TensorSource", "TransferAdapter",
+           "TransferPolicy", "checkpoint_manifest", "cuda_device_lookup", "manifest_difference",
            "source_manifest"]

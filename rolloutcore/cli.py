@@ -458,7 +458,8 @@ def _where(path: str, unit: str, position: int) -> str:
 
 def _show_line(r: Any) -> str:
     d = r.decoding
-    return (f"  {r.rollout_id}: version {r.version} ({r.label}, identity "
+    return (f"  {r.rollout_id}{f' sample {r.sample}' if r.sample else ''}: version "
+            f"{r.version} ({r.label}, identity "
             f"{(r.identity or '-')[:12]}), prompt {len(r.prompt_token_ids)} + response "
             f"{len(r.response_token_ids)} tokens, {r.finish_reason}"
             f"{' (ABORTED by the drain: partial output)' if r.binding.aborted else ''}; "

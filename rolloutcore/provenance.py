@@ -140,6 +140,9 @@ class JournalIndex:
         self.generations = array("q")
         self.released = bytearray()
         self.claimed = array("q")  # 1 + position of the first record claiming it; 0: none
+        #: The same for the other samples of a group: (admission index, sample) -> 1 +
+        #: position (only groups' records fill it).
+        self.claimed_samples: dict[tuple[int, int], int] = {}
         self.engines = array("i")  # the member it was admitted on, as an index of names
         self.engine_names: list[str | None] = []
         engine_ids: dict[str | None, int] = {}
@@ -238,11 +241,16 @@ class JournalIndex:
                 if on != seg.engine:
                     reasons.append(f"{what}claims member {seg.engine!r}, journal seq {seq} "
                                    f"admitted it on {on!r}")
-            if self.claimed[i]:
-                reasons.append(f"{what}a second record for the admission at seq {seq} (the "
-                               f"first is at {unit} {self.claimed[i] - 1})")
-            else:
+            first = self.claimed[i] if record.sample == 0 else \
+                self.claimed_samples.get((i, record.sample), 0)
+            if first:
+                which = f"sample {record.sample} of " if record.sample else ""
+                reasons.append(f"{what}a second record for {which}the admission at seq {seq} "
+                               f"(the first is at {unit} {first - 1})")
+            elif record.sample == 0:
                 self.claimed[i] = position + 1
+            else:
+                self.claimed_samples[(i, record.sample)] = position + 1
             if not self.released[i]:
                 reasons.append(f"{what}its admission (seq {seq}) was never released in the "
                                "journal")

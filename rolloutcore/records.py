@@ -38,8 +38,8 @@ if TYPE_CHECKING:
     from rolloutcore.runner import LifecycleRunner
 
 #: 2: the binding says whether the drain aborted the rollout; 3: a migrated rollout's
-#: segments.
-SCHEMA_VERSION = 3
+#: segments; 4: the sample's index in its admission's group, and which logprobs these are.
+SCHEMA_VERSION = 4
 SCHEMA_NAME = "rolloutcore.trajectory"
 _PARQUET_META_KEY = b"rolloutcore.trajectory.schema_version"
 
@@ -219,8 +219,11 @@ class Segment:
 _SEGMENT_KEYS = ("engine", "seq", "generation", "start", "end")
 _BINDING_KEYS = ("rollout_id", "generation", "identity", "seq", "aborted")
 _RECORD_KEYS = ("schema", "schema_version", "binding", "label", "prompt_token_ids",
-                "response_token_ids", "logprobs", "decoding", "finish_reason", "stop_reason",
-                "timing", "segments")
+                "response_token_ids", "logprobs", "logprobs_mode", "decoding", "finish_reason",
+                "stop_reason", "timing", "segments", "sample")
+#: vLLM's ``logprobs_mode`` values: ``raw_*`` before any processing (temperature, top-k,
+#: top-p, penalties, the min_tokens mask), ``processed_*`` after it.
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits")
 
 
 @dataclass(frozen=True)
@@ -239,6 +242,12 @@ class TrajectoryRecord:
     #: A migrated rollout's parts, in order (empty: it ran on its binding's admission
     #: alone). The first is the binding's admission; together they span the response.
     segments: tuple[Segment, ...] = ()
+    #: Its index among the samples of one admission (a group of ``n`` samples of one
+    #: prompt is one admission; ``records verify`` takes one record per sample).
+    sample: int = 0
+    #: Which values ``logprobs`` holds, as the writer observed it on the engine (one of
+    #: :data:`LOGPROBS_MODES`); None: not observed (vLLM's default is raw_logprobs).
+    logprobs_mode: str | None = None
     schema_version: int = field(default=SCHEMA_VERSION)
 
     def __post_init__(self) -> None:
@@ -276,6 +285,12 @@ class TrajectoryRecord:
         if not isinstance(self.timing, Timing):
             raise RecordError("timing: expected a Timing")
         _opt_str(self.finish_reason, "finish_reason")
+        _int(self.sample, "sample", minimum=0)
+        if self.logprobs_mode is not None and self.logprobs_mode not in LOGPROBS_MODES:
+            raise RecordError(f"logprobs_mode: must be one of {', '.join(LOGPROBS_MODES)} or "
+                              f"null, got {self.logprobs_mode!r}")
+        if self.logprobs_mode is not None and self.logprobs is None:
+            raise RecordError("logprobs_mode: names the mode of logprobs the record lacks")
         sr = self.stop_reason
         if sr is not None and not isinstance(sr, str):
             _int(sr, "stop_reason")
@@ -331,11 +346,13 @@ class TrajectoryRecord:
             "prompt_token_ids": list(self.prompt_token_ids),
             "response_token_ids": list(self.response_token_ids),
             "logprobs": None if self.logprobs is None else list(self.logprobs),
+            "logprobs_mode": self.logprobs_mode,
             "decoding": self.decoding.to_dict(),
             "finish_reason": self.finish_reason,
             "stop_reason": self.stop_reason,
             "timing": self.timing.to_dict(),
             "segments": [x.to_dict() for x in self.segments],
+            "sample": self.sample,
         }
 
     @classmethod
@@ -366,7 +383,9 @@ class TrajectoryRecord:
                    finish_reason=_opt_str(d["finish_reason"], "finish_reason"),
                    stop_reason=sr, timing=Timing.from_dict(d["timing"]),
                    segments=tuple(Segment.from_dict(x)
-                                  for x in _seq(d["segments"], "segments")))
+                                  for x in _seq(d["segments"], "segments")),
+                   sample=_int(d["sample"], "sample", minimum=0),
+                   logprobs_mode=_opt_str(d["logprobs_mode"], "logprobs_mode"))
 
 
 def record_from(binding: Binding, label: str, prompt: Sequence[int], result: GenerationResult,
@@ -476,13 +495,14 @@ def _arrow_schema() -> Any:
         [("schema", pa.string()), ("schema_version", pa.int64()), ("binding", binding),
          ("label", pa.string()), ("prompt_token_ids", pa.list_(pa.int64())),
          ("response_token_ids", pa.list_(pa.int64())), ("logprobs", pa.list_(pa.float64())),
-         ("decoding", decoding), ("finish_reason", pa.string()),
+         ("logprobs_mode", pa.string()), ("decoding", decoding), ("finish_reason", pa.string()),
          # a stop reason is a string or a token id: one column each, at most one set
          ("stop_reason_text", pa.string()), ("stop_reason_token", pa.int64()),
          ("timing", timing),
          ("segments", pa.list_(pa.struct([
              ("engine", pa.string()), ("seq", pa.int64()), ("generation", pa.int64()),
-             ("start", pa.int64()), ("end", pa.int64())])))],
+             ("start", pa.int64()), ("end", pa.int64())]))),
+         ("sample", pa.int64())],
         metadata={_PARQUET_META_KEY: str(SCHEMA_VERSION).encode()},
     )
 

@@ -326,6 +326,15 @@ class Gateway:
             raise
         return self._admin.submit(self._update, target, min_serving)
 
+    def start_update_to(self, target: WeightTarget) -> Future[FleetCycleReport]:
+        """One fleet update (or roll) to a target described by the caller (a trainer
+        publishing its live weights), on the admin worker like the admin API's."""
+        if target.generation != self.fleet.committed + 1:
+            raise ValueError(f"the target is generation {target.generation}, the next one "
+                             f"is {self.fleet.committed + 1}")
+        self._claim(f"update to {target.label}")
+        return self._admin.submit(self._update, target, None)
+
     def _update(self, target: WeightTarget, min_serving: int | None) -> FleetCycleReport:
         fleet = self.fleet
         t0 = time.perf_counter()

@@ -1,0 +1,136 @@
+"""The trainer's live weights as a fleet target: a snapshot of the tensors, its identity,
+and the probe reference computed with those very weights.
+
+The identity is :class:`rolloutcore.identity.IdentityHasher` over the snapshot in sorted
+name order with safetensors dtype codes: exactly :func:`checkpoint_identity` of the same
+tensors written as a checkpoint, and exactly what the engine's transfer backend digests as
+it receives them. So "identity" is the digest of the bytes sent, and validation compares it
+with the digest each engine computed from what it loaded.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rolloutcore.adapters.contract import WeightTarget
+from rolloutcore.identity import IdentityHasher
+
+#: torch dtype -> safetensors dtype code (what the identity hashes).
+ST_CODES = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+    torch.uint8: "U8", torch.bool: "BOOL",
+}
+
+
+class LiveWeightsError(ValueError):
+    """A model or state dict that cannot be sent (a tensor of an unsupported dtype...)."""
+
+
+def snapshot(model_or_state: torch.nn.Module | Mapping[str, torch.Tensor]
+             ) -> dict[str, torch.Tensor]:
+    """Detached, contiguous CPU copies of the weights, in sorted name order: what is sent
+    does not change while the trainer goes on training."""
+    state = (model_or_state.state_dict() if isinstance(model_or_state, torch.nn.Module)
+             else model_or_state)
+    out: dict[str, torch.Tensor] = {}
+    for name in sorted(state):
+        t = state[name]
+        if not isinstance(t, torch.Tensor):
+            raise LiveWeightsError(f"{name!r}: not a tensor ({type(t).__name__})")
+        if t.dtype not in ST_CODES:
+            raise LiveWeightsError(f"{name!r}: dtype {t.dtype} cannot be sent")
+        out[name] = t.detach().to("cpu", copy=True).contiguous()
+    if not out:
+        raise LiveWeightsError("no tensors to send")
+    return out
+
+
+def state_identity(state: Mapping[str, torch.Tensor]) -> str:
+    """The content identity of these tensors (see the module's docstring)."""
+    h = IdentityHasher()
+    for name in sorted(state):
+        t = state[name].contiguous()
+        data = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        h.add(name, ST_CODES[t.dtype], tuple(t.shape), data)
+    return h.hexdigest()
+
+
+def state_nbytes(state: Mapping[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in state.values())
+
+
+def probe_reference(model: Any, prompt: Sequence[int], max_tokens: int,
+                    eos_id: int | None) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """Greedy tokens (EOS masked, as ``min_tokens == max_tokens``) and prompt logprobs of
+    ``model``: what an engine holding its weights must reproduce (the scored probe)."""
+    from rolloutcore.conformance.tiny_model import greedy_reference, prompt_logprobs
+
+    was_training = bool(getattr(model, "training", False))
+    model.eval()
+    try:
+        greedy = greedy_reference(model, prompt, max_tokens, eos_id)
+        scored = prompt_logprobs(model, prompt)
+    finally:
+        model.train(was_training)
+    return tuple(greedy.token_ids), tuple(scored)
+
+
+@dataclass(frozen=True)
+class LiveWeights:
+    """One published (or to-be-published) snapshot of the trainer's weights."""
+
+    label: str
+    identity: str
+    tensors: dict[str, torch.Tensor]
+
+    @property
+    def nbytes(self) -> int:
+        return state_nbytes(self.tensors)
+
+    def target(self, generation: int, probe_prompt: Sequence[int],
+               probe_tokens: Sequence[int], probe_logprobs: Sequence[float]) -> WeightTarget:
+        return WeightTarget(generation=generation, label=self.label, identity=self.identity,
+                            source=f"trainer:{self.label}", probe_prompt=tuple(probe_prompt),
+                            probe_tokens=tuple(probe_tokens), nbytes=self.nbytes,
+                            probe_logprobs=tuple(probe_logprobs))
+
+
+class LiveSources:
+    """The snapshots a fleet may still need, by identity: the one being published, and the
+    committed one (a re-admission reloads it). The transfer adapters' ``source_for``."""
+
+    def __init__(self, keep: int = 2) -> None:
+        self.keep = keep
+        self._by_identity: dict[str, LiveWeights] = {}
+        self._lock = threading.Lock()
+
+    def add(self, weights: LiveWeights) -> None:
+        with self._lock:
+            self._by_identity.pop(weights.identity, None)
+            self._by_identity[weights.identity] = weights
+            while len(self._by_identity) > self.keep:
+                del self._by_identity[next(iter(self._by_identity))]
+
+    def get(self, identity: str) -> LiveWeights:
+        with self._lock:
+            w = self._by_identity.get(identity)
+        if w is None:
+            raise LiveWeightsError(f"no snapshot held for identity {identity[:16]}")
+        return w
+
+    def source_for(self, target: WeightTarget) -> Any:
+        """A vLLM ``WeightSource`` over the snapshot the target names."""
+        from rolloutcore.adapters.weight_transfer import TensorSource
+
+        w = self.get(target.identity)
+        return TensorSource(w.tensors, provenance=w.identity)
+
+
+__all__ = ["LiveSources", "LiveWeights", "LiveWeightsError", "probe_reference", "snapshot",
+           "state_identity", "state_nbytes"]
