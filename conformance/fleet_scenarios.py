@@ -782,7 +782,7 @@ def s_killed_mid_broadcast(ctx: FleetContext) -> None:
     if isinstance(e, SimHarnessEngine):
         e.inject_sim("mutate", "crash")  # the simulated process dies mid-load
     else:
-        killer = threading.Thread(target=_kill_midway, args=(adapters[v], e, box),
+        killer = threading.Thread(target=kill_midway, args=(adapters[v], e, box),
                                   daemon=True)
         killer.start()
     t0 = time.monotonic()
@@ -921,7 +921,7 @@ def s_recovered_tainted_fenced(ctx: FleetContext) -> None:
               _seen(after))
 
 
-def _kill_midway(adapter: Any, engine: Any, box: dict[str, float]) -> None:
+def kill_midway(adapter: Any, engine: Any, box: dict[str, float]) -> None:
     """Once bytes are on their way to c, SIGKILL its server."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

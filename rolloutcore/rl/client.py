@@ -149,14 +149,15 @@ class RolloutClient:
     """Groups through the gateway at ``base_url``."""
 
     def __init__(self, base_url: str, model: str, *, logprobs_mode: str,
-                 timeout_s: float = 300.0, max_attempts: int = 3) -> None:
+                 timeout_s: float = 300.0, max_attempts: int = 3,
+                 transport: httpx.BaseTransport | None = None) -> None:
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}")
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.logprobs_mode = logprobs_mode
         self.max_attempts = max_attempts
-        self.http = httpx.Client(base_url=self.base_url, timeout=timeout_s)
+        self.http = httpx.Client(base_url=self.base_url, timeout=timeout_s, transport=transport)
         self.resubmitted = 0  # groups thrown away and generated again
 
     def close(self) -> None:
