@@ -682,6 +682,61 @@ def _add_records_parsers(sub: Any) -> None:
     ver.set_defaults(func=_records_verify)
 
 
+# ----------------------------------------------------------------------------- report
+
+
+def _report(args: argparse.Namespace) -> int:
+    from rolloutcore import report
+
+    for f in (args.journal, args.records, args.steps):  # every input, before any work
+        problem = file_problem(f) if f is not None else None
+        if problem:
+            return _bad_input(args, problem, file=args.journal)
+    out = Path(args.out) if args.out else report.default_out_dir(args.journal)
+    if out.exists() and not out.is_dir():
+        return _bad_input(args, f"--out {out}: exists and is not a directory",
+                          file=args.journal)
+    why = report.drawing_unavailable()
+    if why:  # not bad input: the environment lacks a tool
+        if args.json:
+            _print_json({"error": _one_line(f"cannot draw: {why}")})
+        _error(f"cannot draw: {why}")
+        return CANNOT_RUN
+    try:
+        steps = report.read_steps(args.steps) if args.steps is not None else None
+        rep = report.build_report(Path(args.journal), out, steps=steps,
+                                  records=Path(args.records) if args.records else None)
+    except report.ReportInputError as e:
+        return _bad_input(args, str(e), file=args.journal)
+    except OSError as e:  # the inputs were read (their errors are ReportInputError): out
+        return _bad_input(args, f"{e.filename or out}: cannot write: {e.strerror or e}",
+                          file=args.journal)
+    if args.json:
+        _print_json({"out": str(out), **rep.as_json()})
+    else:
+        for f in rep.files:
+            print(f"wrote {f}")
+        for line in rep.timeline.summary():
+            print(f"  {line}")
+    return OK
+
+
+def _add_report_parser(sub: Any) -> None:
+    rp = sub.add_parser("report", help="pictures of a run: the journal's timeline (a lane "
+                        "per engine, its phases, every rollout from admission to release); "
+                        "with RECORDS their staleness, with --steps the reward; PNGs and one "
+                        "self-contained index.html (exit 2 unreadable, 3 without matplotlib)")
+    rp.add_argument("journal", help="an engine or fleet journal")
+    rp.add_argument("records", nargs="?", help="trajectory records (JSON lines or Parquet) "
+                    "of rollouts the journal bound")
+    rp.add_argument("--out", metavar="DIR", help="where to write (default: <journal "
+                    "stem>-report/ next to the journal)")
+    rp.add_argument("--steps", metavar="STEPS.jsonl", help="training steps, one JSON object "
+                    "a line: step, mean_reward and optionally generation")
+    rp.add_argument("--json", action="store_true")
+    rp.set_defaults(func=_report)
+
+
 # ------------------------------------------------------------------------------ parser
 
 
@@ -723,6 +778,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.set_defaults(func=_simulate)
     _add_demo_conformance_parsers(sub)
     _add_records_parsers(sub)
+    _add_report_parser(sub)
     from rolloutcore.fleet_cli import add_fleet_parsers
     from rolloutcore.gateway.cli import add_serve_parser
 

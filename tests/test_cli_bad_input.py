@@ -127,6 +127,19 @@ CASES: list[Case] = [
     C(RVERIFY, "{records}", 2, "no journal"),
     C(RVERIFY, "{records} --journal {journal_seq_list}", 1, "journal broken at line 3"),
     C(RVERIFY, "{records} --journal {journal}", 1, "records not bound by this journal"),
+    # report: every input is read before anything (PNGs, index.html) is written
+    *(C("report", f"{{{f}}}", 2, f) for f in (
+        "notjson", "empty", "binary", "dir", "missing", "deep", "long_line",
+        "journal_header_seq_list")),
+    C("report", "{notjson} --json", 2, "notjson json"),
+    C("report", "", 2, "no journal"),
+    *(C("report", f"{{journal}} {{{f}}}", 2, f"records {f}") for f in (
+        "notjson", "empty", "binary", "dir", "missing", "records_torn", "records_tokens_str",
+        "fake_parquet")),
+    C("report", "{journal} {records_torn} --json", 2, "records torn json"),
+    C("report", "{journal} --steps {notjson}", 2, "steps not JSON"),
+    C("report", "{journal} --steps {missing}", 2, "steps missing"),
+    C("report", "{journal} --out {notjson}", 2, "out is a file"),
     # fleet: the fleet file first, then the checkpoints, before anything is written
     *(C(f"fleet {cmd}", f"--fleet {{{f}}} {extra}", 2, f) for cmd, extra in (
         ("status", ""), ("update", "--checkpoint {dir} --label v2"),
