@@ -348,15 +348,26 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    if args.fleet is not None and args.lifecycle:
+        return _bad_input(args, "--fleet and --lifecycle are two different demos: pick one")
     if args.fleet is not None:
         if args.fleet < 2:
             return _bad_input(args, f"--fleet needs at least 2 servers, got {args.fleet}")
         from rolloutcore.conformance.fleet_demo import main as fleet_demo_main
 
         return fleet_demo_main(args.fleet, as_json=args.json)
-    from rolloutcore.conformance.demo import main as demo_main
+    if args.lifecycle:
+        from rolloutcore.conformance.demo import main as demo_main
 
-    return demo_main(as_json=args.json)
+        return demo_main(as_json=args.json)
+    if args.steps is not None and args.steps < 4:
+        return _bad_input(args, f"--steps must be at least 4, got {args.steps}")
+    from rolloutcore.conformance.rl_demo import RLConfig
+    from rolloutcore.conformance.rl_demo import main as rl_demo_main
+
+    cfg = RLConfig() if args.steps is None else RLConfig(steps=args.steps,
+                                                         fault_step=args.steps // 2)
+    return rl_demo_main(as_json=args.json, cfg=cfg)
 
 
 def _remote(args: argparse.Namespace) -> Any:
@@ -411,9 +422,14 @@ def _add_remote_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_demo_conformance_parsers(sub: Any) -> None:
-    demo = sub.add_parser("demo", help="live updates of a real vLLM CPU server through "
-                          "RolloutCore, verified end to end (exit 0 only if all checks pass)")
+    demo = sub.add_parser("demo", help="an online-RL run that learns through RolloutCore on "
+                          "two real vLLM CPU servers, verified end to end, with pictures (exit 0 "
+                          "only if all checks pass)")
     demo.add_argument("--json", action="store_true")
+    demo.add_argument("--steps", type=int, metavar="N", help="training steps of the RL run "
+                      "(default 24; the member is killed at step N/2)")
+    demo.add_argument("--lifecycle", action="store_true", help="instead: live updates of one "
+                      "server, step by step")
     demo.add_argument("--fleet", type=int, metavar="N", help="a fleet of N servers (about "
                       "2 GiB each): one transactional update, a failing server quarantined "
                       "and re-admitted")

@@ -98,6 +98,9 @@ CASES: list[Case] = [
     C("conformance tour", "--walks -1", 2, "negative walks"),
     C("conformance tour", "--token t", 2, "token without url"),
     C("demo", "--fleet 1", 2, "fleet of one"),
+    C("demo", "--fleet 3 --lifecycle", 2, "two demos"),
+    C("demo", "--steps 2", 2, "too few steps"),
+    C("demo", "--steps x", 2, "steps not a number"),
     # records show: strict and streaming
     *(C(SHOW, f"{{{f}}}", 2, f) for f in (
         "notjson", "empty", "binary", "dir", "missing", "deep", "records_torn",
