@@ -57,14 +57,16 @@ Say = Callable[[str], None]
 
 @dataclass(frozen=True)
 class RLConfig:
-    steps: int = 24
+    steps: int = 30
     groups_per_step: int = 8
     samples_per_group: int = 8
     producers: int = 4
     max_lag: int = 1  # groups older than this (in generations) are dropped
-    buffer_samples: int | None = None  # unacknowledged work, at most (None: one batch)
-    lr: float = 3e-3
-    fault_step: int | None = 12  # kill a member mid-transfer at this step's publish
+    #: Unacknowledged work, at most (None: one and a half batches: half a batch is
+    #: generated while the trainer trains and publishes, and is in flight then).
+    buffer_samples: int | None = None
+    lr: float = 2e-3
+    fault_step: int | None = 15  # kill a member mid-transfer at this step's publish
     threshold: float = 0.7  # mean reward over the last three steps must reach it
     tail_tokens: int = 16
     seed: int = 0
@@ -73,8 +75,16 @@ class RLConfig:
     def __post_init__(self) -> None:
         if self.steps < 4:
             raise ValueError("steps must be >= 4")
-        if self.fault_step is not None and not 1 <= self.fault_step < self.steps:
-            raise ValueError(f"fault_step must be in 1..{self.steps - 1}")
+        if self.fault_step is not None and not 1 <= self.fault_step < self.steps - 1:
+            raise ValueError(f"fault_step must be in 1..{self.steps - 2}")
+
+    @property
+    def rejoin_step(self) -> int | None:
+        """The step at which the restarted member is re-admitted: halfway between the
+        fault and the end, so that it serves again for the rest of the run."""
+        if self.fault_step is None:
+            return None
+        return self.fault_step + max(1, (self.steps - self.fault_step) // 2)
 
 
 @dataclass
@@ -103,20 +113,22 @@ class _Producers:
     """Threads that keep the buffer full of groups (they wait at its bound)."""
 
     def __init__(self, n: int, make: Callable[[random.Random], Any], buffer: Any,
-                 seed: int) -> None:
-        self.buffer = buffer
+                 seed: int, samples: int) -> None:
+        self.buffer, self.samples = buffer, samples
         self.errors: list[str] = []
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self._run, args=(make, random.Random(
             seed * 1000 + i)), name=f"rl-producer-{i}", daemon=True) for i in range(n)]
 
     def _run(self, make: Callable[[random.Random], Any], rng: random.Random) -> None:
-
         failures = 0
         while not self.stop.is_set():
+            if not self.buffer.reserve(self.samples):  # generate only what fits
+                return
             try:
                 group = make(rng)
             except GroupError as e:  # e.g. a queue wait that ran out during a long update
+                self.buffer.cancel(self.samples)
                 failures += 1
                 self.errors.append(str(e))
                 if failures >= 5:
@@ -124,7 +136,7 @@ class _Producers:
                 self.stop.wait(0.5)
                 continue
             failures = 0
-            if not self.buffer.put(group):
+            if not self.buffer.put(group, reserved=True):
                 return
 
     def __enter__(self) -> _Producers:
@@ -155,7 +167,6 @@ class RLRun:
     # ------------------------------------------------------------------------ set-up
 
     def _fleet(self, sources: Any) -> Any:
-
         self.adapters = {n: TransferAdapter(e.http, base_url=e.server.url,
                                             source_for=sources.source_for,
                                             policy=TransferPolicy(base_s=TRANSFER_BASE_S),
@@ -203,8 +214,9 @@ class RLRun:
         publisher = Publisher(fleet, sources, probe_prompt=probe["prompt_token_ids"],
                               probe_tokens=len(probe["output_token_ids"]),
                               eos_id=refs.get("eos_token_id"), gateway=gw)
-        buffer = RolloutBuffer(max_lag=cfg.max_lag, max_samples=cfg.buffer_samples or
-                               cfg.groups_per_step * cfg.samples_per_group)
+        batch = cfg.groups_per_step * cfg.samples_per_group
+        buffer = RolloutBuffer(max_lag=cfg.max_lag,
+                               max_samples=cfg.buffer_samples or batch + batch // 2)
         records = self.work / "rl-records.jsonl"
         self.result.records = str(records)
         records.unlink(missing_ok=True)
@@ -226,7 +238,8 @@ class RLRun:
                         write_jsonl(records, group.records(), append=True)
                     return group
 
-                with _Producers(cfg.producers, make, buffer, cfg.seed) as producers:
+                with _Producers(cfg.producers, make, buffer, cfg.seed,
+                                cfg.samples_per_group) as producers:
                     self._loop(trainer, task, by_ids, buffer, publisher, gw, identities,
                                producers)
                 client.close()
@@ -275,12 +288,14 @@ class RLRun:
                     compared += len(behaviour)
                     max_diff = max(max_diff, max(abs(a - b) for a, b in zip(
                         behaviour, recomputed, strict=True)))
-            buffer.ack(taken)
-            if readmitted_at is None and restart is not None and not restart.is_alive():
+            if restart is not None and step == cfg.rejoin_step:
+                restart.join(300)  # the operator's restart (the server's start-up time)
+                t2 = time.perf_counter()
                 out = gw.start_readmit(victim, f"rl demo: {victim} restarted").result()
-                ok = out.trigger == Trigger.READMIT_OK
-                self.check(f"step {step}: {victim} restarted and re-admitted (verified: label, "
-                           f"identity, probe) at generation {generation}", ok, out.reason)
+                ev["readmit_s"] = round(time.perf_counter() - t2, 3)
+                self.check(f"step {step}: {victim} restarted on v1 and re-admitted (verified: "
+                           f"label, identity, probe), caught up to generation {generation}",
+                           out.trigger == Trigger.READMIT_OK, out.reason)
                 readmitted_at = step
             fault = step == cfg.fault_step
             killer, box = None, dict[str, float]()
@@ -308,6 +323,9 @@ class RLRun:
                 restart = threading.Thread(target=rig.engines[victim].restart_process,
                                            args=("v1",), daemon=True)
                 restart.start()
+            # Acknowledged once published: what is generated next is on the new policy,
+            # except the half batch the bound let through meanwhile (lag 1).
+            buffer.ack(taken)
             lags = [t.lag for t in taken]
             line = {"step": step, "mean_reward": round(statistics.fmean(rewards), 4),
                     "generation": generation, "lag_mean": round(statistics.fmean(lags), 3),
@@ -320,14 +338,9 @@ class RLRun:
                      f"{generation:3d}  lag {line['lag_mean']:.2f} (max {line['lag_max']})  "
                      f"update {update_s:5.2f} s  wait {wait_s:5.2f} s  on "
                      f"{','.join(line['serving'])}" + ("  <- member killed mid-transfer"
-                                                       if fault else ""))
-        if restart is not None:
-            restart.join(300)
-            if readmitted_at is None:
-                out = gw.start_readmit(victim, f"rl demo: {victim} restarted").result()
-                self.check(f"{victim} restarted and re-admitted at the end",
-                           out.trigger == Trigger.READMIT_OK, out.reason)
-                readmitted_at = cfg.steps
+                                                       if fault else "  <- re-admitted"
+                                                       if step == readmitted_at else ""))
+        ev["lag_histogram"] = dict(sorted(buffer.lags.items()))
         ev.update(logprob_max_abs_diff=max_diff, logprob_tokens_compared=compared,
                   readmitted_at_step=readmitted_at, stale_dropped=buffer.dropped,
                   producer_errors=len(producers.errors),
@@ -336,7 +349,6 @@ class RLRun:
     # ------------------------------------------------------------------------ checks
 
     def _final_checks(self, buffer: Any, identities: dict[int, str]) -> None:
-
         r, cfg, ev = self.result, self.cfg, self.result.evidence
         rewards = [s["mean_reward"] for s in r.steps]
         last = statistics.fmean(rewards[-3:])
@@ -374,7 +386,6 @@ class RLRun:
             self.check(f"after its re-admission {self.rig.victim} served groups again "
                        f"({served} groups)", at is not None and at < cfg.steps
                        and served > 0, {"readmitted_at_step": at, "groups": served})
-        ev["lag_histogram"] = dict(sorted(buffer.lags.items()))
 
 
 def _no_checkpoints(checkpoint: str, generation: int, label: str) -> Any:
@@ -386,7 +397,7 @@ def write_pictures(result: RLResult, lags: dict[int, int], out: Path) -> list[Pa
 
     assert result.journal is not None
     return write_report(Path(result.journal), out, records=Path(result.records)
-                        if result.records else None, steps=result.steps, lags=lags)
+                        if result.records else None, steps=result.steps, lags=lags or None)
 
 
 def run_rl_demo(cfg: RLConfig, artifacts: Path, say: Say, *, pool: Any = None) -> RLResult:

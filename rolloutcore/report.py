@@ -1004,8 +1004,11 @@ def build_report(journal: Path, out_dir: Path, *, records: Path | None = None,
             lag_png(stats.lags, out_dir / "staleness.png",
                     title=f"staleness of the records in {stats.path.name}")))
     if lags is not None:
-        pictures.append(("Lag (generations) per rollout, as given.",
-                         lag_png(lags, out_dir / "lag.png")))
+        pictures.append(("The trainer's lag: for each group it took (or dropped as too "
+                         "stale), its generation when it took the group minus the "
+                         "generation that generated it.",
+                         lag_png(lags, out_dir / "lag.png", title="trainer's lag per group",
+                                 xlabel="trained generation - behaviour generation")))
     if steps is not None:
         pictures.append(("Mean reward per training step.",
                          reward_png(steps, out_dir / "reward.png")))

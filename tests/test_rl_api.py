@@ -7,6 +7,7 @@ given); waits are bounded by :data:`BOUND`, a bound against a broken test.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from pathlib import Path
@@ -70,6 +71,18 @@ def test_buffer_waits_at_its_bound_until_the_trainer_acknowledges() -> None:
     t.join(BOUND)
     metrics = generate_latest(buf.registry).decode()
     assert "rolloutcore_rl_queued_samples 4.0" in metrics
+
+
+def test_generation_waits_for_room_before_it_starts() -> None:
+    buf = RolloutBuffer(max_lag=1, max_samples=4)
+    assert buf.reserve(2) and buf.reserve(2)
+    assert not buf.reserve(2, timeout=0)  # two groups being generated fill the bound
+    assert buf.put(group(1), reserved=True) and buf.unacknowledged[0] == 4
+    buf.cancel(2)  # the other one failed: its room comes back
+    assert buf.reserve(2, timeout=0)
+    assert buf.put(group(1), reserved=True) and buf.unacknowledged == (4, 2 * group(1).nbytes)
+    buf.close()
+    assert not buf.reserve(1) and not buf.put(group(1), reserved=True)
 
 
 def test_buffer_drops_or_flags_groups_older_than_max_lag() -> None:
@@ -146,21 +159,31 @@ def test_a_snapshot_does_not_follow_the_training_model() -> None:
         snapshot({"x": torch.zeros(2, dtype=torch.complex64)})
 
 
-def test_live_sources_hold_the_newest_snapshots_by_identity() -> None:
-    sources = LiveSources(keep=2)
+def test_live_sources_hold_every_generation_a_member_may_still_need(tmp_path: Path) -> None:
+    sources = LiveSources()
     ws = [LiveWeights(f"w{i}", f"{i:064x}", {"x": torch.full((2,), float(i))})
           for i in range(3)]
-    for w in ws:
-        sources.add(w)
+    for g, w in enumerate(ws, start=2):
+        sources.add(w, g)
+    assert sources.prune(3) == 1 and len(sources) == 2  # a member still holds generation 3
     assert sources.get(ws[2].identity) is ws[2] and sources.get(ws[1].identity) is ws[1]
     with pytest.raises(LiveWeightsError, match="no snapshot held"):
         sources.get(ws[0].identity)
-    target = ws[2].target(3, (1, 2), (3,), (-0.1,))
+    target = ws[2].target(4, (1, 2), (3,), (-0.1,))
     assert (target.identity, target.nbytes, target.label) == (ws[2].identity, 8, "w2")
     src = sources.source_for(target)
     assert src.provenance == ws[2].identity
     assert [(m.name, tuple(m.shape)) for m in src.metadata()] == [("x", (2,))]
     assert [n for n, _ in src] == ["x"]
+    with pytest.raises(LiveWeightsError, match="no snapshot held"):
+        sources.source_for(ws[0].target(2, (1,), (2,), (-0.1,)))
+    # a checkpoint target (the fleet's first generation) is read from its directory
+    from safetensors.torch import save_file
+
+    save_file({"x": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
+    ckpt = dataclasses.replace(target, identity=checkpoint_identity(tmp_path),
+                               source=str(tmp_path))
+    assert sources.source_for(ckpt).provenance == checkpoint_identity(tmp_path)
 
 
 # ------------------------------------------------------------------------------ client

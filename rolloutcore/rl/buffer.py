@@ -4,8 +4,10 @@ The trainer decides what staleness is legal, never the serving layer: a group's 
 the trainer's generation (the policy it is about to update) minus the group's behaviour
 generation; past ``max_lag`` a group is dropped or handed over flagged, as the caller
 chose. The bound covers everything produced and not yet acknowledged (queued or taken),
-in samples and in bytes; producers wait at the bound, so generation is throttled to the
-trainer's rate (Little's law: work in flight = rate x time in the system).
+in samples and in bytes, and the groups being generated (a producer reserves
+its samples before it asks for a group): generation of new groups waits at the bound, so
+it is throttled to the trainer's rate (Little's law: work in flight = rate x time in the
+system), and nothing is generated that could not be queued.
 
 Metrics (prometheus-client, a registry of the buffer's own unless one is given):
 ``rolloutcore_rl_lag_generations`` (histogram, per group taken or dropped),
@@ -71,27 +73,53 @@ class RolloutBuffer:
         self.lags: collections.Counter[int] = collections.Counter()  # for the pictures
         self.dropped = 0
 
-    def _full(self, group: Group) -> bool:
+    def _full(self, samples: int, nbytes: int) -> bool:
         if not self._samples:  # one group always fits, or a big one could never enter
             return False
-        return ((self.max_samples is not None
-                 and self._samples + len(group.samples) > self.max_samples)
-                or (self.max_bytes is not None and self._bytes + group.nbytes > self.max_bytes))
+        return ((self.max_samples is not None and self._samples + samples > self.max_samples)
+                or (self.max_bytes is not None and self._bytes + nbytes > self.max_bytes))
 
-    def put(self, group: Group, timeout: float | None = None) -> bool:
-        """Queue a group, waiting while the unacknowledged work is at its bound. False:
-        closed, or the bound held for the whole ``timeout``."""
+    def _wait_for_room(self, samples: int, nbytes: int, timeout: float | None) -> bool:
         end = None if timeout is None else time.monotonic() + timeout
+        while not self._closed and self._full(samples, nbytes):
+            left = None if end is None else end - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            self._cond.wait(left)
+        return not self._closed
+
+    def reserve(self, samples: int, timeout: float | None = None) -> bool:
+        """Room for a group of ``samples`` about to be generated, waiting at the bound
+        (its bytes are counted when it is put). False: closed, or the bound held for the
+        whole ``timeout``; True: :meth:`put` it with ``reserved=True`` or
+        :meth:`cancel` the reservation."""
         with self._cond:
-            while not self._closed and self._full(group):
-                left = None if end is None else end - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._cond.wait(left)
-            if self._closed:
+            if not self._wait_for_room(samples, 0, timeout):
+                return False
+            self._account(samples, 0)
+            return True
+
+    def cancel(self, samples: int) -> None:
+        """A reserved group that will not come (its generation failed)."""
+        with self._cond:
+            self._account(-samples, 0)
+            self._cond.notify_all()
+
+    def put(self, group: Group, timeout: float | None = None, *,
+            reserved: bool = False) -> bool:
+        """Queue a group (its samples reserved already, or waiting here while the
+        unacknowledged work is at its bound). False: closed, or the bound held for the
+        whole ``timeout`` (a reservation is then given back)."""
+        n = len(group.samples)
+        with self._cond:
+            if reserved:
+                self._account(-n, 0)  # the reservation becomes the group itself
+            if self._closed or (not reserved and not self._wait_for_room(n, group.nbytes,
+                                                                         timeout)):
+                self._cond.notify_all()
                 return False
             self._queue.append(group)
-            self._account(len(group.samples), group.nbytes)
+            self._account(n, group.nbytes)
             self._cond.notify_all()
             return True
 

@@ -86,11 +86,15 @@ class Publisher:
         weights = LiveWeights(label, state_identity(tensors), tensors)
         tokens, logprobs = self._reference(model_or_state, tensors)
         target = weights.target(self.fleet.committed + 1, self.probe_prompt, tokens, logprobs)
-        self.sources.add(weights)
+        self.sources.add(weights, target.generation)
         if self.gateway is not None:
             report = self.gateway.start_update_to(target).result()
         else:
             report = self.fleet.advance(target)
+        # Every member holds at least the oldest generation still committed on one of
+        # them (a quarantined member's included): older snapshots are never sent again.
+        self.sources.prune(min(m.controller.control.committed
+                               for m in self.fleet.members.values()))
         if not report.published:
             raise PublishError(f"generation {target.generation} ({label}) was not published: "
                                f"committed on {report.committed_on}, quarantined "

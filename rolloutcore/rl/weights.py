@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -102,32 +103,47 @@ class LiveWeights:
 
 
 class LiveSources:
-    """The snapshots a fleet may still need, by identity: the one being published, and the
-    committed one (a re-admission reloads it). The transfer adapters' ``source_for``."""
+    """The snapshots a fleet may still need, by identity: every generation from the oldest
+    one a member still holds (a quarantined member is re-admitted onto its own committed
+    generation, then catches up one verified generation at a time) to the one being
+    published. The transfer adapters' ``source_for``."""
 
-    def __init__(self, keep: int = 2) -> None:
-        self.keep = keep
-        self._by_identity: dict[str, LiveWeights] = {}
+    def __init__(self) -> None:
+        self._by_identity: dict[str, tuple[int, LiveWeights]] = {}
         self._lock = threading.Lock()
 
-    def add(self, weights: LiveWeights) -> None:
+    def add(self, weights: LiveWeights, generation: int) -> None:
         with self._lock:
-            self._by_identity.pop(weights.identity, None)
-            self._by_identity[weights.identity] = weights
-            while len(self._by_identity) > self.keep:
-                del self._by_identity[next(iter(self._by_identity))]
+            self._by_identity[weights.identity] = (generation, weights)
+
+    def prune(self, oldest_needed: int) -> int:
+        """Forget the snapshots of generations before ``oldest_needed``; how many."""
+        with self._lock:
+            old = [i for i, (g, _) in self._by_identity.items() if g < oldest_needed]
+            for i in old:
+                del self._by_identity[i]
+            return len(old)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._by_identity)
 
     def get(self, identity: str) -> LiveWeights:
         with self._lock:
-            w = self._by_identity.get(identity)
-        if w is None:
+            held = self._by_identity.get(identity)
+        if held is None:
             raise LiveWeightsError(f"no snapshot held for identity {identity[:16]}")
-        return w
+        return held[1]
 
     def source_for(self, target: WeightTarget) -> Any:
-        """A vLLM ``WeightSource`` over the snapshot the target names."""
-        from rolloutcore.adapters.weight_transfer import TensorSource
+        """A vLLM ``WeightSource`` over the snapshot the target names; a target that names
+        a checkpoint directory (the fleet's initial generation) is read from it."""
+        from rolloutcore.adapters.weight_transfer import CheckpointSource, TensorSource
 
+        with self._lock:
+            held = self._by_identity.get(target.identity)
+        if held is None and Path(target.source).is_dir():
+            return CheckpointSource.of(target)
         w = self.get(target.identity)
         return TensorSource(w.tensors, provenance=w.identity)
 
