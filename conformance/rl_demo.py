@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import LlamaForCausalLM
 
 from rolloutcore.adapters.weight_transfer import TransferAdapter, TransferPolicy
 from rolloutcore.conformance.fleet_scenarios import POLICY, TRANSFER_BASE_S, kill_midway
@@ -43,7 +42,7 @@ from rolloutcore.gateway.server import ServerThread
 from rolloutcore.provenance import CONSISTENT, JournalIndex
 from rolloutcore.records import iter_records, write_jsonl
 from rolloutcore.rl import GroupError, RolloutBuffer, RolloutClient, Sampling, engine_logprobs_mode
-from rolloutcore.rl.grpo import GRPOTrainer, TrainSample, group_advantages
+from rolloutcore.rl.grpo import GRPOTrainer, TrainSample, group_advantages, load_model
 from rolloutcore.rl.publish import Publisher, PublishError
 from rolloutcore.rl.task import SuccessorTask
 from rolloutcore.rl.weights import LiveSources, state_identity
@@ -191,8 +190,9 @@ class RLRun:
         torch.manual_seed(cfg.seed)
         task = SuccessorTask(models["v1"], tail_tokens=cfg.tail_tokens)
         by_ids = {p.token_ids: p for p in task.all_prompts()}
-        model: Any = LlamaForCausalLM.from_pretrained(str(models["v1"]),
-                                                      dtype=torch.float32)
+        # float32 weights and activations, attention summed in float64: the trainer's
+        # recomputation is then exact, and the logprob check measures vLLM's error alone.
+        model = load_model(models["v1"])
         trainer = GRPOTrainer(model, lr=cfg.lr)
         sources = LiveSources()
         fleet = self._fleet(sources)

@@ -16,7 +16,7 @@ from rolloutcore.conformance.server_pool import ServerPool
 pytestmark = pytest.mark.vllm
 
 #: Fewer steps than the demo, the fault early enough for the victim to come back.
-REDUCED = RLConfig(steps=12, fault_step=4, threshold=0.5)
+REDUCED = RLConfig(steps=16, fault_step=5, threshold=0.5)
 
 
 def test_the_rl_loop_learns_through_verified_publishes(tmp_path: Path,
