@@ -192,6 +192,9 @@ class RLRun:
         by_ids = {p.token_ids: p for p in task.all_prompts()}
         # float32 weights and activations, attention summed in float64: the trainer's
         # recomputation is then exact, and the logprob check measures vLLM's error alone.
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # one line per step is the demo's output
         model = load_model(models["v1"])
         trainer = GRPOTrainer(model, lr=cfg.lr)
         sources = LiveSources()
