@@ -194,7 +194,7 @@ class RLRun:
         # recomputation is then exact, and the logprob check measures vLLM's error alone.
         from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()  # one line per step is the demo's output
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # one line per step
         model = load_model(models["v1"])
         trainer = GRPOTrainer(model, lr=cfg.lr)
         sources = LiveSources()
