@@ -16,6 +16,18 @@ from rolloutcore.explore import Exploration, Violation, explore
 from rolloutcore.spec import doc as spec_doc
 from rolloutcore.spec import tla as spec_tla
 from rolloutcore.spec import triggers_gen
+from rolloutcore.spec.failover import (
+    FAILOVER,
+    Ctl,
+    Eng,
+    FailoverSpec,
+    FoExploration,
+    FoState,
+    Jrn,
+    explore_failover,
+    failover_config,
+    failover_module,
+)
 from rolloutcore.spec.fleet import (
     FLEET,
     FleetExploration,
@@ -26,7 +38,15 @@ from rolloutcore.spec.fleet import (
     fleet_module,
 )
 from rolloutcore.spec.lifecycle import SPEC, TIERS, Phase, Spec, State
-from rolloutcore.spec.mutants import FLEET_MUTANTS, MUTANTS, ROLLING, FleetMutant, Mutant
+from rolloutcore.spec.mutants import (
+    FAILOVER_MUTANTS,
+    FLEET_MUTANTS,
+    MUTANTS,
+    ROLLING,
+    FailoverMutant,
+    FleetMutant,
+    Mutant,
+)
 
 SPEC_DIR = Path(spec_pkg.__file__).resolve().parent
 TLA_FILE = SPEC_DIR / "RolloutCore.tla"
@@ -35,6 +55,8 @@ DOC_FILE = SPEC_DIR / "SPEC.md"
 TRIGGERS_FILE = SPEC_DIR / "triggers.py"
 FLEET_TLA_FILE = SPEC_DIR / "RolloutCoreFleet.tla"
 FLEET_CFG_FILE = SPEC_DIR / "RolloutCoreFleet.cfg"
+FAILOVER_TLA_FILE = SPEC_DIR / "RolloutCoreFailover.tla"
+FAILOVER_CFG_FILE = SPEC_DIR / "RolloutCoreFailover.cfg"
 
 
 # ---------------------------------------------------------------------- generated files
@@ -49,16 +71,21 @@ def generated_files(spec: Spec = SPEC, exploration: Exploration | None = None, *
         TRIGGERS_FILE: triggers_gen.module(spec),
         FLEET_TLA_FILE: fleet_module(fleet),
         FLEET_CFG_FILE: fleet_config(fleet),
+        FAILOVER_TLA_FILE: failover_module(FAILOVER),
+        FAILOVER_CFG_FILE: failover_config(FAILOVER),
     }
     if with_doc:
         fleet_counts = _fleet_counts_beside(fleet)  # the larger graph, on another core
         ex = exploration or explore(spec)
         rolling = explore_fleet(fleet.with_bounds(ROLLING))
+        fo = explore_failover(FAILOVER)
         fleet_states, fleet_edges = fleet_counts()
         out[DOC_FILE] = spec_doc.document(spec, states=ex.states, edges=ex.edges,
                                           fleet=fleet, fleet_states=fleet_states,
                                           fleet_edges=fleet_edges, rolling_states=rolling.states,
-                                          rolling_edges=rolling.edges)
+                                          rolling_edges=rolling.edges,
+                                          failover=FAILOVER, failover_states=fo.states,
+                                          failover_edges=fo.edges)
     return out
 
 
@@ -234,6 +261,69 @@ def run_fleet_tlc(spec: FleetSpec = FLEET, *, exploration: FleetExploration | No
     return run
 
 
+# ---------------------------------------------------------------------------- failover
+
+
+def _ints(v: object) -> tuple[int, ...]:
+    assert isinstance(v, tuple)
+    return tuple(int(str(x)) for x in v)
+
+
+def failover_state_from_tlc(values: dict[str, object]) -> FoState:
+    def rec(v: object) -> dict[str, object]:
+        assert isinstance(v, tlc.TlaRecord)
+        return {str(k): x for k, x in v.items()}
+
+    ctl, eng, jrn, net = values["ctl"], values["eng"], rec(values["jrn"]), values["net"]
+    assert isinstance(ctl, tuple) and isinstance(eng, tuple) and isinstance(net, frozenset)
+    ctls = []
+    for k in map(rec, ctl):
+        view = k["view"]
+        assert isinstance(view, tuple)
+        ctls.append(Ctl(str(k["pc"]), int(str(k["epoch"])), bool(k["frozen"]),
+                        bool(k["zombie"]), tuple(map(str, view)), int(str(k["on"]))))
+    engs = [Eng(int(str(x["weights"])), int(str(x["label"])), bool(x["paused"]),
+                int(str(x["seen"])), int(str(x["by"]))) for x in map(rec, eng)]
+    return FoState(int(str(values["leader"])), int(str(values["lepoch"])),
+                   int(str(values["issued"])), tuple(ctls),
+                   Jrn(int(str(jrn["epoch"])), _ints(jrn["committed"]), _ints(jrn["target"]),
+                       _ints(jrn["serve"])),
+                   tuple(engs), _ints(values["bound"]),
+                   frozenset((str(m[0]), int(str(m[1])), int(str(m[2])), int(str(m[3])))
+                             for m in net))
+
+
+def _failover_tlc(spec: FailoverSpec, *, dump_graph: bool, timeout_s: float) -> tlc.TlcResult:
+    with tempfile.TemporaryDirectory(prefix="rolloutcore-tlc-") as tmp:
+        module = Path(tmp) / f"{spec.name}.tla"
+        cfg = Path(tmp) / f"{spec.name}.cfg"
+        module.write_text(failover_module(spec))
+        cfg.write_text(failover_config(spec))
+        return tlc.run_tlc(module, cfg, workers=1, dump_graph=dump_graph, timeout_s=timeout_s)
+
+
+def run_failover_tlc(spec: FailoverSpec = FAILOVER, *,
+                     exploration: FoExploration | None = None,
+                     timeout_s: float = 900) -> TlcRun:
+    """TLC on the generated failover module; its whole graph against the explorer's."""
+    ex = exploration or explore_failover(spec)
+    result = _failover_tlc(spec, dump_graph=True, timeout_s=timeout_s)
+    run = TlcRun(result, ex.states, ex.edges, result.distinct_states, None, None)
+    if result.graph is None or result.exit_code != 0:
+        return run
+    g = result.graph
+    names = {spec_tla.tla_name(a.name): a.name for a in spec.actions}
+    states = {k: failover_state_from_tlc(v) for k, v in g.states.items()}
+    tlc_edges = {(states[s], names[a], states[d]) for s, a, d in g.edges}
+    run.tlc_edges = len(tlc_edges)
+    run.python_edges = len(ex.graph)
+    run.graphs_equal = (tlc_edges == ex.graph and set(states.values()) == ex.nodes
+                        and {states[n] for n in g.initial} == set(ex.initial))
+    run.only_python = [f"{a}: {u} -> {v}" for u, a, v in list(ex.graph - tlc_edges)[:3]]
+    run.only_tlc = [f"{a}: {u} -> {v}" for u, a, v in list(tlc_edges - ex.graph)[:3]]
+    return run
+
+
 # ------------------------------------------------------------------------------ mutants
 
 
@@ -281,7 +371,7 @@ def check_mutants(base: Spec = SPEC, *, with_tlc: bool) -> list[MutantVerdict]:
 
 @dataclass
 class FleetMutantVerdict:
-    mutant: FleetMutant
+    mutant: FleetMutant | FailoverMutant
     explorer: dict[str, int]  # property -> counterexample length
     tlc_violated: str | None = None
     tlc_trace_length: int | None = None
@@ -321,6 +411,25 @@ def check_fleet_mutant(m: FleetMutant, base: FleetSpec = FLEET, *,
 
 def check_fleet_mutants(base: FleetSpec = FLEET, *, with_tlc: bool) -> list[FleetMutantVerdict]:
     return [check_fleet_mutant(m, base, with_tlc=with_tlc) for m in FLEET_MUTANTS]
+
+
+def check_failover_mutant(m: FailoverMutant, base: FailoverSpec = FAILOVER, *,
+                          with_tlc: bool) -> FleetMutantVerdict:
+    mutated = m.apply(base)
+    ex = explore_failover(mutated, stop_at_violation=True)
+    verdict = FleetMutantVerdict(m, {k: len(v) for k, v in ex.violations.items()})
+    if with_tlc:
+        r = _failover_tlc(mutated, dump_graph=False, timeout_s=900)
+        verdict.tlc_ran = True
+        if r.violation in ("invariant", "property"):
+            verdict.tlc_violated = r.violated_name
+            verdict.tlc_trace_length = max(len(r.trace) - 1, 0)
+    return verdict
+
+
+def check_failover_mutants(base: FailoverSpec = FAILOVER, *,
+                           with_tlc: bool) -> list[FleetMutantVerdict]:
+    return [check_failover_mutant(m, base, with_tlc=with_tlc) for m in FAILOVER_MUTANTS]
 
 
 def tlc_available() -> str | None:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from rolloutcore.spec.failover import FailoverSpec
+from rolloutcore.spec.failover import __doc__ as failover_doc
 from rolloutcore.spec.fleet import FleetSpec
 from rolloutcore.spec.fleet import __doc__ as fleet_doc
 from rolloutcore.spec.lifecycle import Action, Kind, Phase, Spec
-from rolloutcore.spec.mutants import FLEET_MUTANTS, MUTANTS, ROLLING
+from rolloutcore.spec.mutants import FAILOVER_MUTANTS, FLEET_MUTANTS, MUTANTS, ROLLING
 from rolloutcore.spec.tla import tla_name, world_conjuncts
 
 
@@ -101,9 +103,32 @@ def fleet_section(fleet: FleetSpec, *, states: int, edges: int, rolling_states: 
     return out
 
 
+def failover_section(fo: FailoverSpec, *, states: int, edges: int) -> list[str]:
+    b = fo.bounds
+    doc = (failover_doc or "").split("Theory of operation\n-------------------\n", 1)[-1]
+    out = ["", "## Controller failover", "", "Generated from `spec/failover.py` (its module "
+           "and config: `spec/RolloutCoreFailover.tla`, `.cfg`).", "",
+           *doc.strip().splitlines(), "", "| action | what it does |", "|---|---|"]
+    for a in fo.actions:
+        append = " (a journal append: only under the live leader key of its epoch)" \
+            if a.appends else ""
+        out.append(f"| {a.name} ({tla_name(a.name)}) | {_cell(a.doc + append)} |")
+    out += ["", "Invariants:", ""]
+    out += [f"- **{i.name}**: {i.doc}" for i in fo.invariants]
+    out += ["", "Action properties:", ""]
+    out += [f"- **{p.name}**: {p.doc}" for p in fo.action_properties]
+    out += ["", f"Default bounds: {b.controllers} controllers, {b.engines} engine(s), "
+            f"{b.epochs} elections, {b.generations} generations. Reachable: **{states} "
+            f"states, {edges} edges** (explorer and TLC agree edge for edge).", "",
+            "Failover mutants (each caught by the explorer and by TLC):", ""]
+    out += [f"- **{m.name}**: {m.doc}" for m in FAILOVER_MUTANTS]
+    return out
+
+
 def document(spec: Spec, *, states: int, edges: int, fleet: FleetSpec | None = None,
              fleet_states: int = 0, fleet_edges: int = 0, rolling_states: int = 0,
-             rolling_edges: int = 0) -> str:
+             rolling_edges: int = 0, failover: FailoverSpec | None = None,
+             failover_states: int = 0, failover_edges: int = 0) -> str:
     """The review document; ``states``/``edges`` come from exploring ``spec`` (and the
     fleet's from exploring ``fleet``)."""
     b = spec.bounds
@@ -176,4 +201,6 @@ def document(spec: Spec, *, states: int, edges: int, fleet: FleetSpec | None = N
     if fleet is not None:
         out += fleet_section(fleet, states=fleet_states, edges=fleet_edges,
                              rolling_states=rolling_states, rolling_edges=rolling_edges)
+    if failover is not None:
+        out += failover_section(failover, states=failover_states, edges=failover_edges)
     return "\n".join(out) + "\n"

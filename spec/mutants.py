@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from rolloutcore.spec.failover import FailoverSpec
+from rolloutcore.spec.failover import _campaign as _failover_campaign
 from rolloutcore.spec.fleet import (
     FLEET,
     FLEET_PUBLISH_WHEN_TLA,
@@ -386,4 +388,56 @@ FLEET_MUTANTS: tuple[FleetMutant, ...] = (
                                        ffloor=max(1, f.fcommitted - 1)),
             apply_tla={"fphase": '"READY"', "ftarget": "0",
                        "ffloor": "IF fcommitted > 1 THEN fcommitted - 1 ELSE 1"}), ROLLING),
+)
+
+
+# -------------------------------------------------------------------------- failover
+
+
+@dataclass(frozen=True)
+class FailoverMutant:
+    name: str
+    doc: str
+    apply: Callable[[FailoverSpec], FailoverSpec]
+
+
+def _fence_skipped(spec: FailoverSpec) -> FailoverSpec:
+    camp = spec.action("campaign")
+    return spec.replace_action(
+        "campaign", apply=lambda f, sp, p: _failover_campaign(f, sp, p, "check"),
+        tla=camp.tla.replace('[x \\in Engines |-> "fence"]', '[x \\in Engines |-> "check"]'))
+
+
+def _takeover_early(spec: FailoverSpec) -> FailoverSpec:
+    camp = spec.action("campaign")
+    return spec.replace_action(
+        "campaign",
+        when=lambda f, sp, p: f.ctl[int(str(p[0])) - 1].pc == "standby"
+        and f.issued < sp.bounds.epochs,
+        tla=camp.tla.replace(" /\\ leader = 0", ""))
+
+
+FAILOVER_MUTANTS: tuple[FailoverMutant, ...] = (
+    FailoverMutant(
+        "fence_skipped_at_takeover",
+        "A new leader verifies and serves the engines without raising their fences first "
+        "(what every RL stack that restarts its driver does): a mutation its deposed "
+        "predecessor sent lands under a rollout the new leader admitted.",
+        _fence_skipped),
+    FailoverMutant(
+        "epoch_not_checked_at_engine",
+        "The engine takes a mutation whatever its epoch (vLLM sets its weight version "
+        "blindly): the new leader's fence stops nothing.",
+        lambda s: replace(s, gate=(lambda _epoch, _seen: True, "TRUE"))),
+    FailoverMutant(
+        "deposed_append_accepted",
+        "Journal appends do not compare the leader key's revision (a lease lock alone): a "
+        "deposed leader, thawed, appends after its successor and the journal forks.",
+        lambda s: replace(s, compare=False)),
+    FailoverMutant(
+        "takeover_before_lease_expired",
+        "A standby takes the leader key while its holder's lease still runs (a lease "
+        "shorter on the server than the holder's own clock, or a forced takeover): two "
+        "controllers act, each believing it leads. Fencing keeps every other property.",
+        _takeover_early),
 )
