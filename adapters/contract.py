@@ -142,6 +142,17 @@ class FenceEvidence:
 
 
 @dataclass(frozen=True)
+class EpochEvidence:
+    """An engine's answer to a controller's fence (controller failover): whether it took
+    ``epoch`` as its fencing token, and its token after the call."""
+
+    epoch: int
+    accepted: bool
+    seen: int | None  # None: the engine's token could not be read
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class GenerationResult:
     """A rollout's generation as the engine returned it."""
 
@@ -182,6 +193,16 @@ class LifecycleAdapter(Protocol):
     def fence(self, label: str, deadline: float) -> FenceEvidence: ...
 
     def generate(self, prompt: tuple[int, ...], max_tokens: int) -> GenerationResult: ...
+
+
+class EpochFenced(Protocol):
+    """An adapter whose engine checks a controller's epoch where its effects happen (our
+    worker extension and transfer backends): ``epoch`` goes with every fenced effect it
+    sends; ``fence_epoch`` raises the engine's token."""
+
+    epoch: int | None
+
+    def fence_epoch(self, epoch: int, deadline: float) -> EpochEvidence: ...
 
 
 # ------------------------------------------------------------------ JSON encoding

@@ -49,6 +49,7 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
+from rolloutcore.adapters.epoch_gate import GATE, pop_epoch
 from rolloutcore.adapters.vllm_worker import RolloutCoreWorkerExtension
 from rolloutcore.identity import IdentityHasher
 
@@ -236,7 +237,11 @@ class GlooWeightTransferEngine(
     def update_weights(self, update_info: dict[str, Any]) -> None:
         # The base class ends with torch.accelerator.synchronize(), which raises on a
         # machine without an accelerator; gloo's broadcast has completed on return.
-        self.receive_weights(self.parse_update_info(update_info))
+        # A controller's epoch below this process's fence refuses it before any byte is
+        # received (controller failover: see epoch_gate).
+        info, epoch = pop_epoch(update_info)
+        with GATE.enter(epoch):
+            self.receive_weights(self.parse_update_info(info))
         if self.device.type != "cpu":
             torch.accelerator.synchronize()
 
@@ -344,8 +349,9 @@ class TransferWorkerExtension(RolloutCoreWorkerExtension):
     during a session (or after one that did not finish) the worker vouches for none. A
     later ``rc_reload_weights`` supersedes the transfer."""
 
-    def rc_reload_weights(self, weights_path: str, expected_identity: str = "") -> dict[str, Any]:
-        out = super().rc_reload_weights(weights_path, expected_identity)
+    def rc_reload_weights(self, weights_path: str, expected_identity: str = "",
+                          epoch: int | None = None) -> dict[str, Any]:
+        out = super().rc_reload_weights(weights_path, expected_identity, epoch)
         if out.get("loaded") is True:
             with _RECEIVED_LOCK:
                 _RECEIVED["session"] = None

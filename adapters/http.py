@@ -51,6 +51,7 @@ import httpx
 from rolloutcore.adapters.contract import (
     AdapterError,
     EngineReport,
+    EpochEvidence,
     FenceEvidence,
     GenerationResult,
     MutationEvidence,
@@ -261,6 +262,9 @@ class HttpAdapter:
         self.on_request = on_request
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._pool = _Pool(self._new_client)
+        #: The controller's epoch, sent with every weight load (see fence_epoch); None
+        #: until a controller with a store leads.
+        self.epoch: int | None = None
         # Independent reads go out at once: one round trip's latency instead of their sum.
         self._readers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="rolloutcore-read")
 
@@ -537,6 +541,25 @@ class HttpAdapter:
 
     # ------------------------------------------------------------------ caches
 
+    def fence_epoch(self, epoch: int, deadline: float) -> EpochEvidence:
+        """Raise the engine's fencing token to ``epoch`` (every worker's): accepted only if
+        every worker took it. From then on this adapter sends ``epoch`` with its loads."""
+        try:
+            reply = self.rpc("rc_fence", op="fence_epoch", idempotent=True, deadline=deadline,
+                             epoch=int(epoch))
+            results = self._worker_results(reply, "fence_epoch")
+        except AdapterError as e:
+            return EpochEvidence(epoch, False, None, str(e))
+        accepted = [r.get("accepted") for r in results]
+        seen = [r.get("seen") for r in results]
+        if not all(isinstance(x, bool) for x in accepted) or \
+                not all(isinstance(x, int) and not isinstance(x, bool) for x in seen):
+            return EpochEvidence(epoch, False, None, f"rc_fence: malformed results {results!r}")
+        ok = all(accepted)
+        if ok:
+            self.epoch = int(epoch)
+        return EpochEvidence(epoch, ok, max(int(x) for x in seen))  # type: ignore[arg-type]
+
     def reset_cache(self, tier: str, deadline: float) -> ResetEvidence:
         if tier not in _TIERS:
             raise AdapterError(f"unknown cache tier {tier!r}", proven_no_effect=True)
@@ -668,6 +691,8 @@ class HttpAdapter:
         kwargs: dict[str, Any] = {"weights_path": str(Path(target.source))}
         if self.mutation_method == "rc_reload_weights":
             kwargs["expected_identity"] = target.identity
+            if self.epoch is not None:
+                kwargs["epoch"] = self.epoch
         try:
             # A fresh connection: a pooled one may be the one the server just dropped.
             reply = self.rpc(self.mutation_method, op="mutate", idempotent=False, fresh=True,

@@ -67,6 +67,7 @@ def _digesting_engine() -> Any:
     from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
 
     from rolloutcore.adapters import gloo_transfer as gt
+    from rolloutcore.adapters.epoch_gate import GATE, pop_epoch
     from rolloutcore.identity import IdentityHasher
 
     class _Digesting:
@@ -103,6 +104,12 @@ def _digesting_engine() -> Any:
                     self._rc_m.add(name, dt, tuple(t.shape))
             except ValueError:
                 self._rc_h = self._rc_m = None
+
+        def update_weights(self, update_info: dict[str, Any]) -> None:
+            # The controller's epoch is gated here, before any byte (see epoch_gate).
+            info, epoch = pop_epoch(update_info)
+            with GATE.enter(epoch):
+                super().update_weights(info)
 
         def receive_weights(self, update_info: Any) -> None:
             model = self.model

@@ -22,12 +22,13 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from rolloutcore.adapters.contract import (
     AdapterError,
     EngineReport,
+    EpochEvidence,
     FenceEvidence,
     GenerationResult,
     MutationEvidence,
@@ -40,6 +41,7 @@ from rolloutcore.adapters.contract import (
     WeightTarget,
     remaining,
 )
+from rolloutcore.adapters.epoch_gate import EpochGate
 
 VOCAB = 1024
 BLOCK = 4  # tokens per prefix-cache block (small: sim prompts are short)
@@ -119,11 +121,18 @@ class SimEngine:
         self.prefix_queries = 0
         self.prefix_hits = 0
         self.completed = 0
+        #: The engine's fencing token (controller failover): loads of an older epoch are
+        #: refused, as our worker extension refuses them.
+        self.gate = EpochGate()
 
     # ------------------------------------------------------------------- generation
 
     def generate(self, prompt: tuple[int, ...], max_tokens: int,
-                 mm_key: str | None = None) -> GenerationResult:
+                 mm_key: str | None = None,
+                 on_token: Callable[[int, str], None] | None = None) -> GenerationResult:
+        """``on_token(token, weights)`` sees each token as it is made, outside the lock (the
+        simulated server streams with it); an exception from it ends the request (its
+        client went away). ``extra["cached_tokens"]``: prompt tokens read from the cache."""
         req = _Request(tuple(prompt), max_tokens)
         with self._cv:
             self._cv.wait_for(lambda: not self.paused or self.dead)  # queued while paused
@@ -133,7 +142,9 @@ class SimEngine:
                 self.dead = True  # the engine dies on the first generation after it
                 self._cv.notify_all()
                 raise EngineDead("EngineCore encountered an issue (weights not loaded)")
+            hits = self.prefix_hits
             kv = self._prefill(req.prompt, mm_key)
+            cached = self.prefix_hits - hits
             self.running.append(req)
         context = _extend(b"", req.prompt)
         try:
@@ -146,12 +157,17 @@ class SimEngine:
                     if self.dead:
                         raise EngineDead("engine core is dead")
                     if req.aborted:
-                        return GenerationResult(req.prompt, tuple(req.tokens), "abort")
+                        return GenerationResult(req.prompt, tuple(req.tokens), "abort",
+                                                extra={"cached_tokens": cached})
                     req.weights_seen.add(self.weights)
                     req.tokens.append(_token(kv, self.weights, context))
                     context = _extend(context, req.tokens[-1:])
+                    made = (req.tokens[-1], self.weights)
+                if on_token is not None:
+                    on_token(*made)
             return GenerationResult(req.prompt, tuple(req.tokens), "length",
-                                    extra={"weights_seen": sorted(req.weights_seen)})
+                                    extra={"weights_seen": sorted(req.weights_seen),
+                                           "cached_tokens": cached})
         finally:
             with self._cv:
                 self.running.remove(req)
@@ -338,6 +354,7 @@ class SimAdapter:
         self.faults = faults or FaultPlan()
         self.hang_seconds = hang_seconds
         self._release_hangs = threading.Event()
+        self.epoch: int | None = None  # sent with every load (see fence_epoch)
 
     def release_hangs(self) -> None:
         """Let calls stuck in an injected hang return (test clean-up)."""
@@ -414,6 +431,14 @@ class SimAdapter:
         if kind == "crash":  # the engine process is killed in the middle of the load
             self.engine.kill()
             raise ConnectionResetError("mutate: connection reset (the engine died)")
+        with self.engine.gate.hold(self.epoch) as ok:
+            if not ok:
+                return MutationEvidence(MutationOutcome.NOT_MUTATED,
+                                        self.engine.gate.refusal(self.epoch),
+                                        time.perf_counter() - t0)
+            return self._load(target, kind, t0)
+
+    def _load(self, target: WeightTarget, kind: str | None, t0: float) -> MutationEvidence:
         try:
             self.engine.load(
                 "some-other-checkpoint" if kind == "wrong_weights" else target.source,
@@ -427,6 +452,21 @@ class SimAdapter:
         self._after("mutate", kind, None)
         return MutationEvidence(MutationOutcome.COMPLETED, "loaded and finalised",
                                 time.perf_counter() - t0, target.nbytes)
+
+    def fence_epoch(self, epoch: int, deadline: float) -> EpochEvidence:
+        """Raise the engine's fencing token (see adapters/epoch_gate.py)."""
+        kind = self._transport_fault("fence_epoch", deadline)
+        if kind is not None:
+            return EpochEvidence(epoch, False, None, f"fence_epoch: {kind}")
+        if self.engine.dead:
+            return EpochEvidence(epoch, False, None, "fence_epoch: the engine is dead")
+        try:
+            accepted, seen = self.engine.gate.fence(epoch, timeout=remaining(deadline))
+        except TimeoutError as e:  # a load holds the engine (a stuck collective)
+            return EpochEvidence(epoch, False, None, f"fence_epoch: {e}")
+        if accepted:
+            self.epoch = epoch
+        return EpochEvidence(epoch, accepted, seen)
 
     def reset_cache(self, tier: str, deadline: float) -> ResetEvidence:
         kind = self._transport_fault(f"reset_{tier}", deadline)

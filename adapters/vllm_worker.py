@@ -33,6 +33,10 @@ written there since, not for what the worker holds.
   it cannot read (on CPU, linear layers are repacked for oneDNN and read as empty).
 * ``rc_cache_info()`` what the engine says about its cache tiers: whether the model has
   a multimodal encoder at all, and the worker's encoder-cache entry count.
+* ``rc_fence(epoch)`` raises the worker's fencing token (:mod:`.epoch_gate`) and
+  ``rc_epoch()`` reads it: ``rc_reload_weights(..., epoch=e)`` below the fence is refused
+  before the model is touched (controller failover: a deposed controller's load never
+  lands once a newer leader fenced the engine).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ import sys
 import time
 from typing import Any
 
+from rolloutcore.adapters.epoch_gate import GATE
 from rolloutcore.identity import CheckpointError, IdentityHasher, checkpoint_entries
 
 EXTENSION_CLS = "rolloutcore.adapters.vllm_worker.RolloutCoreWorkerExtension"
@@ -85,8 +90,26 @@ class RolloutCoreWorkerExtension:
 
     # ------------------------------------------------------------------ rpc methods
 
-    def rc_reload_weights(self, weights_path: str, expected_identity: str = "") -> dict[str, Any]:
-        """Load ``weights_path`` in place; refuse (nothing changed) if it cannot fit."""
+    def rc_fence(self, epoch: int) -> dict[str, Any]:
+        """Raise this worker's fence to ``epoch`` (refused below it): from then on every
+        fenced effect from an older epoch is refused here (see :mod:`.epoch_gate`)."""
+        accepted, seen = GATE.fence(int(epoch))
+        return {"accepted": accepted, "seen": seen}
+
+    def rc_epoch(self) -> dict[str, Any]:
+        return {"seen": GATE.seen}
+
+    def rc_reload_weights(self, weights_path: str, expected_identity: str = "",
+                          epoch: int | None = None) -> dict[str, Any]:
+        """Load ``weights_path`` in place; refuse (nothing changed) if it cannot fit, or if
+        ``epoch`` is below this worker's fence (a deposed controller sent it)."""
+        with GATE.hold(epoch) as ok:
+            if not ok:
+                return {"loaded": False, "fenced": True, "seen": GATE.seen,
+                        "refused": GATE.refusal(epoch)}
+            return self._rc_reload_weights(weights_path, expected_identity)
+
+    def _rc_reload_weights(self, weights_path: str, expected_identity: str) -> dict[str, Any]:
         from rolloutcore.adapters import vllm_loader as vl
 
         t0 = time.perf_counter()

@@ -45,6 +45,7 @@ from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
 from rolloutcore.adapters.contract import (
     AdapterError,
     EngineReport,
+    EpochEvidence,
     FenceEvidence,
     GenerationResult,
     LifecycleAdapter,
@@ -58,6 +59,7 @@ from rolloutcore.adapters.contract import (
     WeightTarget,
     remaining,
 )
+from rolloutcore.adapters.epoch_gate import EPOCH_KEY
 from rolloutcore.identity import (
     CheckpointError,
     IdentityHasher,
@@ -196,6 +198,9 @@ class TargetAwareClient:
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
+        #: The controller's epoch, sent with every update for the engine's fence (None:
+        #: the controller has none, a fleet without a store).
+        self.epoch: int | None = None
         self.pending: WeightTarget | None = None
         self.log = SessionLog()
         self._lock = threading.Lock()
@@ -224,6 +229,10 @@ class TargetAwareClient:
 
     def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
         self.log.add("update")
+        if self.epoch is not None:
+            update_info = ([{**u, EPOCH_KEY: self.epoch} for u in update_info]
+                           if isinstance(update_info, list) else
+                           {**update_info, EPOCH_KEY: self.epoch})
         self.inner.update_weights(update_info)
         self.log.add("update ok")
 
@@ -350,6 +359,25 @@ class TransferAdapter:
 
     def generate(self, prompt: tuple[int, ...], max_tokens: int) -> GenerationResult:
         return self.inner.generate(prompt, max_tokens)
+
+    @property
+    def epoch(self) -> int | None:
+        return self.client.epoch
+
+    @epoch.setter
+    def epoch(self, epoch: int | None) -> None:
+        """Sent with every transfer (the engine's transfer backend checks it) and with the
+        inner adapter's loads."""
+        self.client.epoch = epoch
+        inner: Any = self.inner  # an EpochFenced adapter (HttpAdapter)
+        inner.epoch = epoch
+
+    def fence_epoch(self, epoch: int, deadline: float) -> EpochEvidence:
+        inner: Any = self.inner
+        ev: EpochEvidence = inner.fence_epoch(epoch, deadline)
+        if ev.accepted:
+            self.client.epoch = epoch
+        return ev
 
     def __getattr__(self, name: str) -> Any:  # rpc, read_label, close, ... of the inner
         if name == "inner":

@@ -214,6 +214,20 @@ FLEET_DETAIL: dict[str, dict[str, Field]] = {
         "validated": Field("list[str]", Claim("exactly the validated members"), required=True),
         "needed": Field("int", Claim("the quorum"), required=True), "floor": _FLOOR},
     "fleet_raise_floor": {"floor": _FLOOR},
+    "fleet_takeover": {
+        "epoch": Field("int", Claim("the new leader's epoch: above every earlier takeover's"),
+                       required=True),
+        "controller": Field("str", Info("who took over, in the operator's words (the "
+                                        "epoch is what is checked)"), required=True),
+        "fenced": Field("list[str]", Claim("members fenced with the epoch (with unfenced: "
+                                           "every member once)"), required=True),
+        "unfenced": Field("list[str]", Claim("members not fenced: no admission or audit on "
+                                             "them until fleet_fenced names them"),
+                          required=True)},
+    "fleet_fenced": {
+        "epoch": Field("int", Claim("the last takeover's epoch"), required=True),
+        "fenced": Field("list[str]", Claim("members that takeover left unfenced"),
+                        required=True)},
     "migrate": {
         "rollout": Field("str", Claim("the rollout the two members' records just released "
                                       "and admitted"), required=True),

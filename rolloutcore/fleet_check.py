@@ -66,8 +66,14 @@ FLEET_OPEN = "fleet_open"
 #: The fleet controller restarted: its members took their restarts (single-engine spec);
 #: the fleet reopens only with a quorum serving, else it stays closed.
 FLEET_RECOVER = "fleet_recover"
-_FLEET_STEPS = frozenset({FLEET_OPEN, FLEET_RECOVER, MIGRATION.name,
-                          *(a.name for a in FLEET_ACTIONS)})
+#: A controller with a new epoch took over (controller failover): it fenced the members
+#: named (their engines refuse every older epoch from then on); ``fleet_fenced`` names
+#: those its takeover could not fence, fenced later with the same epoch.
+FLEET_TAKEOVER, FLEET_FENCED = "fleet_takeover", "fleet_fenced"
+_FLEET_STEPS = frozenset({FLEET_OPEN, FLEET_RECOVER, FLEET_TAKEOVER, FLEET_FENCED,
+                          MIGRATION.name, *(a.name for a in FLEET_ACTIONS)})
+#: Member steps that read or use an engine: not on one this epoch has not fenced.
+_NEED_FENCE = frozenset({"admit", "audit_begin"})
 _CONTROL_INVARIANTS = ("NoMemberAhead", "RolloutsOnlyOnServingMembers",
                        "AtMostKLiveGenerations")
 _FLEET_PHASES = frozenset({FleetPhase.READY, FleetPhase.UPDATING, FleetPhase.ABORTING,
@@ -102,6 +108,9 @@ class FleetTraceChecker:
     #: rollout -> (member it leaves, member it joins, generation, released yet) of each
     #: migration announced and not yet admitted where it goes.
     moves: dict[str, tuple[str, str, int, bool]] = field(default_factory=dict)
+    epoch: int | None = None  # the epoch of the last takeover (None: no store)
+    unfenced: set[str] = field(default_factory=set)  # members this epoch has not fenced
+    named: set[str] = field(default_factory=set)  # every member the last takeover named
 
     def clone(self) -> FleetTraceChecker:
         """An independent checker in this one's state."""
@@ -194,10 +203,16 @@ class FleetTraceChecker:
         if checker is None:
             if self.fphase != "UNINITIALIZED":
                 return "Schema", f"member {name!r} appears after the fleet opened"
+            if self.epoch is not None and name not in self.named:
+                return "DetailContradictsFleet", (f"member {name!r} was not named by the "
+                                                  f"takeover of epoch {self.epoch}")
             checker = self.members[name] = TraceChecker(memo=self._memo)
             checker.feed({"type": HEADER, "schema": SCHEMA, "spec": checker.spec.name, "seq": 0,
                           "t": r.get("t")}, 0)
             self.member_seq[name] = 0
+        if isinstance(step, str) and step in _NEED_FENCE and name in self.unfenced:
+            return "NoDeposedEffectLands", (f"{name} {step} before epoch {self.epoch} fenced "
+                                            "it (an older controller could still change it)")
         if self.fphase != "UNINITIALIZED" and isinstance(step, str) and step in MEMBER_GUARDS:
             guard, tla = MEMBER_GUARDS[step]
             if not guard(self._fleet(), self._view(name), self._bounds()):
@@ -258,6 +273,10 @@ class FleetTraceChecker:
             if len(ready) < k:
                 return "OpenOnlyWithQuorum", f"fleet_open with {len(ready)} verified members"
             self.fphase, self.fcommitted, self.ffloor = FleetPhase.READY, 1, 1
+        elif step in (FLEET_TAKEOVER, FLEET_FENCED):
+            bad_epoch = self._epoch_step(step, detail)
+            if bad_epoch:
+                return bad_epoch
         elif step == MIGRATION.name:
             bad_move = self._migration(detail)
             if bad_move:
@@ -302,6 +321,29 @@ class FleetTraceChecker:
                             f"{r.get('target')}), the fleet spec says {self.fphase} (committed "
                             f"{self.fcommitted}, target {self.ftarget})")
         return None if self.group else self._invariants()
+
+    def _epoch_step(self, step: str, d: Mapping[str, Any]) -> tuple[str, str] | None:
+        """A takeover's epoch exceeds every earlier one (one writer per epoch, in epoch
+        order: the journal never forks); it names every member once, fenced or not. A
+        later ``fleet_fenced`` is of the same epoch and names members still unfenced."""
+        epoch, fenced = d["epoch"], set(d["fenced"])
+        if step == FLEET_TAKEOVER:
+            if self.epoch is not None and epoch <= self.epoch:
+                return "JournalOneWriterPerEpoch", (f"takeover by epoch {epoch} after epoch "
+                                                    f"{self.epoch}")
+            unfenced = set(d["unfenced"])
+            if fenced & unfenced or (self.members and fenced | unfenced != set(self.members)):
+                return "DetailContradictsFleet", (f"{step} names fenced {sorted(fenced)} and "
+                                                  f"unfenced {sorted(unfenced)}: every member "
+                                                  f"once ({sorted(self.members)})")
+            self.epoch, self.unfenced, self.named = epoch, unfenced, fenced | unfenced
+            return None
+        if epoch != self.epoch or not fenced or not fenced <= self.unfenced:
+            return "DetailContradictsFleet", (f"{step} by epoch {epoch} names {sorted(fenced)}; "
+                                              f"epoch {self.epoch} left {sorted(self.unfenced)} "
+                                              "unfenced")
+        self.unfenced -= fenced
+        return None
 
     def _names(self, pred: Any) -> list[str]:
         f = self._fleet()
@@ -419,7 +461,9 @@ def _fleet_schema(r: Mapping[str, Any]) -> str | None:
             type(v) in (int, float) if kind == "num" else type(v).__name__ == kind))
         if not ok:
             return f"{step}: {key} is not {kind or 'null'}: {v!r:.40}"
-    if r["type"] != "step" or r["pending"] != "none" or r["phase"] not in _FLEET_PHASES:
+    phases = _FLEET_PHASES | ({"UNINITIALIZED"} if step in (FLEET_TAKEOVER, FLEET_FENCED)
+                              else set())
+    if r["type"] != "step" or r["pending"] != "none" or r["phase"] not in phases:
         return f"{step}: a fleet step is of type step, with nothing pending, in a fleet phase"
     return detail_problem(step, r.get("detail"), FLEET_DETAIL)
 

@@ -34,6 +34,11 @@ class Audits(FleetBase):
         try:
             chosen = [self.members[n] for n in names] if names is not None else [
                 m for m in self.members.values() if m.controller.phase is Phase.READY]
+            # A member the takeover could not fence is fenced first; one still unfenced
+            # is not read (an older controller could still change it).
+            still = set(self.fence_unfenced([m.name for m in chosen]))
+            if names is None:
+                chosen = [m for m in chosen if m.name not in still]
             out = self._audit_members(chosen, why)
             with self._lock:
                 self._reopen_if_quorum()
@@ -45,6 +50,10 @@ class Audits(FleetBase):
         """Audit ``members`` (update lock held) where the spec allows it now; FleetError,
         changing nothing, for one that is not READY and idle or not auditable now."""
         for m in members:
+            if m.name in self.unfenced:
+                raise FleetError(f"{m.name} could not be fenced with epoch {self.epoch} (an "
+                                 "older controller could still change it): not audited "
+                                 "(nothing was changed)")
             c = m.controller.control
             if c.phase is not Phase.READY or c.pending != "none" \
                     or not self._member_may(Trigger.AUDIT_BEGIN, m):

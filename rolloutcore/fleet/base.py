@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from rolloutcore.adapters.contract import LifecycleAdapter, WeightTarget
+from rolloutcore.adapters.contract import EpochEvidence, LifecycleAdapter, WeightTarget
 from rolloutcore.controller import Controller, TraceRecord, TraceSink
+from rolloutcore.fleet.store import JournalStore
 from rolloutcore.journal import Journal
 from rolloutcore.runner import CycleReport, LifecycleRunner, RunnerPolicy
 from rolloutcore.spec.fleet import (
@@ -108,6 +110,18 @@ class Member:
         return self.controller.snapshot()
 
 
+def fence_one(m: Member, epoch: int, seconds: float) -> EpochEvidence:
+    fence = getattr(m.adapter, "fence_epoch", None)
+    if fence is None:
+        return EpochEvidence(epoch, False, None, "its adapter cannot fence (its engine does "
+                             "not check epochs)")
+    try:
+        ev: EpochEvidence = fence(epoch, time.monotonic() + seconds)
+    except Exception as e:  # an adapter bug must not stop the takeover of the others
+        return EpochEvidence(epoch, False, None, f"{type(e).__name__}: {e}")
+    return ev
+
+
 @dataclass(frozen=True)
 class Lease:
     """A rollout admitted on one member, bound to the fleet's committed generation."""
@@ -194,6 +208,9 @@ class FleetBase:
     last_report: FleetCycleReport | None
     recovered: dict[str, Trigger]  # member -> the restart the spec allowed
     journal: Journal
+    store: JournalStore  # where the journal lives, and the leadership's epoch
+    epoch: int | None  # this controller's epoch (None: no store)
+    unfenced: set[str]  # members its takeover could not fence yet (out of service)
     _clock: Callable[[], float]
     _deciding: PendingDecision | None  # the update being decided, if any
     _lock: threading.RLock
@@ -337,6 +354,25 @@ class FleetBase:
                                  f"the fleet's {g} (nothing was changed)")
             plan.append(t)
         return plan
+
+    def fence_unfenced(self, names: Sequence[str]) -> list[str]:
+        """Fence, with this leader's epoch, those of ``names`` that its takeover could not
+        (before they are audited or re-admitted); returns those still unfenced."""
+        epoch = self.epoch
+        todo = [self.members[n] for n in names if n in self.unfenced]
+        if epoch is None or not todo:
+            return []
+        results = self._parallel(
+            lambda m: fence_one(m, epoch, self.policy.fence_timeout_s), todo)
+        newer = {n: ev.seen for n, ev in results.items() if ev.error is None and not ev.accepted}
+        if newer:
+            raise FleetError(f"deposed: epoch {epoch} is below the fence of {newer}")
+        done = sorted(n for n, ev in results.items() if ev.accepted)
+        if done:
+            self.unfenced -= set(done)
+            with self._lock:
+                self._step("fleet_fenced", epoch=epoch, fenced=done)
+        return sorted(self.unfenced & set(names))
 
     def committed_target(self) -> WeightTarget | None:
         return self._known_target(self.committed)

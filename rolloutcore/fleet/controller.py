@@ -15,8 +15,8 @@ from rolloutcore.fleet.base import UNINITIALIZED, Member, StepHook, TargetFactor
 from rolloutcore.fleet.config import rolling_bounds_error
 from rolloutcore.fleet.readmission import Readmission
 from rolloutcore.fleet.recovery import Recovery
+from rolloutcore.fleet.store import JournalStore, as_store
 from rolloutcore.fleet.updates import Updates
-from rolloutcore.journal import Journal
 from rolloutcore.runner import LifecycleRunner, RunnerPolicy
 from rolloutcore.spec.fleet import FLEET
 
@@ -25,7 +25,7 @@ class Fleet(Admission, Readmission, Updates, Recovery):
     """N members, one fleet state, one journal. Thread-safe."""
 
     def __init__(self, members: Sequence[tuple[str, LifecycleAdapter, str | None]], *,
-                 journal: str | Path, min_serving: int | None = None,
+                 journal: str | Path | JournalStore, min_serving: int | None = None,
                  policy: RunnerPolicy | None = None, fsync: bool = True,
                  clock: Callable[[], float] = time.time,
                  on_step: StepHook | None = None,
@@ -34,7 +34,10 @@ class Fleet(Admission, Readmission, Updates, Recovery):
                  min_admitting: int = 0) -> None:
         """A fleet over ``members`` (name, adapter, URL). A new journal starts a fresh
         fleet (to bootstrap); an existing one is recovered (see :meth:`_recover`), which
-        needs ``target_of`` to describe the generations it names. ``watchdog_s``: audit
+        needs ``target_of`` to describe the generations it names. A journal store with
+        an epoch (etcd, under a leadership this controller won) makes it a takeover: every
+        member is fenced with the epoch before anything else (:meth:`_take_over`).
+        ``watchdog_s``: audit
         every READY member that often (see :meth:`start_watchdog`). ``max_live`` K >= 2 makes
         updates roll (:meth:`roll`): at most K generations served at once, at least
         ``min_admitting`` members serving throughout; a recovered fleet keeps the ones its
@@ -49,8 +52,11 @@ class Fleet(Admission, Readmission, Updates, Recovery):
         if bad:
             raise ValueError(bad)
         self.max_live, self.min_admitting = max_live, min_admitting
-        path = Path(journal)
-        existing = path.exists() and path.stat().st_size > 0
+        store = as_store(journal)
+        self.store = store
+        self.epoch = store.epoch
+        self.unfenced = set()
+        existing = store.has_records()
         self.policy = policy = policy or RunnerPolicy()
         self._clock = clock
         self.on_step = on_step
@@ -67,8 +73,9 @@ class Fleet(Admission, Readmission, Updates, Recovery):
         self.last_report = None
         self.recovered = {}
         if existing:
-            self._replay(path, target_of)
-        self.journal = Journal(path, fsync=fsync, clock=clock, spec_name=FLEET.name)
+            with store.replay_path() as path:
+                self._replay(path, target_of)
+        self.journal = store.open(fsync=fsync, clock=clock, spec_name=FLEET.name)
         self._deciding = None
         for m in self.members.values():
             m.controller.trace = self._member_sink(m.name)
@@ -79,9 +86,12 @@ class Fleet(Admission, Readmission, Updates, Recovery):
         self._quorum = None
         self._watchdog = None
         self._watchdog_stop = threading.Event()
+        if self.epoch is not None:
+            self._take_over()
         if existing:
             with self._lock:
                 self._restart()
+                self._suspect_unfenced()
             self._fence_recovered()
         if watchdog_s is not None:
             self.start_watchdog(watchdog_s)

@@ -38,6 +38,9 @@ class Readmission(Audits):
         if m is None:
             raise FleetError(f"no member named {name!r}; members: {sorted(self.members)}")
         with self._update_lock:
+            if self.fence_unfenced([name]):
+                raise FleetError(f"{name} could not be fenced with epoch {self.epoch}: not "
+                                 "re-admitted (nothing was changed)")
             c = m.controller.control
             if c.phase not in (Phase.TAINTED, Phase.READY) or c.pending != "none":
                 raise FleetError(f"{name} is {c.phase.value}: only a READY or quarantined "

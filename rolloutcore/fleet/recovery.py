@@ -16,6 +16,7 @@ from rolloutcore.fleet.base import (
     FleetError,
     Member,
     TargetFactory,
+    fence_one,
     log,
 )
 from rolloutcore.journal import HEADER, SCHEMA, JournalReader, apply_record, restart_step
@@ -103,6 +104,42 @@ class Recovery(FleetBase):
         self.phase = FleetPhase.READY if n >= self.min_serving else FleetPhase.ABORTING
         self.target = 0
         self._step("fleet_recover", serving=n, min_serving=self.min_serving)
+
+    def _take_over(self) -> None:
+        """A leader with a new epoch (it won the store's leadership) fences every member
+        with it before anything else (the failover spec's ``fence``): from then on each
+        engine refuses the weight loads and transfers of every older epoch, so nothing a
+        deposed controller sent can land. A member whose engine shows a newer epoch means
+        this controller is already deposed: FleetError, nothing done. A member that could
+        not be fenced (unreachable) stays out of service (suspected once restarted)
+        until a later fence succeeds (:meth:`fence_unfenced`). Journalled as
+        ``fleet_takeover`` (the etcd append itself is refused to a deposed leader)."""
+        epoch = self.epoch
+        assert epoch is not None
+        results = self._parallel(
+            lambda m: fence_one(m, epoch, self.policy.fence_timeout_s),
+            list(self.members.values()))
+        newer = {n: ev.seen for n, ev in results.items() if ev.error is None and not ev.accepted}
+        if newer:
+            raise FleetError(f"deposed: epoch {epoch} is below the fence of {newer} (a newer "
+                             "controller leads; nothing was changed)")
+        self.unfenced = {n for n, ev in results.items() if not ev.accepted}
+        for n in sorted(self.unfenced):
+            log.warning("takeover: %s not fenced with epoch %d: %s", n, epoch,
+                        results[n].error)
+        with self._lock:
+            self._step("fleet_takeover", epoch=epoch, controller=self.store.controller,
+                       fenced=sorted(set(results) - self.unfenced),
+                       unfenced=sorted(self.unfenced))
+
+    def _suspect_unfenced(self) -> None:
+        """A member restarted READY that the takeover could not fence serves nothing
+        until an audit (which fences it first) passes: the spec's ``suspect``."""
+        for n in sorted(self.unfenced):
+            c = self.members[n].controller
+            if c.enabled(Trigger.SUSPECT) is None:
+                c.fire(Trigger.SUSPECT, None, {"error": f"not fenced with epoch {self.epoch}"})
+        self._close_if_no_quorum()
 
     def _fence_recovered(self) -> None:
         """Every member recovered TAINTED and not fenced before the crash is fenced now,
