@@ -126,6 +126,11 @@ class ServerPool:
                 return f"label {state.label!r}"
             if state.identity != self._identity:
                 return f"identity {state.identity}"
+            # A fenced engine refuses every load without an epoch (controller failover).
+            fence = http.rpc("rc_epoch", op="pool_check")
+            seen = [w.get("seen") for w in http._worker_results(fence, "pool_check")]
+            if seen != [0] * len(seen):
+                return f"fenced at epoch(s) {seen}"
             r = http.request("POST", "/reset_prefix_cache", op="pool_check", idempotent=True)
             if r.status != 200 or not (isinstance(r.body, dict) and r.body.get("success")):
                 return f"prefix reset not verified: {r.text[:120]}"
