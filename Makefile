@@ -11,6 +11,7 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	@command -v java >/dev/null || (apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless)
+	@command -v etcd >/dev/null || (apt-get update -qq && apt-get install -y -qq etcd-server)
 	python3.11 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev,vllm]'

@@ -25,6 +25,17 @@ class EngineConfig:
 
 
 @dataclass(frozen=True)
+class ControlConfig:
+    """``[control]``: the replicated store that holds the fleet's journal and leadership
+    (controller failover); without it the journal is a local file and one controller
+    runs."""
+
+    store: str  # etcd://host:port[,host:port...][/prefix]
+    lease_s: float = 5.0  # the leader key's lease: a dead leader is replaced after it
+    id: str | None = None  # this controller's name in the leader key (default host:pid)
+
+
+@dataclass(frozen=True)
 class FleetConfig:
     engines: tuple[EngineConfig, ...]
     min_serving: int
@@ -32,6 +43,7 @@ class FleetConfig:
     watchdog_s: float | None = None  # None: not given (``serve`` has a default)
     max_live: int = 1  # K: generations served at once (>= 2: updates roll)
     min_admitting: int = 0  # C: members serving throughout a rolling update
+    control: ControlConfig | None = None  # None: a local journal file, one controller
 
 
 def rolling_bounds_error(max_live: int, min_admitting: int, members: int) -> str | None:
@@ -60,6 +72,11 @@ def load_fleet_file(path: str | Path) -> FleetConfig:
         model = "tiny"           # optional
         token = "..."            # optional (sent as a bearer token)
         transfer = "reload"      # optional: reload | gloo | nccl
+
+        [control]                # optional: journal and leadership on etcd (failover)
+        store = "etcd://127.0.0.1:2379"   # several endpoints: etcd://h1:p1,h2:p2[/prefix]
+        lease_s = 5              # optional: a dead leader is replaced after about this
+        id = "controller-a"      # optional: this controller's name (default host:pid)
     """
     p = Path(path)
     try:
@@ -68,7 +85,7 @@ def load_fleet_file(path: str | Path) -> FleetConfig:
         raise FleetFileError(unreadable(p, err)) from None
     except tomllib.TOMLDecodeError as err:
         raise FleetFileError(f"{p}: not TOML: {err}") from None
-    unknown = set(data) - {"fleet", "engine"}
+    unknown = set(data) - {"fleet", "engine", "control"}
     if unknown:
         raise FleetFileError(f"{p}: unknown table(s) {sorted(unknown)}")
     raw = data.get("engine")
@@ -116,9 +133,38 @@ def load_fleet_file(path: str | Path) -> FleetConfig:
     bad = rolling_bounds_error(rolling[0], rolling[1], len(engines))
     if bad:
         raise FleetFileError(f"{p}: {bad}")
+    control = _control(p, data.get("control"))
+    if control is not None and journal is not None:
+        raise FleetFileError(f"{p}: [fleet] journal and [control] store both name where the "
+                             "journal lives: give one")
     return FleetConfig(tuple(engines), k, (p.parent / journal) if journal else None,
-                       None if watchdog is None else float(watchdog), *rolling)
+                       None if watchdog is None else float(watchdog), max_live=rolling[0],
+                       min_admitting=rolling[1], control=control)
 
 
-__all__ = ["TRANSFERS", "EngineConfig", "FleetConfig", "FleetFileError", "load_fleet_file",
-           "rolling_bounds_error"]
+def _control(p: Path, raw: object) -> ControlConfig | None:
+    if raw is None:
+        return None
+    keys = {"store", "lease_s", "id"}
+    if not isinstance(raw, dict) or set(raw) - keys:
+        raise FleetFileError(f"{p}: [control] takes {', '.join(sorted(keys))} only")
+    store = raw.get("store")
+    if not isinstance(store, str) or not store.startswith("etcd://"):
+        raise FleetFileError(f"{p}: [control] store must be an etcd:// URL, not {store!r:.60}")
+    from rolloutcore.control import StoreUrlError, parse_store_url
+
+    try:
+        parse_store_url(store)
+    except StoreUrlError as e:
+        raise FleetFileError(f"{p}: [control] store: {e}") from None
+    lease = raw.get("lease_s", 5.0)
+    if isinstance(lease, bool) or not isinstance(lease, int | float) or not 1 <= lease <= 600:
+        raise FleetFileError(f"{p}: [control] lease_s must be a number of seconds in 1..600")
+    ident = raw.get("id")
+    if ident is not None and (not isinstance(ident, str) or not ident.strip()):
+        raise FleetFileError(f"{p}: [control] id must be a non-empty string")
+    return ControlConfig(store, float(lease), ident)
+
+
+__all__ = ["TRANSFERS", "ControlConfig", "EngineConfig", "FleetConfig", "FleetFileError",
+           "load_fleet_file", "rolling_bounds_error"]

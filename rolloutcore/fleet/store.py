@@ -18,10 +18,15 @@ from rolloutcore.journal import Journal
 
 
 class JournalStore(Protocol):
-    #: The leadership's epoch while this controller leads (None: no store, no epoch).
-    epoch: int | None
-    #: Who this controller is (journalled with a takeover).
-    controller: str
+    @property
+    def epoch(self) -> int | None:
+        """The leadership's epoch while this controller leads (None: no store)."""
+        ...
+
+    @property
+    def controller(self) -> str:
+        """Who this controller is (journalled with a takeover)."""
+        ...
 
     def describe(self) -> str: ...
 

@@ -43,6 +43,10 @@ class Journal:
     :class:`JournalError`. ``fsync=False`` only flushes to the OS (benchmarks, tests).
     ``group_commit=True``: one fsync covers every record written while it runs, and a
     record is acknowledged once its batch is durable (see :class:`_GroupCommit`).
+
+    The storage is behind :meth:`_write` (one line, under the lock) and :meth:`_flush`
+    (make every line written so far durable); another store (an etcd journal) overrides
+    those two and the opening, and keeps the chain, the encoding and group commit.
     """
 
     def __init__(
@@ -53,17 +57,7 @@ class Journal:
     ) -> None:
         self.path = Path(path)
         self.fsync = fsync
-        self._clock = clock
-        self._lock: threading.Lock | _GroupCommit = threading.Lock()
-        self._commit: _GroupCommit | None = None
-        # Per trigger: (type, the JSON text of its op and of its step name), precomputed.
-        self._steps = {
-            step: (typ, "null" if op is None else _json_str(op), _json_str(step))
-            for step, (typ, op) in jepsen_types(spec).items()
-        }
-        self._strs: dict[str, str] = {}  # JSON text of phases and pendings seen
-        self._spec_name = spec_name or spec.name  # a fleet's journal names the fleet spec
-        self._continues = continues
+        self._setup(clock, spec, spec_name, continues)
         self._fd = -1
         fresh = not self.path.exists() or self.path.stat().st_size == 0
         if fresh:
@@ -90,6 +84,22 @@ class Journal:
         if group_commit:
             self.use_group_commit()
 
+    def _setup(self, clock: Callable[[], float], spec: Spec, spec_name: str | None,
+               continues: str | None) -> None:
+        """The state every journal has, whatever stores its lines."""
+        self._clock = clock
+        self._lock: threading.Lock | _GroupCommit = threading.Lock()
+        self._commit: _GroupCommit | None = None
+        self._closed = False
+        # Per trigger: (type, the JSON text of its op and of its step name), precomputed.
+        self._steps = {
+            step: (typ, "null" if op is None else _json_str(op), _json_str(step))
+            for step, (typ, op) in jepsen_types(spec).items()
+        }
+        self._strs: dict[str, str] = {}  # JSON text of phases and pendings seen
+        self._spec_name = spec_name or spec.name  # a fleet's journal names the fleet spec
+        self._continues = continues
+
     # ---------------------------------------------------------------------- writing
 
     def _write_header(self) -> None:
@@ -99,10 +109,12 @@ class Journal:
         if self._continues is not None:  # a new segment after a broken one
             rec[CONTINUES] = self._continues
         rec["hash"] = seal(rec)
-        self._write(dumps_line(rec).encode())
+        self._write(0, dumps_line(rec).encode())
         self._prev, self._seq = rec["hash"], 0
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, seq: int, data: bytes) -> None:
+        """Store line ``seq`` (``data``, its newline included), under the lock: durable
+        when this returns, or, under group commit, once a flush has covered its ticket."""
         commit = self._commit
         if commit is not None and commit.error is not None:
             raise JournalError(f"{self.path}: an earlier fsync failed ({commit.error}): "
@@ -155,6 +167,24 @@ class Journal:
         """Batches fsynced by group commit so far (0 without it)."""
         return self._commit.fsyncs if self._commit is not None else 0
 
+    def _flush(self) -> Callable[[], None]:
+        """Group commit's flush, in two halves: this one runs under the journal's lock and
+        captures everything written so far; the function it returns runs outside the lock
+        and makes that durable (raising OSError or JournalError if it cannot). The fd is
+        duplicated so that a concurrent close cannot pull it away."""
+        fd = os.dup(self._fd) if self._fd >= 0 else os.open(self.path, os.O_RDONLY)
+
+        def sync() -> None:
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        return sync
+
+    def _flush_failed(self, error: Exception) -> JournalError:
+        """What every waiter a failed flush should have covered raises."""
+        return JournalError(f"{self.path}: fsync failed: {error}")
+
     def _str(self, s: str) -> str:
         out = self._strs.get(s)
         if out is None:
@@ -182,7 +212,7 @@ class Journal:
             head += ',"evidence":' + canonical(redact(evidence))
         param_json = "null" if param is None else _json_str(param)
         with self._lock:
-            if self._fd < 0:
+            if self._closed:
                 raise JournalError(f"{self.path}: journal is closed")
             if seq is None:
                 seq = self._seq + 1
@@ -193,7 +223,7 @@ class Journal:
                     f'"step":{step_json},"t":{float(self._clock())!r},"target":{target:d},'
                     f'"type":"{typ}"}}')
             h = hashlib.sha256((head + tail).encode()).hexdigest()
-            self._write(f'{head},"hash":"{h}"{tail}\n'.encode())
+            self._write(seq, f'{head},"hash":"{h}"{tail}\n'.encode())
             self._prev, self._seq = h, seq
             return seq
 
@@ -235,6 +265,7 @@ class Journal:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
@@ -261,7 +292,9 @@ class _GroupCommit:
     wait on a condition (leader election, no flusher thread). An fsync covers every
     line written before it started, whoever wrote it, so a batch is durable in order.
     A failed fsync fails every waiter it should have covered and every later write:
-    what reached the disk is unknown, so nothing more is acknowledged.
+    what reached the disk is unknown, so nothing more is acknowledged. The journal's
+    :meth:`Journal._flush` says what a flush is (an fsync; one transaction for an etcd
+    journal).
     """
 
     def __init__(self, journal: Journal) -> None:
@@ -272,7 +305,7 @@ class _GroupCommit:
         self._written = 0  # tickets handed out (lines written)
         self._synced = 0  # tickets covered by a completed fsync
         self._flushing = False
-        self.error: OSError | None = None
+        self.error: OSError | JournalError | None = None
         self.fsyncs = 0
 
     def __enter__(self) -> _GroupCommit:
@@ -303,7 +336,7 @@ class _GroupCommit:
         with self._cond:
             while self._synced < ticket:
                 if self.error is not None:
-                    raise JournalError(f"{self._journal.path}: fsync failed: {self.error}")
+                    raise self._journal._flush_failed(self.error)
                 if self._flushing:
                     self._cond.wait()
                     continue
@@ -312,7 +345,7 @@ class _GroupCommit:
                 upto, error = 0, None
                 try:
                     upto = self._flush()
-                except OSError as e:
+                except (OSError, JournalError) as e:
                     error = e
                 finally:
                     self._cond.acquire()
@@ -325,16 +358,11 @@ class _GroupCommit:
                     self.fsyncs += 1
 
     def _flush(self) -> int:
-        """fsync every line written so far; returns the last ticket it covers. The fd is
-        duplicated under the lock so that a concurrent close cannot pull it away."""
-        j = self._journal
+        """Make every line written so far durable; returns the last ticket it covers."""
         with self._inner:
             upto = self._written
-            fd = os.dup(j._fd) if j._fd >= 0 else os.open(j.path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            sync = self._journal._flush()
+        sync()
         return upto
 
 
