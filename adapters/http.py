@@ -265,6 +265,9 @@ class HttpAdapter:
         #: The controller's epoch, sent with every weight load (see fence_epoch); None
         #: until a controller with a store leads.
         self.epoch: int | None = None
+        #: Whether the controller still holds its leadership (None: no store): checked
+        #: before every request that is not a read.
+        self.lease_check: Callable[[], bool] | None = None
         # Independent reads go out at once: one round trip's latency instead of their sum.
         self._readers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="rolloutcore-read")
 
@@ -302,6 +305,12 @@ class HttpAdapter:
         read timeout. Idempotent calls are retried (bounded, and only while the deadline
         leaves time) on a fresh connection after a connection-level error; timeouts are
         never retried here."""
+        if method != "GET" and self.lease_check is not None and not self.lease_check():
+            # A controller that no longer holds its leadership (by its own clock) sends no
+            # effect: the window between its last check and the effect is what fencing
+            # covers; this closes the rest (a controller thawed after a freeze).
+            raise AdapterError(f"{op}: {method} {path} not sent: this controller no longer "
+                               "holds the fleet's leadership", proven_no_effect=True)
         attempts = 1 + (self.retries if idempotent else 0)
         last: Exception | None = None
         query = None if params is None else httpx.QueryParams(params)

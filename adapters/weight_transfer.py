@@ -201,6 +201,8 @@ class TargetAwareClient:
         #: The controller's epoch, sent with every update for the engine's fence (None:
         #: the controller has none, a fleet without a store).
         self.epoch: int | None = None
+        #: Whether the controller still leads (None: no store): nothing is sent once not.
+        self.lease_check: Callable[[], bool] | None = None
         self.pending: WeightTarget | None = None
         self.log = SessionLog()
         self._lock = threading.Lock()
@@ -219,7 +221,13 @@ class TargetAwareClient:
         self.inner.init_weight_transfer_engine(init_info)
         self.log.add("init ok")
 
+    def _still_leading(self, what: str) -> None:
+        if self.lease_check is not None and not self.lease_check():
+            raise AdapterError(f"{what} not sent: this controller no longer holds the fleet's "
+                               "leadership", proven_no_effect=True)
+
     def start_weight_update(self) -> None:
+        self._still_leading("start_weight_update")
         if self.pending is None:
             raise AdapterError("start_weight_update without a pending target",
                                proven_no_effect=True)
@@ -243,6 +251,7 @@ class TargetAwareClient:
         if weight_version is not None and weight_version != target.label:
             raise AdapterError(f"finalise asked for label {weight_version!r}, the pending "
                                f"target is {target.label!r}: not finalised")
+        self._still_leading("finish_weight_update")
         self.log.add(f"finish {target.label}")
         self.inner.finish_weight_update(target.label)
         self.log.finalised_label = target.label
@@ -371,6 +380,18 @@ class TransferAdapter:
         self.client.epoch = epoch
         inner: Any = self.inner  # an EpochFenced adapter (HttpAdapter)
         inner.epoch = epoch
+
+    @property
+    def lease_check(self) -> Callable[[], bool] | None:
+        inner: Any = self.inner
+        check: Callable[[], bool] | None = inner.lease_check
+        return check
+
+    @lease_check.setter
+    def lease_check(self, check: Callable[[], bool] | None) -> None:
+        inner: Any = self.inner  # its requests, and the transfer's own, are stopped
+        inner.lease_check = check
+        self.client.lease_check = check
 
     def fence_epoch(self, epoch: int, deadline: float) -> EpochEvidence:
         inner: Any = self.inner

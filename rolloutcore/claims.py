@@ -105,6 +105,7 @@ DETAIL: dict[str, dict[str, Field] | None] = {
         "target": Field("str", _TARGET_LABEL, required=True),
         "identity": Field("str", _TARGET_IDENTITY, required=True),
         "probe": _PROBE,
+        "checkpoint": Field("str", _CHECKPOINT),
     },
     Trigger.CANCEL_UPDATE: {"reason": _REASON,
                             "target": Field("str", _TARGET_LABEL, required=True),

@@ -3,11 +3,13 @@
 Every command exits with one of:
 
 * 0: the checked property holds (or the command did what it was asked);
-* 1: a negative verdict on valid input (rejected, broken, mismatch, stale);
+* 1: a negative verdict on valid input (rejected, broken, mismatch, stale; another
+  controller leads the fleet);
 * 2: bad input: a usage error, an option out of range, a file that is missing, a
-  directory, unreadable or not of the kind the command reads, a bad engine URL or an
-  engine that cannot be reached;
-* 3: the command could not run for another reason: a tool it needs is missing, or an
+  directory, unreadable or not of the kind the command reads, a bad engine or store
+  URL, an engine that cannot be reached;
+* 3: the command could not run for another reason: a tool it needs is missing, the
+  control store (etcd) cannot be used, a controller was deposed in mid-command, or an
   unexpected internal error (a bug: please report it);
 * 130: interrupted (Ctrl-C); 141: the reader of standard output went away.
 
@@ -20,6 +22,7 @@ that read records or journals stream them, in memory that does not grow with the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -53,10 +56,34 @@ def _print_json(obj: Any) -> None:
 
 def _bad_input(args: argparse.Namespace, message: str, **fields: Any) -> int:
     """Report bad input (one stderr line; with --json also a JSON object) and return 2."""
+    return _stop(args, BAD_INPUT, message, **fields)
+
+
+def _cannot_run(args: argparse.Namespace, message: str, **fields: Any) -> int:
+    """Report what keeps the command from running (a store down) and return 3."""
+    return _stop(args, CANNOT_RUN, message, **fields)
+
+
+def _stop(args: argparse.Namespace, code: int, message: str, **fields: Any) -> int:
+    message = _unalias(args, message)  # a store's journal is named as its URL, not a copy
+    fields = {k: _unalias(args, v) if isinstance(v, str) else v for k, v in fields.items()}
     if getattr(args, "json", False):
         _print_json({**fields, "error": _one_line(message)})
     _error(message)
-    return BAD_INPUT
+    return code
+
+
+def _unalias(args: argparse.Namespace, text: str) -> str:
+    """``text`` with every temporary copy of a store's journal named as its URL."""
+    for path, source in getattr(args, "aliases", {}).items():
+        text = text.replace(path, source)
+    return text
+
+
+def _shown(args: argparse.Namespace, attr: str) -> str:
+    """What to call input ``attr``: the URL it came from, or the path given."""
+    value: str = getattr(args, attr)
+    return _unalias(args, value)
 
 
 class _JsonStream:
@@ -248,13 +275,14 @@ def _trace_check(args: argparse.Namespace) -> int:
     except TraceInputError as e:
         return _bad_input(args, str(e), file=args.file)
     if args.json:
-        _print_json({"file": args.file, **v.as_json()})
+        _print_json({"file": _shown(args, "file"), **v.as_json()})
     elif v.accepted:
-        print(f"{v.message} (at most {v.states_max} consistent spec states)")
+        print(_unalias(args, f"{v.message} (at most {v.states_max} consistent spec states)"))
         for w in v.warnings:  # said, never passed silently: a torn final record
-            print(f"warning: {w}")
+            print(_unalias(args, f"warning: {w}"))
     else:
-        print(f"rejected at line {v.first_bad_line}: {v.violated}\n  {v.message}")
+        print(_unalias(args, f"rejected at line {v.first_bad_line}: {v.violated}\n  "
+                       f"{v.message}"))
     return OK if v.accepted else NEGATIVE
 
 
@@ -268,7 +296,7 @@ def _journal_verify(args: argparse.Namespace) -> int:
     if r.records == 0:  # not even a header verified: not a journal (as trace check says)
         return _bad_input(args, not_a_journal(args.file, r), file=args.file)
     if args.json:
-        _print_json({"file": args.file, "ok": r.ok, "records": r.records,
+        _print_json({"file": _shown(args, "file"), "ok": r.ok, "records": r.records,
                      "first_bad_line": r.first_bad_line, "reason": r.reason,
                      "truncated": r.truncated, "last_seq": r.last_seq})
     elif r.ok:
@@ -279,26 +307,127 @@ def _journal_verify(args: argparse.Namespace) -> int:
     return OK if r.ok else NEGATIVE
 
 
+#: Each call to a control store a command reads a journal from takes at most this long.
+_STORE_TIMEOUT_S = 5.0
+_JOURNAL_SOURCE = ("a journal file, or an etcd:// URL: a fleet's journal on its control "
+                   "store (the fleet file's [control] store)")
+
+
+def _is_store_url(source: str) -> bool:
+    # rolloutcore.control.is_store_url's test, without importing the store's client
+    # (a third of a second) for every file.
+    return source.lower().startswith("etcd://")
+
+
+def _from_store(args: argparse.Namespace, attr: str, run: Handler) -> int:
+    """Run ``run`` on input ``args.<attr>``: a journal file as it is; an ``etcd://`` URL's
+    journal exported first to a temporary file (deleted afterwards), which every line
+    then names as the URL. A bad URL or a prefix without a journal: 2; a store that
+    cannot be read: 3."""
+    source = getattr(args, attr)
+    if not _is_store_url(source):
+        return run(args)
+    from rolloutcore.control import StoreError, StoreUrlError, open_journal_source
+    from rolloutcore.journal import JournalError
+
+    with contextlib.ExitStack() as stack:
+        try:
+            path = stack.enter_context(open_journal_source(source,
+                                                           timeout_s=_STORE_TIMEOUT_S))
+        except StoreUrlError as e:
+            return _bad_input(args, str(e), **{attr: source})
+        except StoreError as e:
+            return _cannot_run(args, f"{source}: control store unavailable: {e}",
+                               **{attr: source})
+        except JournalError as e:  # the prefix holds no journal
+            return _bad_input(args, str(e), **{attr: source})
+        inner = argparse.Namespace(**vars(args))
+        setattr(inner, attr, str(path))
+        inner.aliases = {**getattr(args, "aliases", {}), str(path): source}
+        return run(inner)
+    raise AssertionError("unreachable")  # for mypy: the with block always returns
+
+
+def _trace_check_source(args: argparse.Namespace) -> int:
+    return _from_store(args, "file", _trace_check)
+
+
+def _journal_verify_source(args: argparse.Namespace) -> int:
+    return _from_store(args, "file", _journal_verify)
+
+
+def _journal_export(args: argparse.Namespace) -> int:
+    from rolloutcore.control import (
+        EtcdStore,
+        StoreError,
+        StoreUrlError,
+        export_journal,
+        iter_journal_lines,
+        parse_store_url,
+    )
+
+    source, out = args.source, Path(args.out)
+    fields = {"source": source, "out": args.out}
+    if not _is_store_url(source):
+        return _bad_input(args, f"{source}: not an etcd:// URL (journal export reads a "
+                          "fleet's journal from its control store; a file is one already)",
+                          **fields)
+    try:
+        url = parse_store_url(source)
+    except StoreUrlError as e:
+        return _bad_input(args, str(e), **fields)
+    if out.is_dir():
+        return _bad_input(args, f"{out}: is a directory", **fields)
+    if not out.parent.is_dir():
+        return _bad_input(args, f"{out.parent}: no such directory", **fields)
+    with EtcdStore(url.endpoints, url.prefix, _STORE_TIMEOUT_S) as store:
+        try:
+            if next(iter(iter_journal_lines(store, page=1)), None) is None:  # nothing written
+                return _bad_input(args, f"{store.url}: no journal under "
+                                  f"{store.key('journal')}/", **fields)
+            n = export_journal(store, out)  # atomic: a temporary file renamed
+        except StoreError as e:
+            return _cannot_run(args, f"{source}: control store unavailable: {e}", **fields)
+        except OSError as e:
+            return _bad_input(args, f"{e.filename or out}: cannot write: {e.strerror or e}",
+                              **fields)
+    if args.json:
+        _print_json({"source": store.url, "out": str(out), "records": n})
+    else:
+        print(f"exported {n} records from {store.url} to {out}")
+    return OK
+
+
 def _add_trace_journal_parsers(sub: Any) -> None:
     trace = sub.add_parser("trace", help="check journals against the spec")
     tsub = trace.add_subparsers(dest="cmd", required=True)
     tc = tsub.add_parser("check", help="conformance and history checks of a journal "
-                         "(exit 0 accepted, 1 rejected, 2 unreadable)")
-    tc.add_argument("file")
+                         "(exit 0 accepted, 1 rejected, 2 unreadable, 3 its store "
+                         "unavailable)")
+    tc.add_argument("file", help=_JOURNAL_SOURCE)
     tc.add_argument("--after", metavar="PREVIOUS",
                     help="the journal segment FILE continues (its link is verified)")
     tc.add_argument("--strict", action="store_true",
                     help="reject a torn final record (a crash in mid-write) instead of "
                     "warning of it")
     tc.add_argument("--json", action="store_true")
-    tc.set_defaults(func=_trace_check)
+    tc.set_defaults(func=_trace_check_source)
     journal = sub.add_parser("journal", help="the append-only step journal")
     jsub = journal.add_subparsers(dest="cmd", required=True)
     jv = jsub.add_parser("verify", help="check the hash chain, streaming (exit 0 intact, "
-                         "1 broken, 2 unreadable or not a journal)")
-    jv.add_argument("file")
+                         "1 broken, 2 unreadable or not a journal, 3 its store "
+                         "unavailable)")
+    jv.add_argument("file", help=_JOURNAL_SOURCE)
     jv.add_argument("--json", action="store_true")
-    jv.set_defaults(func=_journal_verify)
+    jv.set_defaults(func=_journal_verify_source)
+    je = jsub.add_parser("export", help="write a fleet's journal from its control store to "
+                         "a file, the very JSONL file a local journal would be (exit 0 "
+                         "written, 2 bad URL or no journal there, 3 store unavailable)")
+    je.add_argument("source", help="the fleet file's [control] store URL: etcd://host:port"
+                    "[,host:port...][/prefix] (no prefix: /rolloutcore, as the fleet's)")
+    je.add_argument("out", help="the file to write (replaced whole, atomically)")
+    je.add_argument("--json", action="store_true")
+    je.set_defaults(func=_journal_export)
 
 
 # --------------------------------------------------------------------------- simulate
@@ -607,6 +736,14 @@ def _records_replay(args: argparse.Namespace) -> int:
     return OK if set(counts) <= {"match", "unscorable"} else NEGATIVE
 
 
+def _records_verify_source(args: argparse.Namespace) -> int:
+    """The records file is checked first: the store is read only for readable records."""
+    problem = file_problem(args.file)
+    if problem:
+        return _bad_input(args, problem, file=args.file, journal=args.journal)
+    return _from_store(args, "journal", _records_verify)
+
+
 def _records_verify(args: argparse.Namespace) -> int:
     from rolloutcore.provenance import (
         CONSISTENT,
@@ -633,13 +770,14 @@ def _records_verify(args: argparse.Namespace) -> int:
                   f"line {chain.first_bad_line} is a torn final record (ignored)"
                   if chain.truncated else
                   f"chain BROKEN at line {chain.first_bad_line}: {chain.reason}")
-    journal_json = {"file": args.journal, "records": chain.records, "ok": chain.ok,
+    journal_json = {"file": _shown(args, "journal"), "records": chain.records,
+                    "ok": chain.ok,
                     "truncated": chain.truncated, "first_bad_line": chain.first_bad_line,
                     "reason": chain.reason, "admissions": index.admissions}
     out = _JsonStream({"file": args.file, "journal": journal_json}, "verdicts") \
         if args.json else None
     if out is None:
-        print(f"journal {args.journal}: {chain.records} records, {chain_note}; "
+        print(f"journal {_shown(args, 'journal')}: {chain.records} records, {chain_note}; "
               f"{index.admissions} admissions")
     unit = _records_unit(args.file)
     counts = {CONSISTENT: 0, REJECTED: 0, UNVERIFIABLE: 0}
@@ -695,9 +833,10 @@ def _add_records_parsers(sub: Any) -> None:
                           "identity, admission seq) against the journal (exit 0 all "
                           "consistent, 1 any rejected or unverifiable, 2 unreadable)")
     ver.add_argument("file")
-    ver.add_argument("--journal", required=True, help="the journal the rollouts ran under")
+    ver.add_argument("--journal", required=True, help="the journal the rollouts ran under: "
+                     + _JOURNAL_SOURCE)
     ver.add_argument("--json", action="store_true")
-    ver.set_defaults(func=_records_verify)
+    ver.set_defaults(func=_records_verify_source)
 
 
 # ----------------------------------------------------------------------------- report

@@ -52,7 +52,7 @@ from rolloutcore.spec.fleet import (
     serving,
     validated,
 )
-from rolloutcore.spec.lifecycle import Phase
+from rolloutcore.spec.lifecycle import SPEC, Kind, Phase
 from rolloutcore.trace_check import (
     Memo,
     TraceChecker,
@@ -72,6 +72,8 @@ FLEET_RECOVER = "fleet_recover"
 FLEET_TAKEOVER, FLEET_FENCED = "fleet_takeover", "fleet_fenced"
 _FLEET_STEPS = frozenset({FLEET_OPEN, FLEET_RECOVER, FLEET_TAKEOVER, FLEET_FENCED,
                           MIGRATION.name, *(a.name for a in FLEET_ACTIONS)})
+#: The single-engine spec's restart steps: a controller (re)started on the journal.
+_RESTARTS = frozenset(a.name for a in SPEC.actions if a.kind is Kind.RESTART)
 #: Member steps that read or use an engine: not on one this epoch has not fenced.
 _NEED_FENCE = frozenset({"admit", "audit_begin"})
 _CONTROL_INVARIANTS = ("NoMemberAhead", "RolloutsOnlyOnServingMembers",
@@ -196,6 +198,11 @@ class FleetTraceChecker:
         # A release elsewhere commutes with the publish too (a rolling fleet serves on
         # while a wave publishes; releases do not take the fleet's lock).
         bystander = step == "release" and name not in self.group
+        if self.group and isinstance(step, str) and step in _RESTARTS:
+            # The controller died in the middle of the group (its successor, or itself
+            # restarted, replays the journal): the members not yet published restart by
+            # their own records, as the single-engine spec allows (validated: TAINTED).
+            self.group = []
         if self.group and not quarantined and not bystander and (
                 step != "publish" or name not in self.group):
             return "PublishNotAtomic", (f"{name} {step} before every member of the publish "
@@ -251,6 +258,8 @@ class FleetTraceChecker:
         if bad:
             return "Schema", bad
         assert isinstance(step, str)
+        if self.group and step == FLEET_TAKEOVER:
+            self.group = []  # a successor took over mid-group: see _member_step
         if self.group:
             return "PublishNotAtomic", f"{step} before the publish group {self.group} ended"
         detail = r.get("detail") or {}

@@ -5,6 +5,14 @@ Every invocation is a fresh controller process: it recovers the fleet from its j
 (members replayed through the spec; each takes the restart the spec allows), acts, and
 leaves the journal for the next one. The checkpoints the fleet installs are directories
 with their probe reference (:mod:`rolloutcore.targets`).
+
+A fleet file with ``[control] store`` keeps the journal and the leadership on etcd: a
+command that acts (update, readmit, audit) first wins the leadership (``--wait``
+seconds for another controller to step down; exit 1 naming it otherwise), takes the
+fleet over (every engine fenced with its epoch) and resigns when it ends, whatever
+happens. A store that cannot be used, or a controller deposed in mid-command, exits 3
+with one line. ``status`` only reads: the leader, and the members' state from the
+journal on the store.
 """
 
 from __future__ import annotations
@@ -12,9 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rolloutcore.fleet import (
     Fleet,
@@ -25,7 +35,10 @@ from rolloutcore.fleet import (
     load_fleet_file,
 )
 
-OK, NEGATIVE, BAD_INPUT = 0, 1, 2
+if TYPE_CHECKING:
+    from rolloutcore.fleet.store import JournalStore
+
+OK, NEGATIVE, BAD_INPUT, CANNOT_RUN = 0, 1, 2, 3
 
 
 def journal_of(cfg: FleetConfig, fleet_file: str) -> Path:
@@ -41,18 +54,28 @@ def _emit(args: argparse.Namespace, obj: dict[str, Any], text: list[str]) -> Non
             print(line)
 
 
-def _fail(args: argparse.Namespace, message: str) -> int:
+def _stop(args: argparse.Namespace, code: int, message: str, **fields: Any) -> int:
+    """One ``error:`` line on stderr (with --json also the JSON object) and ``code``."""
     line = " ".join(message.split())
     if args.json:
-        print(json.dumps({"error": line}))
+        print(json.dumps({**fields, "error": line}, default=str))
     print(f"error: {line}", file=sys.stderr)
-    return BAD_INPUT
+    return code
+
+
+def _fail(args: argparse.Namespace, message: str) -> int:
+    return _stop(args, BAD_INPUT, message)
 
 
 def open_fleet(cfg: FleetConfig, fleet_file: str, *, min_serving: int | None = None,
-               on_step: StepHook | None = None) -> Fleet:
+               on_step: StepHook | None = None, journal: JournalStore | None = None
+               ) -> Fleet:
     """The fleet a fleet file names, over HTTP adapters, recovered from its journal (a
-    new journal: a fresh fleet, to bootstrap). Shared by the fleet commands and serve."""
+    new journal: a fresh fleet, to bootstrap). Shared by the fleet commands and serve.
+    ``journal``: where the journal lives (default: the fleet file's local journal); an
+    :class:`~rolloutcore.fleet.store.EtcdJournalStore` makes it a takeover, and a
+    takeover that finds a newer epoch's fence raises
+    :class:`~rolloutcore.control.Deposed`."""
     from rolloutcore.adapters.http import HttpAdapter
     from rolloutcore.runner import RunnerPolicy
     from rolloutcore.targets import checkpoint_target
@@ -64,20 +87,76 @@ def open_fleet(cfg: FleetConfig, fleet_file: str, *, min_serving: int | None = N
                              f"transfer ({e.transfer}) is driven from the trainer process "
                              "(Python API: rolloutcore.fleet.Fleet with TransferAdapter)")
         members.append((e.name, HttpAdapter(e.url, model=e.model, token=e.token), e.url))
-    return Fleet(members, journal=journal_of(cfg, fleet_file),
-                 min_serving=min_serving or cfg.min_serving, policy=RunnerPolicy(),
-                 on_step=on_step, max_live=cfg.max_live, min_admitting=cfg.min_admitting,
-                 target_of=lambda src, gen, label: checkpoint_target(src, gen, label))
+    try:
+        return Fleet(members, journal=journal or journal_of(cfg, fleet_file),
+                     min_serving=min_serving or cfg.min_serving, policy=RunnerPolicy(),
+                     on_step=on_step, max_live=cfg.max_live,
+                     min_admitting=cfg.min_admitting,
+                     target_of=lambda src, gen, label: checkpoint_target(src, gen, label))
+    except FleetError as e:
+        if journal is None or not str(e).startswith("deposed"):
+            raise
+        from rolloutcore.control import Deposed
+
+        # The takeover met a newer epoch's fence: not the fleet file's fault (exit 2)
+        # but this controller's, deposed before it began.
+        raise Deposed(str(e)) from None
 
 
-def _open(args: argparse.Namespace, cfg: FleetConfig, *, min_serving: int | None = None
-          ) -> Fleet:
+def _open(args: argparse.Namespace, cfg: FleetConfig, *, min_serving: int | None = None,
+          journal: JournalStore | None = None) -> Fleet:
     def step(member: str, name: str, outcome: str, seconds: float) -> None:
         if not args.json:
             print(f"  [{member}] {name:<14} -> {outcome:<20} {seconds * 1e3:8.1f} ms",
                   flush=True)
 
-    return open_fleet(cfg, args.fleet, min_serving=min_serving, on_step=step)
+    return open_fleet(cfg, args.fleet, min_serving=min_serving, on_step=step,
+                      journal=journal)
+
+
+Act = Callable[["JournalStore | None"], int]
+
+
+def _controlled(args: argparse.Namespace, cfg: FleetConfig, act: Act, *,
+                need_journal: str | None = None) -> int:
+    """Run ``act`` on the fleet's journal: without ``[control]`` the local file (None);
+    with it, the journal on etcd under this controller's leadership, won for this
+    command (``--wait``) and resigned when it ends, also on error. ``need_journal``
+    (what the command would do): a fleet without a journal yet is bad input, said
+    before any campaign."""
+    if cfg.control is None:
+        if need_journal and not journal_of(cfg, args.fleet).exists():
+            return _fail(args, _no_journal(args, need_journal))
+        return act(None)
+    from rolloutcore.control import StoreError
+    from rolloutcore.control.cli_support import (
+        ControlExit,
+        deposed_line,
+        has_journal,
+        leader_json,
+        leading,
+        open_store,
+    )
+    from rolloutcore.fleet.store import EtcdJournalStore
+    from rolloutcore.journal import JournalError
+
+    try:
+        if need_journal:
+            with open_store(cfg.control) as store:
+                if not has_journal(store):
+                    return _fail(args, _no_journal(args, need_journal))
+        with leading(cfg.control, wait_s=args.wait) as lead:
+            try:
+                return act(EtcdJournalStore(lead.store, lead, lead.controller_id))
+            except (JournalError, StoreError) as e:  # Deposed is a JournalError
+                return _stop(args, CANNOT_RUN, deposed_line(e))
+    except ControlExit as e:
+        return _stop(args, e.code, e.message, leader=leader_json(e.leader))
+
+
+def _no_journal(args: argparse.Namespace, what: str) -> str:
+    return (f"{args.fleet}: the fleet has no journal yet (nothing to {what}): run "
+            "`fleet update --initial ...` first")
 
 
 def _load(args: argparse.Namespace) -> FleetConfig:
@@ -92,10 +171,19 @@ def fleet_status(args: argparse.Namespace) -> int:
     from rolloutcore.fleet_check import fleet_state
     from rolloutcore.trace_check import TraceInputError
 
+    leader: dict[str, Any] | None = None
     try:
         cfg = _load(args)
-        path = journal_of(cfg, args.fleet)
-        state = fleet_state(path) if path.exists() else None
+        if cfg.control is None:
+            path = journal_of(cfg, args.fleet)
+            state = fleet_state(path) if path.exists() else None
+        else:
+            from rolloutcore.control.cli_support import ControlExit
+
+            try:
+                state, leader = _store_state(cfg)
+            except ControlExit as stop:
+                return _stop(args, stop.code, stop.message)
     except (FleetFileError, TraceInputError) as err:
         return _fail(args, str(err))
     rows: list[dict[str, Any]] = []
@@ -130,6 +218,12 @@ def fleet_status(args: argparse.Namespace) -> int:
     if fleet["max_live"] > 1:
         text[0] += (f"; rolling: frontier {fleet['committed']}, floor {fleet['floor']}, "
                     f"max_live {fleet['max_live']}, min_admitting {fleet['min_admitting']}")
+    extra: dict[str, Any] = {}
+    if cfg.control is not None:
+        extra = {"store": cfg.control.store, "leader": leader}
+        text.append(f"leader: {leader['id']} (pid {leader['pid']} on {leader['host']}), "
+                    f"epoch {leader['epoch']}, lease {leader['lease_s_left']:g} s left"
+                    if leader else f"no leader (store {cfg.control.store})")
     for r in rows:
         live = (f"engine says label {r.get('engine_label')!r}, identity "
                 f"{str(r.get('engine_identity'))[:12]}, paused {r.get('engine_paused')}"
@@ -140,8 +234,37 @@ def fleet_status(args: argparse.Namespace) -> int:
                 if audited else "; never audited")
         text.append(f"  {r['name']:<12} {r['phase']:<13} gen {r['committed']:<3} {role:<11} "
                     f"{live}{last}")
-    _emit(args, {"fleet": fleet, "members": rows}, text)
+    _emit(args, {"fleet": fleet, "members": rows, **extra}, text)
     return OK
+
+
+def _store_state(cfg: FleetConfig) -> tuple[Any, dict[str, Any] | None]:
+    """The leader and the fleet's state from the journal on the store, read only: the
+    journal exported to a temporary file (deleted afterwards) and read as a file's."""
+    from rolloutcore.control import StoreError, export_journal
+    from rolloutcore.control.cli_support import (
+        leader_json,
+        open_store,
+        read_leader,
+        unavailable,
+    )
+    from rolloutcore.fleet_check import fleet_state
+    from rolloutcore.trace_check import TraceInputError
+
+    assert cfg.control is not None
+    with open_store(cfg.control) as store:
+        leader = leader_json(read_leader(store))
+        with tempfile.TemporaryDirectory(prefix="rolloutcore-status-") as d:
+            out = Path(d) / "journal.jsonl"
+            try:
+                n = export_journal(store, out)
+            except StoreError as e:
+                raise unavailable(store, e) from None
+            try:
+                return (fleet_state(out) if n else None), leader
+            except TraceInputError as e:  # named as the store, not the temporary copy
+                raise TraceInputError(str(e).replace(str(out), f"{store.url}/journal")
+                                      ) from None
 
 
 def _when(t: Any) -> str:
@@ -154,14 +277,20 @@ def fleet_audit(args: argparse.Namespace) -> int:
     """Audit every READY engine of the fleet now (label, identity, run state, a probe),
     journalled: an engine found replaced is quarantined (fenced), an unreachable one
     stops serving until an audit passes. Exit 0 only if every audit passed."""
+    try:
+        cfg = _load(args)
+    except FleetFileError as err:
+        return _fail(args, str(err))
+    return _controlled(args, cfg, lambda journal: _audit(args, cfg, journal),
+                       need_journal="audit")
+
+
+def _audit(args: argparse.Namespace, cfg: FleetConfig, journal: JournalStore | None
+           ) -> int:
     from rolloutcore.targets import TargetError
 
     try:
-        cfg = _load(args)
-        if not journal_of(cfg, args.fleet).exists():
-            raise FleetFileError(f"{args.fleet}: the fleet has no journal yet (nothing to "
-                                 "audit): run `fleet update --initial ...` first")
-        fleet = _open(args, cfg)
+        fleet = _open(args, cfg, journal=journal)
     except (FleetFileError, FleetError, ValueError) as err:
         return _fail(args, str(err))
     try:
@@ -187,7 +316,7 @@ def _short_timeouts() -> Any:
 
 def fleet_update(args: argparse.Namespace) -> int:
     """One fleet cycle onto ``--checkpoint`` as ``--label``; exit 0 only if published."""
-    from rolloutcore.targets import TargetError, check_checkpoint, checkpoint_target
+    from rolloutcore.targets import TargetError, check_checkpoint
 
     try:
         cfg = _load(args)
@@ -200,7 +329,17 @@ def fleet_update(args: argparse.Namespace) -> int:
         for path in (args.checkpoint, args.initial):  # before anything is written
             if path is not None:
                 check_checkpoint(path)
-        fleet = _open(args, cfg, min_serving=args.min_serving)
+    except (FleetFileError, TargetError, ValueError) as err:
+        return _fail(args, str(err))
+    return _controlled(args, cfg, lambda journal: _update(args, cfg, journal))
+
+
+def _update(args: argparse.Namespace, cfg: FleetConfig, journal: JournalStore | None
+            ) -> int:
+    from rolloutcore.targets import TargetError, checkpoint_target
+
+    try:
+        fleet = _open(args, cfg, min_serving=args.min_serving, journal=journal)
     except (FleetFileError, FleetError, TargetError, ValueError) as err:
         return _fail(args, str(err))
     try:
@@ -238,18 +377,24 @@ def fleet_update(args: argparse.Namespace) -> int:
 
 def fleet_readmit(args: argparse.Namespace) -> int:
     """Verified re-admission of one member onto the fleet's committed generation."""
+    try:
+        cfg = _load(args)
+        if args.engine not in {e.name for e in cfg.engines}:
+            raise FleetFileError(f"no engine named {args.engine!r} in {args.fleet}")
+    except FleetFileError as err:
+        return _fail(args, str(err))
+    return _controlled(args, cfg, lambda journal: _readmit(args, cfg, journal),
+                       need_journal="re-admit into")
+
+
+def _readmit(args: argparse.Namespace, cfg: FleetConfig, journal: JournalStore | None
+             ) -> int:
     import getpass
 
     from rolloutcore.targets import TargetError
 
     try:
-        cfg = _load(args)
-        if args.engine not in {e.name for e in cfg.engines}:
-            raise FleetFileError(f"no engine named {args.engine!r} in {args.fleet}")
-        if not journal_of(cfg, args.fleet).exists():
-            raise FleetFileError(f"{args.fleet}: the fleet has no journal yet (nothing to "
-                                 "re-admit into): run `fleet update --initial ...` first")
-        fleet = _open(args, cfg)
+        fleet = _open(args, cfg, journal=journal)
     except (FleetFileError, FleetError, ValueError) as err:
         return _fail(args, str(err))
     try:
@@ -264,12 +409,29 @@ def fleet_readmit(args: argparse.Namespace) -> int:
     return OK if ok else NEGATIVE
 
 
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}"
+                                         ) from None
+    if not 0 <= v < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return v
+
+
+def _add_wait(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--wait", type=_seconds, default=0.0, metavar="SECONDS",
+                   help="a fleet with [control] store: how long to wait for another "
+                   "controller to step down (default 0: exit 1 at once, naming it)")
+
+
 def add_fleet_parsers(sub: Any, int_at_least: Any) -> None:
     fleet = sub.add_parser("fleet", help="a fleet of vLLM servers: one transactional update, "
                            "quarantine, verified re-admission")
     fsub = fleet.add_subparsers(dest="cmd", required=True)
     st = fsub.add_parser("status", help="each engine's phase, generation, identity, serving or "
-                         "quarantined")
+                         "quarantined (with [control] store: also the leader; read only)")
     st.add_argument("--fleet", required=True, help="the fleet file (TOML)")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=fleet_status)
@@ -283,15 +445,18 @@ def add_fleet_parsers(sub: Any, int_at_least: Any) -> None:
     up.add_argument("--initial", help="a new fleet: the checkpoint the engines started with")
     up.add_argument("--initial-label", default="default",
                     help="the label the engines report at start (vLLM: default)")
+    _add_wait(up)
     up.add_argument("--json", action="store_true")
     up.set_defaults(func=fleet_update)
     ra = fsub.add_parser("readmit", help="verified re-admission of a quarantined engine")
     ra.add_argument("--fleet", required=True, help="the fleet file (TOML)")
     ra.add_argument("--engine", required=True, help="the engine's name in the fleet file")
+    _add_wait(ra)
     ra.add_argument("--json", action="store_true")
     ra.set_defaults(func=fleet_readmit)
     au = fsub.add_parser("audit", help="audit every READY engine now: one found replaced out "
                          "of band is quarantined (exit 0 only if every audit passed)")
     au.add_argument("--fleet", required=True, help="the fleet file (TOML)")
+    _add_wait(au)
     au.add_argument("--json", action="store_true")
     au.set_defaults(func=fleet_audit)

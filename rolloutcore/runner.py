@@ -286,8 +286,12 @@ class LifecycleRunner:
         """What an update request names: the target's label, identity and probe (every
         later step about the target must name the same: rolloutcore.claims)."""
         e = self._expected(target)
-        return request_detail(target.label, target.identity, target.probe_prompt,
-                              e.probe_tokens, e.probe_logprobs, e.tolerance)
+        # The checkpoint too: a controller that recovers from the journal (a successor
+        # after a failover) can then catch members up to a generation decided but not yet
+        # published on them.
+        return {**request_detail(target.label, target.identity, target.probe_prompt,
+                                 e.probe_tokens, e.probe_logprobs, e.tolerance),
+                "checkpoint": target.source}
 
     @staticmethod
     def named(target: WeightTarget) -> dict[str, Any]:

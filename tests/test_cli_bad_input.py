@@ -187,6 +187,28 @@ CASES: list[Case] = [
     C("serve", "--fleet {fleet_good} --records {dir}", 2, "records a directory"),
     C("serve", "--fleet {fleet_good}", 2, "new journal without --initial"),
     C("serve", "--fleet {fleet_good} --initial {dir}", 2, "initial without safetensors"),
+    # a fleet file's [control] store: its URL is checked with the file, before any store
+    *(C(f"fleet {cmd}", f"--fleet {{fleet_bad_store}} {extra}", 2, "bad store URL")
+      for cmd, extra in (("status", ""), ("update", "--checkpoint {dir} --label v2"),
+                         ("readmit", "--engine a"), ("audit", ""))),
+    C("serve", "--fleet {fleet_bad_store}", 2, "bad store URL"),
+    C("fleet audit", "--fleet {fleet_good} --wait -1", 2, "wait negative"),
+    C("fleet update", "--fleet {fleet_good} --checkpoint {dir} --label v2 --wait x", 2,
+      "wait not a number"),
+    # journal export: the URL and the output are checked before the store is asked
+    C("journal export", "", 2, "no source"),
+    C("journal export", "etcd://127.0.0.1:1/p", 2, "no output"),
+    C("journal export", "{journal} {new}", 2, "source not an etcd URL"),
+    C("journal export", "etcd://127.0.0.1:99999/p {new}", 2, "port out of range"),
+    C("journal export", "etcd:///p {new}", 2, "no endpoint"),
+    C("journal export", "etcd://127.0.0.1:1/p {dir}", 2, "output a directory"),
+    C("journal export", "etcd://127.0.0.1:1/p {missing}/out.jsonl", 2,
+      "output's directory missing"),
+    C("journal export", "etcd://127.0.0.1:1/p {dir} --json", 2, "output a directory json"),
+    # a journal named by its store's URL: a bad URL is bad input too
+    C(TRACE, "etcd://127.0.0.1:99999/p", 2, "bad store URL"),
+    C(VERIFY, "etcd://h/p?x=1", 2, "store URL with a query"),
+    C(RVERIFY, "{records} --journal etcd://:2379/p", 2, "store URL without a host"),
 ]
 
 
@@ -245,6 +267,8 @@ def _make_corpus(root: Path) -> dict[str, str]:
     files["fleet_k_string"] = b'[fleet]\nmax_live = "2"\n' + two
     files["fleet_rolling"] = b'[fleet]\nmax_live = 2\nmin_admitting = 1\n' + two
     files["fleet_good"] = b'[[engine]]\nname = "a"\nurl = "http://127.0.0.1:1"\n'
+    files["fleet_bad_store"] = (b'[control]\nstore = "etcd://127.0.0.1:99999"\n'
+                                b'[[engine]]\nname = "a"\nurl = "http://127.0.0.1:1"\n')
     out = {"journal": str(journal), "dir": str(root / "dir"),
            "missing": str(root / "missing"), "new": str(root / "new.jsonl")}
     for name, data in files.items():

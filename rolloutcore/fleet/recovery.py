@@ -84,6 +84,12 @@ class Recovery(FleetBase):
         if not isinstance(detail, dict) or target_of is None:
             return
         gen = int(rec.get("committed") or 0)
+        if step == Trigger.REQUEST_UPDATE:  # the target, known before it is published
+            source, label, target = (detail.get("checkpoint"), detail.get("target"),
+                                     int(rec.get("target") or 0))
+            if isinstance(source, str) and isinstance(label, str) and target > 0:
+                m.runner.targets[target] = target_of(source, target, label)
+            return
         if step == Trigger.PUBLISH or (step == Trigger.BOOTSTRAP_OK and gen == 1):
             source, label = detail.get("checkpoint"), detail.get("label")
             if isinstance(source, str) and isinstance(label, str):
@@ -116,6 +122,9 @@ class Recovery(FleetBase):
         ``fleet_takeover`` (the etcd append itself is refused to a deposed leader)."""
         epoch = self.epoch
         assert epoch is not None
+        for m in self.members.values():  # no effect once this controller stops leading
+            if hasattr(m.adapter, "lease_check"):
+                m.adapter.lease_check = self.store.holds
         results = self._parallel(
             lambda m: fence_one(m, epoch, self.policy.fence_timeout_s),
             list(self.members.values()))

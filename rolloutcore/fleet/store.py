@@ -30,6 +30,10 @@ class JournalStore(Protocol):
 
     def describe(self) -> str: ...
 
+    def holds(self) -> bool:
+        """Whether this controller still leads, by its own clock (no store: always)."""
+        ...
+
     def has_records(self) -> bool: ...
 
     def replay_path(self) -> AbstractContextManager[Path]:
@@ -47,6 +51,9 @@ class FileJournalStore:
 
     def describe(self) -> str:
         return str(self.path)
+
+    def holds(self) -> bool:
+        return True
 
     def has_records(self) -> bool:
         return self.path.exists() and self.path.stat().st_size > 0
@@ -73,6 +80,9 @@ class EtcdJournalStore:
 
     def describe(self) -> str:
         return f"{self.store.describe()} (epoch {self.epoch})"
+
+    def holds(self) -> bool:
+        return bool(self.leadership.holds())
 
     def has_records(self) -> bool:
         from rolloutcore.control import iter_journal_lines

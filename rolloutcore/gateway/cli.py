@@ -15,12 +15,22 @@ import errno
 import logging
 import signal
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rolloutcore.inputs import unreadable
 
-OK, NEGATIVE, BAD_INPUT = 0, 1, 2
+if TYPE_CHECKING:
+    import socket
+
+    from rolloutcore.control import Leadership
+    from rolloutcore.fleet import Fleet, FleetConfig
+    from rolloutcore.gateway.core import GatewayConfig
+    from rolloutcore.gateway.server import GatewayServer
+
+OK, NEGATIVE, BAD_INPUT, CANNOT_RUN = 0, 1, 2, 3
 STALE_MODES = ("wait", "refuse")
 #: Seconds between two audits of every serving engine, unless the fleet file or the
 #: command line says otherwise: how long an engine replaced behind the fleet's back can
@@ -58,9 +68,9 @@ def serve(args: argparse.Namespace) -> int:
     from rolloutcore.adapters.http import is_loopback
     from rolloutcore.fleet import FleetError, FleetFileError, load_fleet_file
     from rolloutcore.fleet_cli import journal_of, open_fleet
-    from rolloutcore.gateway.core import Gateway, GatewayConfig, StaleMode
-    from rolloutcore.gateway.server import GatewayServer, bind, uvicorn_config
-    from rolloutcore.targets import TargetError, check_checkpoint, checkpoint_target
+    from rolloutcore.gateway.core import GatewayConfig, StaleMode
+    from rolloutcore.gateway.server import bind
+    from rolloutcore.targets import TargetError, check_checkpoint
 
     try:
         cfg = load_fleet_file(args.fleet)
@@ -75,10 +85,14 @@ def serve(args: argparse.Namespace) -> int:
         records = Path(args.records) if args.records else None
         if records is not None and (records.is_dir() or not records.parent.is_dir()):
             raise ValueError(f"--records {records}: not a file in an existing directory")
-        journal = journal_of(cfg, args.fleet)
-        new = not journal.exists() or journal.stat().st_size == 0
+        if cfg.control is None:
+            journal = journal_of(cfg, args.fleet)
+            where = str(journal)
+            new = not journal.exists() or journal.stat().st_size == 0
+        else:
+            where, new = cfg.control.store, _store_is_new(cfg)
         if new and not args.initial:
-            raise ValueError(f"{journal}: a new fleet journal: give --initial CHECKPOINT "
+            raise ValueError(f"{where}: a new fleet journal: give --initial CHECKPOINT "
                              "(what the engines loaded at start) to bootstrap the fleet")
         if args.initial:
             check_checkpoint(args.initial)
@@ -88,6 +102,8 @@ def serve(args: argparse.Namespace) -> int:
             admin_token=token, records=records,
             engine_tokens={e.name: e.token for e in cfg.engines if e.token})
         sock = bind(args.host, args.port)
+    except _CannotRun as e:
+        return _cannot_run(str(e))
     except OSError as e:
         why = "in use" if e.errno == errno.EADDRINUSE else e.strerror or str(e)
         return _fail(f"cannot listen on {args.host}:{args.port}: {why}")
@@ -95,45 +111,259 @@ def serve(args: argparse.Namespace) -> int:
         return _fail(str(e))
     with contextlib.closing(sock):
         _log_to_stderr()
+        if cfg.control is not None:
+            return _serve_controlled(args, cfg, config, sock)
         try:
             fleet = open_fleet(cfg, args.fleet)
         except (FleetError, ValueError) as e:
             return _fail(str(e))
+        return _run_gateway(args, cfg, config, fleet, sock)
+
+
+class _CannotRun(Exception):
+    """What keeps ``serve`` from running (the control store): exit 3, one line."""
+
+
+def _cannot_run(message: str) -> int:
+    print(f"error: {' '.join(message.split())}", file=sys.stderr)
+    return CANNOT_RUN
+
+
+def _store_is_new(cfg: FleetConfig) -> bool:
+    """Whether the fleet's journal on its store is empty (read only). A store that does
+    not answer with a quorum: :class:`_CannotRun`, said at once (a standby could only
+    wait for it, unseen)."""
+    from rolloutcore.control.cli_support import ControlExit, check_store, has_journal, open_store
+
+    assert cfg.control is not None
+    try:
+        with open_store(cfg.control) as store:
+            check_store(store)
+            return not has_journal(store)
+    except ControlExit as e:
+        raise _CannotRun(e.message) from None
+
+
+def _run_gateway(args: argparse.Namespace, cfg: FleetConfig, config: GatewayConfig,
+                 fleet: Fleet, sock: socket.socket, *, lead: Leadership | None = None,
+                 stop_requested: Callable[[], bool] = lambda: False) -> int:
+    """Bootstrap a new fleet, then serve the gateway on ``sock`` until SIGTERM or SIGINT
+    (0), or, under a leadership ``lead``, until it is lost (3: ``deposed: ...``)."""
+    from rolloutcore.fleet import FleetError
+    from rolloutcore.gateway.core import Gateway
+    from rolloutcore.gateway.server import GatewayServer, uvicorn_config
+    from rolloutcore.targets import TargetError, checkpoint_target
+
+    token = config.admin_token
+    records = config.records
+    try:
+        if fleet.phase == "UNINITIALIZED":
+            if not args.initial:  # a journal whose bootstrap never opened the fleet
+                fleet.close()
+                return _fail(f"{fleet.store.describe()}: the fleet was never bootstrapped "
+                             "(its journal opened no fleet): give --initial CHECKPOINT "
+                             "(what the engines loaded at start)")
+            out = fleet.bootstrap(checkpoint_target(args.initial, 1, args.initial_label))
+            for name, o in out.items():
+                print(f"bootstrap {name}: {o.trigger} ({o.reason[:100]})", flush=True)
+            if fleet.phase != "READY":
+                print("the fleet did not open: fewer than min_serving engines verified")
+                fleet.close()
+                return NEGATIVE
+        gateway = Gateway(fleet, config, target_of=checkpoint_target)
+        watchdog = None if args.no_watchdog else (
+            args.watchdog or cfg.watchdog_s or DEFAULT_WATCHDOG_S)
+        if watchdog is not None:
+            fleet.start_watchdog(watchdog)
+    except (TargetError, FleetError) as e:
+        fleet.close()
+        return _fail(str(e))
+    except BaseException:  # a deposed leader's refused append, among others: the caller
+        fleet.close()  # says it
+        raise
+    server = GatewayServer(uvicorn_config(gateway, access_log=args.access_log), gateway)
+    watch = None if lead is None else _LeadershipWatch(lead, fleet, server)
+    auth = ("admin API: bearer token from " + args.admin_token_file if token else
+            "admin API has no token: listening on loopback only")
+    print(f"rolloutcore gateway on http://{args.host}:{sock.getsockname()[1]} for model "
+          f"{config.model!r}: fleet {fleet.phase}, committed generation "
+          f"{fleet.committed}, {len(fleet.members)} engines; "
+          + (f"watchdog every {watchdog:g} s" if watchdog else "no watchdog")
+          + f"; {auth}; journal "
+          f"{fleet.journal.path}" + (f"; records {records}" if records else "")
+          + (f"; leader at epoch {lead.epoch} on {lead.store.url}"
+             if lead is not None else ""),
+          flush=True)
+    if stop_requested():  # a signal came while the fleet was taken over: start, then stop
+        server.should_exit = True
+    try:
+        server.run(sockets=[sock])
+    finally:
+        if watch is not None:
+            watch.stop()
         try:
-            if fleet.phase == "UNINITIALIZED":
-                out = fleet.bootstrap(checkpoint_target(args.initial, 1, args.initial_label))
-                for name, o in out.items():
-                    print(f"bootstrap {name}: {o.trigger} ({o.reason[:100]})", flush=True)
-                if fleet.phase != "READY":
-                    print("the fleet did not open: fewer than min_serving engines verified")
-                    fleet.close()
-                    return NEGATIVE
-            gateway = Gateway(fleet, config, target_of=checkpoint_target)
-            watchdog = None if args.no_watchdog else (
-                args.watchdog or cfg.watchdog_s or DEFAULT_WATCHDOG_S)
-            if watchdog is not None:
-                fleet.start_watchdog(watchdog)
-        except (TargetError, FleetError) as e:
-            fleet.close()
-            return _fail(str(e))
-        server = GatewayServer(uvicorn_config(gateway, access_log=args.access_log), gateway)
-        auth = ("admin API: bearer token from " + args.admin_token_file if token else
-                "admin API has no token: listening on loopback only")
-        print(f"rolloutcore gateway on http://{args.host}:{sock.getsockname()[1]} for model "
-              f"{config.model!r}: fleet {fleet.phase}, committed generation "
-              f"{fleet.committed}, {len(fleet.members)} engines; "
-              + (f"watchdog every {watchdog:g} s" if watchdog else "no watchdog")
-              + f"; {auth}; journal "
-              f"{fleet.journal.path}" + (f"; records {records}" if records else ""),
-              flush=True)
-        try:
-            server.run(sockets=[sock])
-        finally:
             gateway.close()
-        how = signal.Signals(server.stopped_by).name if server.stopped_by else "stopped"
-        print(f"rolloutcore gateway: {how}, closed cleanly (journal {fleet.journal.path}, "
-              f"last seq {fleet.journal.last_seq})", flush=True)
+        except Exception:
+            if watch is None or watch.reason is None:
+                raise
+            # Deposed: the journal refuses the last releases; the successor's recovery
+            # (which fences every engine) decides what they were.
+    if watch is not None and watch.reason is not None:
+        print(f"error: deposed: {watch.reason}; the gateway stopped (restart it: it comes "
+              "back as a standby)", file=sys.stderr, flush=True)
+        return CANNOT_RUN
+    how = signal.Signals(server.stopped_by).name if server.stopped_by else "stopped"
+    print(f"rolloutcore gateway: {how}, closed cleanly (journal {fleet.journal.path}, "
+          f"last seq {fleet.journal.last_seq})", flush=True)
     return OK
+
+
+class _LeadershipWatch:
+    """Stops the gateway once this controller no longer leads: its lease lost (the
+    leadership's ``on_lost``, or its own deadline passed) or its journal refusing every
+    append (an append refused to a deposed epoch, or a store that failed mid-write, after
+    which nothing it admits could be journalled)."""
+
+    def __init__(self, lead: Leadership, fleet: Fleet, server: GatewayServer) -> None:
+        self.lead, self.fleet, self.server = lead, fleet, server
+        self.reason: str | None = None
+        self._wake = threading.Event()
+        self._done = threading.Event()
+        lead.on_lost(self._wake.set)  # at once; the poll catches the journal's refusals
+        self._thread = threading.Thread(target=self._run, name="leadership-watch",
+                                        daemon=True)
+        self._thread.start()
+
+    def _why(self) -> str | None:
+        from rolloutcore.control.cli_support import journal_failure
+
+        lead = self.lead
+        if lead.lost.is_set() or not lead.holds():
+            return (f"{lead.controller_id} lost the leadership of epoch {lead.epoch} "
+                    f"({lead.lost_reason or 'its lease lapsed'})")
+        failure = journal_failure(self.fleet.journal)
+        if failure is not None:
+            return f"{lead.controller_id} (epoch {lead.epoch}): {failure}"
+        return None
+
+    def _run(self) -> None:
+        while not self._done.is_set():
+            self._wake.wait(0.25)
+            if self._done.is_set():
+                return
+            why = self._why()
+            if why is not None:
+                self.reason = why
+                self.server.should_exit = True
+                return
+
+    def stop(self) -> None:
+        self._done.set()
+        self._wake.set()
+        self._thread.join(2.0)
+
+
+def _serve_controlled(args: argparse.Namespace, cfg: FleetConfig, config: GatewayConfig,
+                      sock: socket.socket) -> int:
+    """``serve`` of a fleet whose journal and leadership live on etcd: a standby (503s
+    naming the leader) on the bound port while it campaigns, for as long as it takes;
+    once elected, the fleet taken over (every engine fenced with the new epoch) and the
+    gateway served on the same socket until SIGTERM/SIGINT (0) or the leadership is lost
+    (3). The leadership is resigned on the way out, whatever happened."""
+    from rolloutcore.control import CampaignTimeout, Leadership, StoreError, current_leader
+    from rolloutcore.control.cli_support import (
+        controller_id,
+        deposed_line,
+        leader_json,
+        open_store,
+    )
+    from rolloutcore.fleet import FleetError
+    from rolloutcore.fleet.store import EtcdJournalStore
+    from rolloutcore.fleet_cli import open_fleet
+    from rolloutcore.gateway.standby import StandbyServer, standby_app
+    from rolloutcore.journal import JournalError
+
+    control = cfg.control
+    assert control is not None
+    cid = controller_id(control)
+    reader = open_store(control, timeout_s=1.0)  # the standby's answers: quick or none
+    store = open_store(control)
+    lead = Leadership(store, cid, ttl_s=control.lease_s)
+    wake = threading.Event()
+    signals: list[int] = []
+    failure: list[BaseException] = []
+
+    def leader() -> dict[str, Any] | None:
+        try:
+            return leader_json(current_leader(reader))
+        except StoreError:
+            return None
+
+    def on_signal(sig: int, _frame: Any) -> None:
+        signals.append(sig)
+        wake.set()
+
+    def campaign() -> None:
+        try:
+            lead.campaign()  # forever: an unreachable store is retried, not fatal
+        except CampaignTimeout:
+            pass  # resigned (a signal): cancelled
+        except Exception as e:  # the store refused us (not unavailable): said, exit 3
+            failure.append(e)
+        finally:
+            wake.set()
+
+    saved = {}
+    if threading.current_thread() is threading.main_thread():
+        saved = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    standby: StandbyServer | None = StandbyServer(sock, standby_app(leader, cid))
+    try:
+        assert standby is not None
+        standby.start()
+        now = leader()
+        print(f"rolloutcore gateway on http://{args.host}:{sock.getsockname()[1]}: standby "
+              f"(controller {cid}), campaigning for the fleet's leadership on "
+              f"{control.store}; "
+              + (f"leader now {now['id']} at epoch {now['epoch']}" if now else "no leader now"),
+              flush=True)
+        thread = threading.Thread(target=campaign, name="campaign", daemon=True)
+        thread.start()
+        while not wake.wait(0.5):
+            pass
+        if signals:
+            lead.resign()  # cancels the campaign (or gives back a term just won)
+            thread.join(5.0)
+            standby.stop()
+            standby = None
+            print(f"rolloutcore gateway: {signal.Signals(signals[0]).name}, standby closed "
+                  "cleanly", flush=True)
+            return OK
+        standby.stop()
+        standby = None
+        if failure:
+            return _cannot_run(f"control store {control.store}: campaign failed: "
+                               f"{failure[0]}")
+        print(f"rolloutcore gateway: elected leader at epoch {lead.epoch} (controller "
+              f"{cid}); taking the fleet over", flush=True)
+        try:
+            fleet = open_fleet(cfg, args.fleet, journal=EtcdJournalStore(store, lead, cid))
+        except (JournalError, StoreError) as e:  # deposed during the takeover
+            return _cannot_run(deposed_line(e))
+        except (FleetError, ValueError) as e:
+            return _fail(str(e))
+        try:
+            return _run_gateway(args, cfg, config, fleet, sock, lead=lead,
+                                stop_requested=lambda: bool(signals))
+        except (JournalError, StoreError) as e:  # deposed while bootstrapping
+            return _cannot_run(deposed_line(e))
+    finally:
+        if standby is not None:
+            standby.stop()
+        lead.resign()  # at once, so that a standby need not wait for the lease
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+        reader.close()
+        store.close()
 
 
 def _port(text: str) -> int:

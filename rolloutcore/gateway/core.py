@@ -413,7 +413,7 @@ class Gateway:
             row["paused_s"] = round(paused.get(s.name, 0.0), 3)
             engines.append(row)
         report = self.last_report
-        return {
+        out: dict[str, Any] = {
             "fleet": {"phase": f.phase, "committed": f.committed,
                       "min_serving": f.min_serving, "min_generation_floor": self.floor,
                       "floor": f.floor, "max_live": f.max_live,
@@ -427,6 +427,12 @@ class Gateway:
                         "group_commit": f.journal.group_commit,
                         "fsyncs": f.journal.fsyncs},
         }
+        lead = getattr(f.store, "leadership", None)  # a fleet over the control store
+        if lead is not None:
+            out["role"] = "leader"
+            out["leader"] = {"id": f.store.controller, "epoch": f.epoch,
+                             "lease_s_left": round(lead.remaining_s(), 3)}
+        return out
 
     # -------------------------------------------------------------------- shutdown
 
