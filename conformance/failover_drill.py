@@ -56,9 +56,11 @@ def _target_factory(sim: bool) -> Callable[[str, int, str], WeightTarget]:
     return lambda source, generation, label: checkpoint_target(source, generation, label)
 
 
-def _policy() -> Any:
+def _policy(sim: bool) -> Any:
     from rolloutcore.runner import RunnerPolicy
 
+    if not sim:  # a real server's first requests after its start can take seconds
+        return RunnerPolicy()
     # Short deadlines: a held or dead engine costs the drill seconds, not minutes.
     return RunnerPolicy(step_timeout_s=5.0, pause_timeout_s=10.0, fence_timeout_s=3.0,
                         drain_timeout_s=10.0, mutation_base_s=10.0)
@@ -106,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         fleet = Fleet([(n, a, None) for n, a in adapters.items()],
                       journal=EtcdJournalStore(store, lead, name), min_serving=cfg.min_serving,
-                      policy=_policy(), target_of=target_of, on_step=on_step,
+                      policy=_policy(args.sim), target_of=target_of, on_step=on_step,
                       max_live=cfg.max_live, min_admitting=cfg.min_admitting)
     except FleetError as e:
         _say("done", id=name, epoch=epoch, error=str(e))
@@ -126,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.bootstrap and fleet.phase == "UNINITIALIZED":
             out = fleet.bootstrap(target_of(args.bootstrap, 1, args.bootstrap_label))
-            _say("bootstrap", outcomes={k: str(o.trigger) for k, o in out.items()})
+            _say("bootstrap", outcomes={k: f"{o.trigger}: {o.reason}" for k, o in out.items()})
         if args.readmit:
             for m, st in ((m, m.controller.phase.value) for m in fleet.members.values()):
                 if st == "TAINTED" or m.name in fleet.unfenced:

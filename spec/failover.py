@@ -68,6 +68,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any, NamedTuple, TypeVar
 
 T = TypeVar("T")
@@ -701,11 +702,19 @@ class FailoverSpec:
                         Jrn(0, (1,) * n, (0,) * n, (0,) * n),
                         (Eng(1, 1, False, 0, 0),) * n, (0,) * n, frozenset()),)
 
+    @cached_property
+    def _static_params(self) -> tuple[tuple[FoAction, tuple[Param, ...] | None], ...]:
+        """Each action with its parameters, computed once (None: they depend on the
+        state: a message on the wire)."""
+        empty = FoState(0, 0, 0, (), Jrn(0, (), (), ()), (), (), frozenset())
+        return tuple((a, None if "m" in a.tla_params else
+                      tuple(_p(*a.tla_params)(empty, self.bounds))) for a in self.actions)
+
     def successors(self, f: FoState) -> list[tuple[str, Param, FoState]]:
         out: list[tuple[str, Param, FoState]] = []
         b = self.bounds
-        for a in self.actions:
-            for p in _p(*a.tla_params)(f, b):
+        for a, static in self._static_params:
+            for p in static if static is not None else _p(*a.tla_params)(f, b):
                 if a.appends and self.compare and not leads(f, _c(p)):
                     continue  # the append's compare refuses it
                 if a.when(f, self, p):

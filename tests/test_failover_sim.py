@@ -37,6 +37,7 @@ from rolloutcore.control import EtcdStore, export_journal, iter_journal_lines
 from rolloutcore.fleet_check import check_fleet_file
 
 LEASE_S = 1.0
+CLUSTER_LEASE_S = 3.0
 #: Kill points: after each step of member a's cycle, and after the fleet's own steps.
 KILL_POINTS = ("fleet:fleet_request_update", "a:drain", "a:pause", "a:mutate",
                "a:reset(prefix)", "a:reset(encoder)", "a:reset(mm)", "a:validate",
@@ -55,11 +56,12 @@ class Rig:
     url: str  # the store URL (its prefix is this rig's)
     engines: dict[str, SimServer]
     proxies: dict[str, FaultProxy]
+    sim: bool = True  # the engines are simulated servers (checkpoints are names)
 
     def drill(self, *args: str, wait: bool = True, timeout: float = 90.0
               ) -> subprocess.Popen[str] | list[dict[str, Any]]:
         cmd = [sys.executable, "-m", "rolloutcore.conformance.failover_drill",
-               "--fleet", str(self.fleet_file), "--sim", *args]
+               "--fleet", str(self.fleet_file), *(["--sim"] if self.sim else []), *args]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 stdin=subprocess.PIPE, text=True)
         if not wait:
@@ -263,3 +265,70 @@ def test_two_controllers_started_together_exactly_one_acts(rig: Rig, tmp_path: P
     recs = _check_journal(rig, tmp_path)
     assert {r["detail"]["controller"] for r in recs if r.get("step") == "fleet_takeover"} \
         == {"boot", leader}
+
+
+def test_three_member_etcd_loses_one_then_two(tmp_path: Path) -> None:
+    """A fleet journalled on a 3-member etcd cluster: with one member lost updates go on;
+    with two lost the controller stops making changes and says why (nothing unverified is
+    published, nothing is sent once its lease clock runs out); with the quorum back a new
+    leader takes over on the same journal, re-admits what was in doubt, and it checks."""
+    from rolloutcore.adapters.sim import SimAdapter, SimEngine, sim_identity, sim_target
+    from rolloutcore.conformance.etcd_server import EtcdCluster
+    from rolloutcore.control import Leadership
+    from rolloutcore.fleet import Fleet
+    from rolloutcore.fleet.store import EtcdJournalStore
+    from rolloutcore.journal import JournalError
+
+    def target_of(source: str, generation: int, label: str) -> Any:
+        return sim_target(generation, source, label=label)
+
+    engines = {n: SimEngine("v1", label="default") for n in ("a", "b")}
+    with EtcdCluster(3) as cluster:
+        url = cluster.url("/rc/cluster")
+
+        def lead(name: str) -> tuple[Fleet, Leadership]:
+            store = EtcdStore.from_url(url)
+            # A lease well above etcd's election time (500 ms here): losing etcd's own
+            # raft leader must not cost the controller its leadership.
+            leadership = Leadership(store, name, ttl_s=CLUSTER_LEASE_S)
+            leadership.campaign(timeout_s=30)
+            adapters = [(n, SimAdapter(e), None) for n, e in engines.items()]
+            return Fleet(adapters, journal=EtcdJournalStore(store, leadership, name),
+                         target_of=target_of, fsync=False), leadership
+
+        fleet, leadership = lead("first")
+        fleet.bootstrap(sim_target(1, "v1", label="default"))
+        assert fleet.update(sim_target(2, "v2", label="rc-2")).published
+        cluster.kill(0)
+        # The survivors elect a new raft leader (if member 0 was it) before the update: a
+        # write during that election is ambiguous, and the journal would fail closed.
+        cluster._wait_healthy([1, 2], time.monotonic() + 30)
+        assert fleet.update(sim_target(3, "v3", label="rc-3")).published
+        cluster.kill(1)  # no quorum
+        t0 = time.monotonic()
+        with pytest.raises((JournalError, Exception)) as failed:
+            fleet.update(sim_target(4, "v4", label="rc-4"))
+        assert time.monotonic() - t0 < 30, "a lost quorum must fail in bounded time"
+        assert "quorum" in str(failed.value) or "unavailable" in str(failed.value) \
+            or "unknown" in str(failed.value) or "refused" in str(failed.value), failed.value
+        assert leadership.lost.wait(CLUSTER_LEASE_S + 5), "its lease clock must run out"
+        assert {e.identity_reads_as for e in engines.values()} <= {sim_identity("v3"),
+                                                                  sim_identity("v4")}
+        cluster.restart(1)
+        cluster.restart(0)
+        fleet.close()
+        successor, lead2 = lead("second")
+        try:
+            for m in successor.members.values():
+                if m.controller.phase.value == "TAINTED":
+                    successor.readmit(m.name, who="test")
+            assert successor.phase == "READY" and successor.committed == 3
+            assert {e.identity_reads_as for e in engines.values()} == {sim_identity("v3")}
+        finally:
+            successor.close()
+            lead2.resign()
+        out = tmp_path / "j.jsonl"
+        export_journal(EtcdStore.from_url(url), out)
+        assert check_fleet_file(out).accepted
+        recs = [json.loads(x) for x in out.read_text().splitlines()]
+        assert not any(r.get("step") == "publish" and r.get("committed") == 4 for r in recs)
