@@ -291,7 +291,7 @@ FAULT_KINDS = ("timeout", "connection_error", "http_500", "fail_body", "empty_bo
 #: Faults that strike after the engine carried the operation out (its reply is lost).
 AFTER_KINDS = frozenset({"late", "drop"})
 OPS = ("read_state", "pause", "resume", "mutate", "reset_prefix", "reset_encoder",
-       "reset_mm", "probe", "fence")
+       "reset_mm", "probe", "fence", "fence_epoch")
 
 
 @dataclass

@@ -105,6 +105,42 @@ def fleet_journals(tmp: Path) -> list[Journal_]:
     return out
 
 
+def takeover_journal(tmp: Path) -> Journal_:
+    """A fleet journal written by two controllers in turn (controller failover, with
+    epochs, on a local file standing in for etcd): the first bootstraps and updates; the
+    second takes over, cannot fence one member at first (suspected), then fences and
+    audits it (``fleet_takeover``, ``fleet_fenced``)."""
+    from rolloutcore.adapters.sim import FaultPlan, SimAdapter, SimEngine, sim_target
+    from rolloutcore.fleet import Fleet
+    from rolloutcore.fleet.store import FileJournalStore
+
+    path = tmp / "takeover.jsonl"
+    engines = {n: SimEngine("ckpt-1", label="rc-1") for n in ("a", "b")}
+
+    def target_of(source: str, generation: int, label: str) -> Any:
+        return sim_target(generation, source, label=label)
+
+    first = Fleet([(n, SimAdapter(e), None) for n, e in engines.items()],
+                  journal=FileJournalStore(path, epoch=3, controller="first"), fsync=False,
+                  target_of=target_of)
+    first.bootstrap(sim_target(1, "ckpt-1"))
+    first.update(sim_target(2, "ckpt-2"))
+    first.close()
+    faults = FaultPlan()
+    faults.add("fence_epoch", "connection_error")
+    second = Fleet([("a", SimAdapter(engines["a"]), None),
+                    ("b", SimAdapter(engines["b"], faults), None)],
+                   journal=FileJournalStore(path, epoch=5, controller="second"), fsync=False,
+                   target_of=target_of)
+    try:
+        if second.unfenced != {"b"}:
+            raise RuntimeError(f"takeover journal: unfenced {second.unfenced}, not b")
+        second.audit(["b"])
+    finally:
+        second.close()
+    return Journal_("takeover", True, read_journal(path)[1])
+
+
 def simulated_journal(tmp: Path) -> Journal_:
     from rolloutcore.simulate import simulate
 
@@ -312,7 +348,7 @@ def run(journals: list[Journal_], *, limit: int | None = None,
 
 
 def all_journals(tmp: Path) -> list[Journal_]:
-    return [*corpus(), *fleet_journals(tmp), simulated_journal(tmp)]
+    return [*corpus(), *fleet_journals(tmp), takeover_journal(tmp), simulated_journal(tmp)]
 
 
 def render(t: Tally) -> str:

@@ -216,7 +216,9 @@ FLEET_DETAIL: dict[str, dict[str, Field]] = {
         "needed": Field("int", Claim("the quorum"), required=True), "floor": _FLOOR},
     "fleet_raise_floor": {"floor": _FLOOR},
     "fleet_takeover": {
-        "epoch": Field("int", Claim("the new leader's epoch: above every earlier takeover's"),
+        "epoch": Field("int", Info("the store's revision of the leader key, which no "
+                                   "journal can show: the checker still requires it above "
+                                   "every earlier takeover's and named by fleet_fenced"),
                        required=True),
         "controller": Field("str", Info("who took over, in the operator's words (the "
                                         "epoch is what is checked)"), required=True),
