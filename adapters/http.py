@@ -15,7 +15,10 @@ outcome (see :mod:`rolloutcore.postconditions`). What the wire taught us
   hits it caused (``vllm:prefix_cache_hits_total`` delta), which the postconditions
   treat as stale reuse after a mutation. ``/reset_encoder_cache`` and
   ``/reset_mm_cache`` answer an empty body: they are verified by what the engine says
-  through the worker extension (encoder-cache entries, no multimodal encoder at all).
+  through the worker extension (no multimodal encoder at all; or both halves of the
+  encoder cache, worker and scheduler, empty; the engine's multimodal receiver cache
+  empty). The API server's processor cache holds preprocessed pixels, which no weight
+  change makes stale, and is out of the extension's reach.
 * A failed weight load is invisible to ``/health`` and kills the engine at the next
   generation: a 500, a timeout or a dropped connection during the mutation is
   ambiguous. Only a refusal proven to precede any change (the path is not there, the
@@ -444,9 +447,21 @@ class HttpAdapter:
     def cache_info(self, deadline: float | None = None) -> dict[str, Any]:
         results = self._worker_results(
             self.rpc("rc_cache_info", op="cache_info", deadline=deadline), "cache_info")
+        worker = _sum_or_none(r.get("encoder_cache_entries") for r in results)
+        scheduler = _sum_or_none(r.get("encoder_scheduler_entries") for r in results)
         return {"multimodal": any(r.get("multimodal") is not False for r in results),
-                "encoder_cache_entries": _sum_or_none(
-                    r.get("encoder_cache_entries") for r in results)}
+                "encoder_cache_entries": worker,
+                "encoder_scheduler_entries": scheduler,
+                # Both halves, or unknown: a worker emptied under a scheduler that still
+                # lists an image is exactly the state that crashes the engine.
+                "encoder_entries": None if worker is None or scheduler is None
+                else worker + scheduler,
+                "mm_receiver_entries": _sum_or_none(
+                    r.get("mm_receiver_entries") for r in results),
+                "encoder_cache_keys": sorted({k for r in results
+                                             for k in r.get("encoder_cache_keys") or ()}),
+                "encoder_scheduler_keys": sorted({
+                    k for r in results for k in r.get("encoder_scheduler_keys") or ()})}
 
     def _at_once(self, *reads: Callable[[], Any]) -> list[Any]:
         """Independent reads, sent together; each ends (within its own deadline) before
@@ -591,8 +606,8 @@ class HttpAdapter:
             if info is not None:
                 # Only the engine's own word: its model has no multimodal encoder.
                 absent = info["multimodal"] is False
-                if tier == "encoder":
-                    entries = info["encoder_cache_entries"]
+                entries = info["encoder_entries" if tier == "encoder" else
+                               "mm_receiver_entries"]
         return ResetEvidence(tier, r.status, _success(r.body), entries_after=entries,
                              tier_absent=absent)
 

@@ -32,7 +32,9 @@ written there since, not for what the worker holds.
 * ``rc_param_digest()`` digests the parameters as the worker holds them, listing those
   it cannot read (on CPU, linear layers are repacked for oneDNN and read as empty).
 * ``rc_cache_info()`` what the engine says about its cache tiers: whether the model has
-  a multimodal encoder at all, and the worker's encoder-cache entry count.
+  a multimodal encoder at all, the encoder cache's keys in the worker and in the
+  scheduler (both halves: a reset counts only when both are empty), and the engine's
+  multimodal receiver-cache size.
 * ``rc_fence(epoch)`` raises the worker's fencing token (:mod:`.epoch_gate`) and
   ``rc_epoch()`` reads it: ``rc_reload_weights(..., epoch=e)`` below the fence is refused
   before the model is touched (controller failover: a deposed controller's load never
@@ -209,8 +211,52 @@ class RolloutCoreWorkerExtension:
                 "unreadable": unreadable}
 
     def rc_cache_info(self) -> dict[str, Any]:
-        """What the engine itself says about its cache tiers."""
+        """What the engine itself says about its cache tiers.
+
+        The encoder cache has two halves that must agree: the worker's tensors
+        (``model_runner.encoder_cache``) and the scheduler's bookkeeping
+        (``EncoderCacheManager.cached``). vLLM's ``reload_weights`` clears only the
+        former; the scheduler then believes an image is cached, skips the encoder and
+        the engine dies with "Encoder cache miss". So both are counted. The multimodal
+        tier's engine half is the receiver cache of processed inputs (P1). The scheduler
+        and receiver cache live in the engine-core process; they are reachable here only
+        when the worker runs in that process (the uniprocess executor: the RPC is then
+        called synchronously from ``EngineCore.collective_rpc``, whose ``self`` is on
+        this stack). Elsewhere they are ``None``: unknown, never assumed empty.
+        """
         cfg = self.vllm_config.model_config
         enc = getattr(self.model_runner, "encoder_cache", None)
+        core = _engine_core_on_stack()
+        scheduler_keys: list[str] | None = None
+        receiver: int | None = None
+        if core is not None:
+            manager = getattr(core.scheduler, "encoder_cache_manager", None)
+            cached = getattr(manager, "cached", None)
+            scheduler_keys = sorted(cached) if isinstance(cached, dict) else None
+            rcache = getattr(core, "mm_receiver_cache", "unreadable")
+            if rcache is None:
+                receiver = 0  # this engine keeps no receiver cache at all
+            else:
+                inner = getattr(rcache, "_cache", None)
+                receiver = len(inner) if inner is not None else None
+        worker_keys = sorted(enc) if isinstance(enc, dict) else None
         return {"multimodal": bool(cfg.is_multimodal_model),
-                "encoder_cache_entries": len(enc) if isinstance(enc, dict) else None}
+                "encoder_cache_entries": len(worker_keys) if worker_keys is not None
+                else None,
+                "encoder_cache_keys": worker_keys,
+                "encoder_scheduler_entries": len(scheduler_keys)
+                if scheduler_keys is not None else None,
+                "encoder_scheduler_keys": scheduler_keys,
+                "mm_receiver_entries": receiver}
+
+
+def _engine_core_on_stack() -> Any:
+    """The vLLM ``EngineCore`` that called this RPC in this process, or None."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if owner is not None and hasattr(owner, "scheduler") and \
+                hasattr(owner, "mm_receiver_cache"):
+            return owner
+        frame = frame.f_back  # type: ignore[assignment]
+    return None

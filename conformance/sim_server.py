@@ -248,8 +248,12 @@ class SimWorker:
         self._loaded(self.path, BASIS_RELOAD)
 
     def rc_cache_info(self) -> dict[str, Any]:
-        return {"multimodal": False,
-                "encoder_cache_entries": self.engine.cache_sizes()["encoder"]}
+        # The real extension's shape; the simulated engine keeps one encoder table
+        # (worker and scheduler halves never disagree here).
+        sizes = self.engine.cache_sizes()
+        return {"multimodal": False, "encoder_cache_entries": sizes["encoder"],
+                "encoder_scheduler_entries": sizes["encoder"],
+                "mm_receiver_entries": sizes["mm"]}
 
     def rc_param_digest(self) -> dict[str, Any]:
         # The weights as held (what computes), not the identity recorded at load time.

@@ -90,7 +90,8 @@ class FakeVllm:
                 return httpx.Response(200, json={"results": [{"identity": self.identity}]})
             if m == "rc_cache_info":
                 return httpx.Response(200, json={"results": [
-                    {"multimodal": False, "encoder_cache_entries": 0}]})
+                    {"multimodal": False, "encoder_cache_entries": 0,
+                     "encoder_scheduler_entries": 0, "mm_receiver_entries": 0}]})
             if m == "rc_reload_weights":
                 self.identity = body["kwargs"]["expected_identity"]
                 return httpx.Response(200, json={"results": [
@@ -379,7 +380,29 @@ def test_multimodal_engine_tier_is_not_claimed_absent(fake: FakeVllm) -> None:
     ev = adapter_for(fake).reset_cache("mm", dl())
     assert not ev.tier_absent and decided(Op.RESET, ev) == "reset_failed"
     enc = adapter_for(fake).reset_cache("encoder", dl())
-    assert enc.entries_after == 3 and decided(Op.RESET, enc) == "reset_failed"
+    # the scheduler's half is unknown: the worker's count alone proves nothing
+    assert enc.entries_after is None and decided(Op.RESET, enc) == "reset_failed"
+
+
+@pytest.mark.parametrize(("worker", "scheduler", "receiver", "encoder_ok", "mm_ok"), [
+    (0, 0, 0, True, True),
+    # vLLM's reload_weights empties the worker but not the scheduler: the engine would
+    # skip the encoder for a listed image and die on the miss
+    (0, 1, 0, False, True),
+    (1, 0, 2, False, False),
+    (0, None, None, False, False),  # not reachable (another process): unknown
+])
+def test_multimodal_resets_count_both_encoder_halves_and_the_receiver_cache(
+        fake: FakeVllm, worker: int, scheduler: int | None, receiver: int | None,
+        encoder_ok: bool, mm_ok: bool) -> None:
+    fake.override["/collective_rpc"] = lambda req: httpx.Response(200, json={"results": [
+        {"multimodal": True, "encoder_cache_entries": worker,
+         "encoder_scheduler_entries": scheduler, "mm_receiver_entries": receiver}]})
+    a = adapter_for(fake)
+    enc, mm = a.reset_cache("encoder", dl()), a.reset_cache("mm", dl())
+    assert (decided(Op.RESET, enc) == "reset_ok") is encoder_ok
+    assert (decided(Op.RESET, mm) == "reset_ok") is mm_ok
+    assert not enc.tier_absent and not mm.tier_absent
 
 
 # ------------------------------------------------------------- connection resets
