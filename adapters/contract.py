@@ -62,6 +62,10 @@ class WeightTarget:
     #: Reference log-probability of each prompt token after the first (one prefill of
     #: the target weights, computed on the source side): the scored probe's reference.
     probe_logprobs: tuple[float, ...] | None = None
+    #: A LoRA adapter update: the name the engine serves the adapter under; ``source`` is
+    #: then the adapter's directory and ``identity`` names base and adapter
+    #: (:func:`rolloutcore.identity.with_adapter`). None: the base weights change.
+    adapter: str | None = None
 
     def __post_init__(self) -> None:
         if self.generation < 1:

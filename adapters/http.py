@@ -68,7 +68,12 @@ from rolloutcore.adapters.contract import (
     remaining,
 )
 from rolloutcore.adapters.vllm_worker import EXTENSION_CLS, SERVER_ARGS
-from rolloutcore.identity import CheckpointError, safetensors_files
+from rolloutcore.identity import (
+    ADAPTER_JOIN,
+    CheckpointError,
+    safetensors_files,
+    with_adapter,
+)
 
 T = TypeVar("T")
 MUTATION_METHODS = ("rc_reload_weights", "reload_weights")
@@ -243,6 +248,7 @@ class HttpAdapter:
         transport: httpx.BaseTransport | None = None,
         on_request: RequestListener | None = None,
         pause_route: str = "sleep",
+        lora: str | None = None,
     ) -> None:
         if mutation_method not in MUTATION_METHODS:
             raise ValueError(f"mutation_method must be one of {MUTATION_METHODS}")
@@ -253,7 +259,11 @@ class HttpAdapter:
         #: Whether completions report their cached prompt tokens (None: not seen yet).
         self._usage_hits: bool | None = None
         self.url = check_url(base_url, allow_insecure_remote=allow_insecure_remote)
-        self.model = model
+        #: The LoRA adapter the engine serves the policy through (None: the base weights):
+        #: the probe goes through it, the identity names base and adapter, and an update
+        #: loads a new adapter under this name (:meth:`_mutate_adapter`).
+        self.lora = lora
+        self.model = lora or model
         self.timeouts = timeouts
         self.retries = retries
         self.retry_backoff_s = retry_backoff_s
@@ -442,7 +452,17 @@ class HttpAdapter:
                                f"{reasons}")
         out = next(iter(ids))
         assert isinstance(out, str)
-        return out
+        if self.lora is None:
+            return out
+        results = self._worker_results(self.rpc("rc_lora_identity", op="read_identity",
+                                                deadline=deadline, name=self.lora),
+                                       "read_identity")
+        adapters = {r.get("identity") for r in results}
+        if len(adapters) != 1 or not isinstance(next(iter(adapters)), str):
+            reasons = "; ".join(str(r.get("reason", r.get("identity"))) for r in results)
+            raise AdapterError(f"read_identity: no single vouched-for adapter {self.lora!r}: "
+                               f"{reasons}")
+        return with_adapter(out, str(next(iter(adapters))))
 
     def cache_info(self, deadline: float | None = None) -> dict[str, Any]:
         results = self._worker_results(
@@ -706,6 +726,8 @@ class HttpAdapter:
                 MutationEvidence):
             return MutationEvidence(outcome, observed, time.perf_counter() - t0, nbytes)
 
+        if target.adapter is not None or self.lora is not None:
+            return self._mutate_adapter(target, deadline, ev)
         if self.check_source_exists:
             try:
                 safetensors_files(target.source)
@@ -750,6 +772,12 @@ class HttpAdapter:
             # vLLM's reload returns None per worker: {"results": [null]} or an empty 200.
             return ev(MutationOutcome.AMBIGUOUS, f"reload_weights: unexpected body "
                       f"{reply.text[:200]!r}")
+        return self._finalise(target, deadline, ev, f"{self.mutation_method} "
+                              f"{target.source}", nbytes)
+
+    def _finalise(self, target: WeightTarget, deadline: float,
+                  ev: Callable[..., MutationEvidence], done: str,
+                  nbytes: int | None) -> MutationEvidence:
         # The mutation's own finalisation: the label, and only here. Setting it is
         # idempotent, so this step (unlike the load) is retried on a fresh connection.
         try:
@@ -762,8 +790,62 @@ class HttpAdapter:
                 body.get("new_version") != target.label:
             return ev(MutationOutcome.AMBIGUOUS, f"weights loaded, label not finalised: HTTP "
                       f"{fin.status} {fin.text[:200]!r}")
-        return ev(MutationOutcome.COMPLETED, f"{self.mutation_method} {target.source} and "
-                  f"finalised as {target.label!r}", nbytes)
+        return ev(MutationOutcome.COMPLETED, f"{done} and finalised as {target.label!r}",
+                  nbytes)
+
+    def _mutate_adapter(self, target: WeightTarget, deadline: float,
+                        ev: Callable[..., MutationEvidence]) -> MutationEvidence:
+        """A LoRA adapter update: the worker stages a digested read-only copy (refused,
+        nothing changed, unless its digest is the target's), vLLM drops the old adapter
+        and loads the copy under the same name from its fresh path (fresh prefix-cache
+        keys; ``load_inplace`` is never used: it re-reads the path at every step)."""
+        if target.adapter is None or target.adapter != self.lora:
+            raise AdapterError(f"mutate: the engine serves adapter {self.lora!r}, the target "
+                               f"is {target.adapter!r}: refused", proven_no_effect=True)
+        _base, sep, adapter_identity = target.identity.partition(ADAPTER_JOIN)
+        if not sep:
+            raise AdapterError("mutate: an adapter target's identity names no adapter",
+                               proven_no_effect=True)
+        kwargs: dict[str, Any] = {"source": str(Path(target.source)),
+                                  "expected_identity": adapter_identity}
+        if self.epoch is not None:
+            kwargs["epoch"] = self.epoch
+        try:
+            reply = self.rpc("rc_stage_lora", op="mutate", idempotent=False, fresh=True,
+                             deadline=deadline, **kwargs)
+        except AdapterError as e:
+            raise AdapterError(f"mutate: staging failed: {e}", proven_no_effect=True) from None
+        if reply.status != 200:  # staging writes only a private directory: nothing served
+            raise AdapterError(f"mutate: staging failed: HTTP {reply.status}: "
+                               f"{_error_text(reply)}", proven_no_effect=True)
+        results = self._worker_results(reply, "mutate")
+        staged = {r.get("staged") for r in results}
+        if len(staged) != 1 or not isinstance(next(iter(staged)), str):
+            return ev(MutationOutcome.NOT_MUTATED, "staging refused before anything was "
+                      "loaded: " + "; ".join(str(r.get("refused")) for r in results))
+        path = str(next(iter(staged)))
+        try:
+            gone = self.request("POST", "/v1/unload_lora_adapter", op="mutate",
+                                idempotent=False, deadline=deadline,
+                                json_body={"lora_name": self.lora}, expect_json=False)
+        except AdapterError as e:
+            return ev(MutationOutcome.AMBIGUOUS, f"unload of {self.lora!r}: {e}")
+        # 404: nothing was loaded under the name (the first install); 200: it is gone.
+        if gone.status not in (200, 404):
+            return ev(MutationOutcome.AMBIGUOUS, f"unload of {self.lora!r}: HTTP "
+                      f"{gone.status}: {_error_text(gone)}")
+        try:
+            load = self.request("POST", "/v1/load_lora_adapter", op="mutate", idempotent=False,
+                                deadline=deadline,
+                                json_body={"lora_name": self.lora, "lora_path": path},
+                                expect_json=False)
+        except AdapterError as e:
+            return ev(MutationOutcome.AMBIGUOUS, f"load of {self.lora!r} from {path}: {e}")
+        if load.status != 200:
+            return ev(MutationOutcome.AMBIGUOUS, f"load of {self.lora!r}: HTTP {load.status}: "
+                      f"{_error_text(load)}")
+        return self._finalise(target, deadline, ev, f"adapter {self.lora!r} staged at {path} "
+                              f"(digest {adapter_identity[:16]}) and loaded", None)
 
 
 def _cached_tokens(body: Any) -> int | None:

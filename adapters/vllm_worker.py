@@ -35,6 +35,10 @@ written there since, not for what the worker holds.
   a multimodal encoder at all, the encoder cache's keys in the worker and in the
   scheduler (both halves: a reset counts only when both are empty), and the engine's
   multimodal receiver-cache size.
+* ``rc_stage_lora(source, expected_identity, epoch=None)`` copies a LoRA adapter into a
+  fresh read-only directory and digests it; ``rc_lora_identity(name)`` reports the digest
+  of the adapter vLLM last loaded under ``name`` if RolloutCore staged it
+  (:mod:`.vllm_lora`).
 * ``rc_fence(epoch)`` raises the worker's fencing token (:mod:`.epoch_gate`) and
   ``rc_epoch()`` reads it: ``rc_reload_weights(..., epoch=e)`` below the fence is refused
   before the model is touched (controller failover: a deposed controller's load never
@@ -48,6 +52,7 @@ import sys
 import time
 from typing import Any
 
+from rolloutcore.adapters import vllm_lora
 from rolloutcore.adapters.epoch_gate import GATE
 from rolloutcore.identity import CheckpointError, IdentityHasher, checkpoint_entries
 
@@ -73,6 +78,7 @@ def _register_loader() -> None:
 
 
 _register_loader()
+vllm_lora.install_load_hook()
 
 
 class RolloutCoreWorkerExtension:
@@ -161,6 +167,24 @@ class RolloutCoreWorkerExtension:
         return {"loaded": True, "identity": identity, "manifest": manifest,
                 "tensors": h.tensors, "bytes": h.nbytes, "read_s": round(read_s, 4),
                 "seconds": round(time.perf_counter() - t0, 4)}
+
+    def rc_stage_lora(self, source: str, expected_identity: str,
+                      epoch: int | None = None) -> dict[str, Any]:
+        """Copy the LoRA adapter at ``source`` into a fresh read-only directory of this
+        worker, digested; the path vLLM should load it from (:mod:`.vllm_lora`). Refused
+        (nothing staged) below the fence or when the digest is not ``expected_identity``."""
+        with GATE.hold(epoch) as ok:
+            if not ok:
+                return {"staged": None, "fenced": True, "seen": GATE.seen,
+                        "refused": GATE.refusal(epoch)}
+            return vllm_lora.stage(source, expected_identity)
+
+    def rc_lora_identity(self, name: str) -> dict[str, Any]:
+        """The staged digest of the adapter vLLM last loaded under ``name``, or none."""
+        manager = getattr(getattr(self.model_runner, "lora_manager", None),
+                          "_adapter_manager", None)
+        held = {int(i) for i in manager.list_adapters()} if manager is not None else None
+        return vllm_lora.identity_of(str(name), held)
 
     def rc_identity(self) -> dict[str, Any]:
         """Identity of the weights this worker holds, as recorded when they were loaded

@@ -186,6 +186,16 @@ def checkpoint_identity(directory: str | os.PathLike[str]) -> str:
     return h.hexdigest()
 
 
+#: Joins the base weights' identity and a LoRA adapter's (both digests as above).
+ADAPTER_JOIN = "+lora:"
+
+
+def with_adapter(base: str, adapter: str) -> str:
+    """The identity of base weights served through a LoRA adapter: a rollout binds to
+    both (a new adapter on the same base is another policy)."""
+    return f"{base}{ADAPTER_JOIN}{adapter}"
+
+
 def checkpoint_nbytes(directory: str | os.PathLike[str]) -> int:
     return sum(e.nbytes for e in checkpoint_entries(directory))
 

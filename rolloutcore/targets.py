@@ -11,12 +11,13 @@ prefill; the scored probe compares every position with it). The tiny models of
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 from rolloutcore.adapters.contract import WeightTarget
-from rolloutcore.identity import checkpoint_identity, checkpoint_nbytes
+from rolloutcore.identity import checkpoint_identity, checkpoint_nbytes, with_adapter
 
 REFERENCES = "references.json"
 #: The probe used by default: a prompt longer than two prefix-cache blocks.
@@ -72,3 +73,14 @@ def checkpoint_target(path: str | Path, generation: int, label: str, *,
             else None)
     except (KeyError, TypeError) as e:
         raise TargetError(f"{path}: malformed probe {probe!r}: {e}") from None
+
+
+def adapter_target(adapter_dir: str | Path, name: str, generation: int, label: str, *,
+                   base_identity: str, probe: str = PROBE) -> WeightTarget:
+    """The target serving the LoRA adapter at ``adapter_dir`` under ``name`` on base weights
+    ``base_identity``; its probe reference (through the adapter) is the adapter's own
+    ``references.json``."""
+    base = checkpoint_target(adapter_dir, generation, label,
+                             identity=checkpoint_identity(adapter_dir), probe=probe)
+    return dataclasses.replace(base, identity=with_adapter(base_identity, base.identity),
+                               adapter=name)

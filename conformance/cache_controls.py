@@ -1,7 +1,7 @@
-"""Encoder-cache controls on a real multimodal vLLM (the tiny BLIP-2 of
-:mod:`.tiny_mm_model`), each negative control next to its positive twin.
+"""Cache-tier controls on real vLLM, each negative control next to its positive twin.
 
-v1 and v2 differ only in the vision tower, so an image's output changes with the update
+Encoder tier, on a real multimodal model (the tiny BLIP-2 of :mod:`.tiny_mm_model`): v1
+and v2 differ only in the vision tower, so an image's output changes with the update
 while its prompt tokens do not; every chat carries a fresh ``cache_salt`` so the prefix
 cache never answers and only the encoder cache can carry an old result across.
 
@@ -17,7 +17,17 @@ cache never answers and only the encoder cache can carry an old result across.
   alone; the scheduler still lists the image, skips the encoder, and the engine dies
   ("Encoder cache miss"), the server with it.
 
-Usage: ``python -m rolloutcore.conformance.multimodal_controls [--json FILE]`` (exit 1
+Prefix tier under a LoRA adapter (the tiny Llama v1 with the adapters of
+:mod:`.tiny_lora`):
+
+* ``lora_inplace``: *control*: an adapter served from a path, the path overwritten with
+  new adapter weights and reloaded in place (``load_inplace``, vLLM's way); the prompt's
+  prefix blocks computed under the old adapter are reused and the output is not the new
+  adapter's reference. *Twin*: RolloutCore's adapter update (pause, a digested read-only
+  copy loaded from a fresh path, every tier reset, identity of base and adapter
+  verified, probe through the adapter, publish): the new adapter's reference.
+
+Usage: ``python -m rolloutcore.conformance.cache_controls [--json FILE]`` (exit 1
 when a check fails).
 """
 
@@ -25,6 +35,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sys
 import tempfile
 import time
@@ -249,8 +261,126 @@ def control_encoder_crash(models: Mapping[str, Path], work: Path) -> Row:
     return row
 
 
+LORA_SERVER_ARGS: tuple[str, ...] = (
+    *GLOO.server_args(), "--enable-prompt-tokens-details", "--enable-lora",
+    "--max-lora-rank", "8", "--max-loras", "2")
+LORA_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
+
+
+def _replace_files(src: Path, dst: Path) -> None:
+    """``dst``'s files become ``src``'s, each swapped in whole (``os.replace``): vLLM's
+    tensors are memory-mapped views, so a file overwritten where it lies would change
+    the served weights before any reload (not the hazard this control shows)."""
+    dst.mkdir(exist_ok=True)
+    for f in sorted(src.iterdir()):
+        if f.is_file():
+            tmp = dst / f".{f.name}.tmp"
+            shutil.copyfile(f, tmp)
+            os.replace(tmp, dst / f.name)
+
+
+def _probe(http: HttpAdapter, ref: dict[str, Any]) -> dict[str, Any]:
+    ev = http.probe(tuple(ref["prompt_token_ids"]), ref["max_tokens"], time.monotonic() + 60.0)
+    return {"status": ev.http_status, "tokens": list(ev.tokens or ()),
+            "logprobs": [round(x, 6) for x in ev.logprobs or ()],
+            "cached_tokens": ev.prefix_hits, "error": ev.error}
+
+
+def control_lora_inplace(_models: Mapping[str, Path], work: Path) -> Row:
+    from rolloutcore.conformance.tiny_lora import build_lora_adapters
+    from rolloutcore.conformance.tiny_model import build_models
+    from rolloutcore.targets import adapter_target
+
+    row = Row("lora_inplace", "lora")
+    base = build_models()["v1"].resolve()
+    adapters = {k: v.resolve() for k, v in build_lora_adapters().items()}
+    refs = {k: _reference(adapters, k, "long") for k in adapters}
+    srv = VllmServer(base, extra_args=LORA_SERVER_ARGS, env=LORA_ENV,
+                     log_path=work / "vllm-lora.log")
+    raw: HttpAdapter | None = None
+    http: HttpAdapter | None = None
+    journal: Any = None
+    try:
+        srv.start()
+        # The control: vLLM's own in-place reload of an adapter from the same path.
+        raw = HttpAdapter(srv.url, model="raw")
+        path = work / "user-adapter"
+        _replace_files(adapters["a1"], path)
+        dl = time.monotonic() + 60.0
+        first = raw.request("POST", "/v1/load_lora_adapter", op="control", idempotent=False,
+                            deadline=dl, json_body={"lora_name": "raw", "lora_path": str(path)},
+                            expect_json=False)
+        row.check("vLLM loads the adapter a1 from a path", first.status == 200, first.status)
+        before = _probe(raw, refs["a1"])
+        again = _probe(raw, refs["a1"])
+        row.check("a1 is served as its reference says (and cached)",
+                  before["tokens"] == refs["a1"]["output_token_ids"] and
+                  again["cached_tokens"] == 128, [before, again])
+        _replace_files(adapters["a2"], path)
+        inplace = raw.request("POST", "/v1/load_lora_adapter", op="control", idempotent=False,
+                              deadline=time.monotonic() + 60.0,
+                              json_body={"lora_name": "raw", "lora_path": str(path),
+                                         "load_inplace": True}, expect_json=False)
+        row.check("vLLM reloads it in place from the same path", inplace.status == 200,
+                  inplace.status)
+        stale = _probe(raw, refs["a2"])
+        row.evidence.update(control_before=before, control_after=stale)
+        row.check("the old adapter's prefix blocks are reused", stale["cached_tokens"] == 128,
+                  stale["cached_tokens"])
+        row.check("the output is not a2's reference", stale["tokens"] !=
+                  refs["a2"]["output_token_ids"], stale["tokens"])
+        row.evidence["control_equals_a1_reference"] = \
+            stale["tokens"] == refs["a1"]["output_token_ids"]
+        log = srv.log_path.read_text(errors="replace")
+        row.evidence["vllm_warning"] = next(
+            (ln[-220:] for ln in log.splitlines() if "in place from the same path" in ln), None)
+
+        # The twin: RolloutCore's adapter update, on the same server and base weights.
+        http = HttpAdapter(srv.url, lora="pol")
+        base_identity = checkpoint_target(base, 1, INITIAL_LABEL).identity
+        t1 = adapter_target(adapters["a1"], "pol", 1, "pol-a1", base_identity=base_identity)
+        t2 = adapter_target(adapters["a2"], "pol", 2, "pol-a2", base_identity=base_identity)
+        install = http.mutate(t1, time.monotonic() + 60.0)  # the engine's first adapter
+        row.check("the first adapter installs (staged, digested, loaded)",
+                  install.outcome.name == "COMPLETED", install.observed)
+        controller, journal, _rec = open_controller(work / "journal-lora.jsonl")
+        runner = LifecycleRunner(controller, http, POLICY)
+        out = runner.bootstrap(t1)
+        row.check("bootstrap verifies base and adapter a1", out.trigger == "bootstrap_ok",
+                  out.reason)
+        served = _probe(http, refs["a1"])
+        warm = _probe(http, refs["a1"])
+        row.check("a1 through RolloutCore's adapter, cached",
+                  served["tokens"] == refs["a1"]["output_token_ids"] and
+                  warm["cached_tokens"] == 128, [served, warm])
+        rep = runner.update(t2)
+        row.check("RolloutCore's adapter update publishes a2", rep.published,
+                  [(st.step, st.outcome, st.reason) for st in rep.steps])
+        after = _probe(http, refs["a2"])
+        lora = http._worker_results(http.rpc("rc_lora_identity", op="test", name="pol"),
+                                    "test")[0]
+        row.evidence.update(twin_before=served, twin_resets=_resets(rep), twin_after=after,
+                            twin_engine_adapter=lora,
+                            twin_identity=http.read_identity(time.monotonic() + 30.0))
+        row.check("the engine vouches for base + a2 (digest of the staged copy)",
+                  row.evidence["twin_identity"] == t2.identity, row.evidence["twin_identity"])
+        row.check("loaded from a fresh staged path, not the user's",
+                  lora.get("path") not in (str(path), str(adapters["a2"])), lora.get("path"))
+        row.check("the output is a2's reference", after["tokens"] ==
+                  refs["a2"]["output_token_ids"], after)
+    except Exception as e:
+        row.error = f"{type(e).__name__}: {e}"
+    finally:
+        for closing in (raw, http, journal):
+            if closing is not None:
+                closing.close()
+        srv.stop()
+    return row
+
+
 Control = Callable[[Mapping[str, Path], Path], Row]
-CONTROLS: tuple[Control, ...] = (control_encoder_stale, control_encoder_crash)
+CONTROLS: tuple[Control, ...] = (control_encoder_stale, control_encoder_crash,
+                                 control_lora_inplace)
 
 
 def run_all(models: Mapping[str, Path], work: Path) -> list[Row]:
@@ -260,10 +390,14 @@ def run_all(models: Mapping[str, Path], work: Path) -> list[Row]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--json", type=Path, help="write every row's checks and evidence here")
+    names = {c.__name__.removeprefix("control_"): c for c in CONTROLS}
+    parser.add_argument("--control", choices=sorted(names), action="append",
+                        help="run only this control (repeatable; default: all)")
     args = parser.parse_args(argv)
     models = build_mm_models(DEFAULT_OUT)
-    with tempfile.TemporaryDirectory(prefix="rc-mm-") as tmp:
-        rows = run_all(models, Path(tmp))
+    chosen = [names[n] for n in args.control] if args.control else list(CONTROLS)
+    with tempfile.TemporaryDirectory(prefix="rc-cache-") as tmp:
+        rows = [control(models, Path(tmp)) for control in chosen]
     for row in rows:
         print(f"{row.scenario:15} {'pass' if row.passed else 'FAIL'}")
         for failure in row.failures():
@@ -271,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps([r.as_json() for r in rows], indent=1) + "\n")
     if not all(r.passed for r in rows):
-        print("multimodal controls: a check failed", file=sys.stderr)
+        print("cache controls: a check failed", file=sys.stderr)
         return 1
     return 0
 
