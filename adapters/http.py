@@ -260,9 +260,12 @@ class HttpAdapter:
         self._usage_hits: bool | None = None
         self.url = check_url(base_url, allow_insecure_remote=allow_insecure_remote)
         #: The LoRA adapter the engine serves the policy through (None: the base weights):
-        #: the probe goes through it, the identity names base and adapter, and an update
-        #: loads a new adapter under this name (:meth:`_mutate_adapter`).
+        #: once the engine has one under this name, the identity names base and adapter
+        #: and the probe goes through it; an update loads a new adapter under this name
+        #: (:meth:`_mutate_adapter`). Before the first (a fresh engine: base weights
+        #: only) the engine reports, and is probed as, its base weights.
         self.lora = lora
+        self.base_model = model
         self.model = lora or model
         self.timeouts = timeouts
         self.retries = retries
@@ -457,11 +460,15 @@ class HttpAdapter:
         results = self._worker_results(self.rpc("rc_lora_identity", op="read_identity",
                                                 deadline=deadline, name=self.lora),
                                        "read_identity")
+        if all(r.get("loaded") is False for r in results):
+            self.model = self.base_model  # nothing under the name yet: the base serves
+            return out
         adapters = {r.get("identity") for r in results}
         if len(adapters) != 1 or not isinstance(next(iter(adapters)), str):
             reasons = "; ".join(str(r.get("reason", r.get("identity"))) for r in results)
             raise AdapterError(f"read_identity: no single vouched-for adapter {self.lora!r}: "
                                f"{reasons}")
+        self.model = self.lora
         return with_adapter(out, str(next(iter(adapters))))
 
     def cache_info(self, deadline: float | None = None) -> dict[str, Any]:
@@ -844,6 +851,7 @@ class HttpAdapter:
         if load.status != 200:
             return ev(MutationOutcome.AMBIGUOUS, f"load of {self.lora!r}: HTTP {load.status}: "
                       f"{_error_text(load)}")
+        self.model = self.lora  # from here on the policy is served through the adapter
         return self._finalise(target, deadline, ev, f"adapter {self.lora!r} staged at {path} "
                               f"(digest {adapter_identity[:16]}) and loaded", None)
 

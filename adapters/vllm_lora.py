@@ -92,10 +92,11 @@ def identity_of(name: str, held_ids: set[int] | None) -> dict[str, Any]:
     with _lock:
         loads = [entry for entry in _LOADS if entry[1] == name]
         if not loads:
-            return {"name": name, "identity": None, "reason": f"no adapter {name!r} loaded"}
+            return {"name": name, "identity": None, "loaded": False,
+                    "reason": f"no adapter {name!r} loaded"}
         int_id, _name, path = max(loads)
         identity = _STAGED.get(path)
-    out: dict[str, Any] = {"name": name, "int_id": int_id, "path": path,
+    out: dict[str, Any] = {"name": name, "loaded": True, "int_id": int_id, "path": path,
                            "held": None if held_ids is None else int_id in held_ids}
     if identity is None:
         return {**out, "identity": None,

@@ -32,6 +32,7 @@ from rolloutcore.fleet import (
     FleetError,
     FleetFileError,
     StepHook,
+    TargetFactory,
     load_fleet_file,
 )
 
@@ -67,6 +68,15 @@ def _fail(args: argparse.Namespace, message: str) -> int:
     return _stop(args, BAD_INPUT, message)
 
 
+def policy_targets(cfg: FleetConfig) -> TargetFactory:
+    """The fleet's targets: checkpoints, or LoRA adapters on the base its file names."""
+    from rolloutcore.targets import target_factory
+
+    if cfg.adapter is None:
+        return target_factory()
+    return target_factory(cfg.adapter.name, cfg.adapter.base)
+
+
 def open_fleet(cfg: FleetConfig, fleet_file: str, *, min_serving: int | None = None,
                on_step: StepHook | None = None, journal: JournalStore | None = None
                ) -> Fleet:
@@ -78,21 +88,22 @@ def open_fleet(cfg: FleetConfig, fleet_file: str, *, min_serving: int | None = N
     :class:`~rolloutcore.control.Deposed`."""
     from rolloutcore.adapters.http import HttpAdapter
     from rolloutcore.runner import RunnerPolicy
-    from rolloutcore.targets import checkpoint_target
 
+    lora = cfg.adapter.name if cfg.adapter else None
     members = []
     for e in cfg.engines:
         if e.transfer != "reload":
             raise FleetError(f"engine {e.name}: the command line updates by reload; weight "
                              f"transfer ({e.transfer}) is driven from the trainer process "
                              "(Python API: rolloutcore.fleet.Fleet with TransferAdapter)")
-        members.append((e.name, HttpAdapter(e.url, model=e.model, token=e.token), e.url))
+        members.append((e.name, HttpAdapter(e.url, model=e.model, token=e.token, lora=lora),
+                        e.url))
     try:
         return Fleet(members, journal=journal or journal_of(cfg, fleet_file),
                      min_serving=min_serving or cfg.min_serving, policy=RunnerPolicy(),
                      on_step=on_step, max_live=cfg.max_live,
                      min_admitting=cfg.min_admitting,
-                     target_of=lambda src, gen, label: checkpoint_target(src, gen, label))
+                     target_of=policy_targets(cfg))
     except FleetError as e:
         if journal is None or not str(e).startswith("deposed"):
             raise
@@ -199,6 +210,7 @@ def fleet_status(args: argparse.Namespace) -> int:
                        last_audit=None)
         try:
             with HttpAdapter(e.url, model=e.model, token=e.token,
+                             lora=cfg.adapter.name if cfg.adapter else None,
                              timeouts=_short_timeouts()) as http:
                 report = http.read_state(time.monotonic() + 5.0)
             row.update(engine_label=report.label, engine_identity=report.identity,
@@ -336,8 +348,9 @@ def fleet_update(args: argparse.Namespace) -> int:
 
 def _update(args: argparse.Namespace, cfg: FleetConfig, journal: JournalStore | None
             ) -> int:
-    from rolloutcore.targets import TargetError, checkpoint_target
+    from rolloutcore.targets import TargetError
 
+    target_of = policy_targets(cfg)
     try:
         fleet = _open(args, cfg, min_serving=args.min_serving, journal=journal)
     except (FleetFileError, FleetError, TargetError, ValueError) as err:
@@ -347,7 +360,7 @@ def _update(args: argparse.Namespace, cfg: FleetConfig, journal: JournalStore | 
             if not args.initial:
                 return _fail(args, "a new fleet journal: give --initial CHECKPOINT (what the "
                              "engines loaded at start) to bootstrap the fleet first")
-            initial = checkpoint_target(args.initial, 1, args.initial_label)
+            initial = target_of(args.initial, 1, args.initial_label)
             out = fleet.bootstrap(initial)
             if not args.json:
                 for name, o in out.items():
@@ -357,7 +370,7 @@ def _update(args: argparse.Namespace, cfg: FleetConfig, journal: JournalStore | 
                                                                out.items()}},
                       ["the fleet did not open: fewer than min_serving members verified"])
                 return NEGATIVE
-        target = checkpoint_target(args.checkpoint, fleet.committed + 1, args.label)
+        target = target_of(args.checkpoint, fleet.committed + 1, args.label)
         if not args.json:
             print(f"fleet update to {args.label} (generation {target.generation}), "
                   f"min_serving {fleet.min_serving}:")

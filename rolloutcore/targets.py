@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from rolloutcore.adapters.contract import WeightTarget
 from rolloutcore.identity import checkpoint_identity, checkpoint_nbytes, with_adapter
 
 REFERENCES = "references.json"
+ADAPTER_CONFIG = "adapter_config.json"  # what makes a directory a (PEFT) LoRA adapter
 #: The probe used by default: a prompt longer than two prefix-cache blocks.
 PROBE = "long"
 
@@ -84,3 +86,24 @@ def adapter_target(adapter_dir: str | Path, name: str, generation: int, label: s
                              identity=checkpoint_identity(adapter_dir), probe=probe)
     return dataclasses.replace(base, identity=with_adapter(base_identity, base.identity),
                                adapter=name)
+
+
+def target_factory(adapter: str | None = None, base: str | Path | None = None
+                   ) -> Callable[[str, int, str], WeightTarget]:
+    """How a fleet describes the generation a directory names: a checkpoint, or (with
+    ``adapter``, the name engines serve the policy under, on the base checkpoint
+    ``base``) a LoRA adapter directory (``adapter_config.json``) on those base weights."""
+    base_identity: list[str] = []  # digested once, when an adapter first needs it
+
+    def target_of(source: str, generation: int, label: str) -> WeightTarget:
+        if not (Path(source) / ADAPTER_CONFIG).is_file():
+            return checkpoint_target(source, generation, label)
+        if adapter is None or base is None:
+            raise TargetError(f"{source}: a LoRA adapter, but the fleet serves no adapter "
+                              "(the fleet file has no [adapter])")
+        if not base_identity:
+            base_identity.append(checkpoint_identity(base))
+        return adapter_target(source, adapter, generation, label,
+                              base_identity=base_identity[0])
+
+    return target_of

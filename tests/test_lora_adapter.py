@@ -152,8 +152,8 @@ def dl() -> float:
 def test_update_stages_unloads_loads_and_finalises(server: FakeLoraServer,
                                                    adapters: dict[str, Path]) -> None:
     http = http_for(server)
-    with pytest.raises(AdapterError, match="no single vouched-for adapter"):
-        http.read_identity(dl())  # nothing under the name yet: no identity to vouch for
+    # a fresh engine: nothing under the name yet, the base weights serve (and are probed)
+    assert http.read_identity(dl()) == BASE and http.model == "tiny"
     first = http.mutate(target(adapters["a1"], 1), dl())  # the first install: unload 404
     assert first.outcome is MutationOutcome.COMPLETED
     assert http.read_identity(dl()) == target(adapters["a1"], 1).identity
@@ -202,3 +202,51 @@ def test_a_target_for_another_adapter_or_none_is_refused_before_anything(
     with pytest.raises(AdapterError, match="refused"):
         http_for(server, lora=None).mutate(target(adapters["a1"], 1), dl())
     assert server.calls == []
+
+
+def test_an_adapter_loaded_from_a_path_nobody_staged_has_no_identity(
+        server: FakeLoraServer, adapters: dict[str, Path]) -> None:
+    vllm_lora._LOADS.append((7, "pol", str(adapters["a1"])))  # loaded behind our back
+    with pytest.raises(AdapterError, match="did not stage"):
+        http_for(server).read_identity(dl())
+
+
+# ------------------------------------------------------------------ the fleet's targets
+
+
+def _checkpoint(directory: Path) -> Path:
+    directory.mkdir()
+    write_safetensors(directory / "model.safetensors", [("w", "F32", [2], bytes(8))])
+    (directory / "references.json").write_text(json.dumps({"probes": [{
+        "name": "long", "prompt_token_ids": [1, 2], "output_token_ids": [3]}]}))
+    return directory
+
+
+def test_a_fleet_file_adapter_table_and_its_targets(tmp_path: Path,
+                                                    adapters: dict[str, Path]) -> None:
+    from rolloutcore.fleet import FleetFileError, load_fleet_file
+    from rolloutcore.fleet_cli import policy_targets
+    from rolloutcore.targets import TargetError
+
+    base = _checkpoint(tmp_path / "base")
+    (adapters["a1"] / "references.json").write_text((base / "references.json").read_text())
+    engine = '[[engine]]\nname = "a"\nurl = "http://127.0.0.1:1"\n'
+    f = tmp_path / "fleet.toml"
+    f.write_text(f'[adapter]\nname = "pol"\nbase = "base"\n{engine}')
+    cfg = load_fleet_file(f)
+    assert cfg.adapter is not None and cfg.adapter.base == base and cfg.served_model == "pol"
+    target_of = policy_targets(cfg)
+    t = target_of(str(adapters["a1"]), 2, "pol-a1")
+    assert t.adapter == "pol" and t.identity == with_adapter(
+        checkpoint_identity(base), checkpoint_identity(adapters["a1"]))
+    assert target_of(str(base), 1, "default").adapter is None  # the bootstrap: the base
+    f.write_text(engine)
+    with pytest.raises(TargetError, match="no \\[adapter\\]"):
+        policy_targets(load_fleet_file(f))(str(adapters["a1"]), 2, "x")
+    for bad, why in (('[adapter]\nname = "pol"\n' + engine, "takes name and base"),
+                     ('[adapter]\nname = ""\nbase = "b"\n' + engine, "non-empty strings"),
+                     (f'[adapter]\nname = "pol"\nbase = "b"\n{engine}transfer = "gloo"\n',
+                      "not sent by a weight transfer")):
+        f.write_text(bad)
+        with pytest.raises(FleetFileError, match=why):
+            load_fleet_file(f)

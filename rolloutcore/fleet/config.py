@@ -36,6 +36,14 @@ class ControlConfig:
 
 
 @dataclass(frozen=True)
+class AdapterConfig:
+    """``[adapter]``: the policy is a LoRA adapter served on fixed base weights."""
+
+    name: str  # the adapter's name on every engine (requests name it as their model)
+    base: Path  # the base checkpoint the engines serve (its identity joins every adapter's)
+
+
+@dataclass(frozen=True)
 class FleetConfig:
     engines: tuple[EngineConfig, ...]
     min_serving: int
@@ -44,6 +52,15 @@ class FleetConfig:
     max_live: int = 1  # K: generations served at once (>= 2: updates roll)
     min_admitting: int = 0  # C: members serving throughout a rolling update
     control: ControlConfig | None = None  # None: a local journal file, one controller
+    adapter: AdapterConfig | None = None  # None: updates change the base weights
+
+    @property
+    def served_model(self) -> str | None:
+        """The model name requests must name (None: the engines disagree)."""
+        if self.adapter is not None:
+            return self.adapter.name
+        models = {e.model for e in self.engines}
+        return models.pop() if len(models) == 1 else None
 
 
 def rolling_bounds_error(max_live: int, min_admitting: int, members: int) -> str | None:
@@ -77,6 +94,10 @@ def load_fleet_file(path: str | Path) -> FleetConfig:
         store = "etcd://127.0.0.1:2379"   # several endpoints: etcd://h1:p1,h2:p2[/prefix]
         lease_s = 5              # optional: a dead leader is replaced after about this
         id = "controller-a"      # optional: this controller's name (default host:pid)
+
+        [adapter]                # optional: the policy is a LoRA adapter (engines started
+        name = "pol"             # with --enable-lora); its name on every engine
+        base = "models/v1"       # the base checkpoint the engines serve (relative to the file)
     """
     p = Path(path)
     try:
@@ -85,7 +106,7 @@ def load_fleet_file(path: str | Path) -> FleetConfig:
         raise FleetFileError(unreadable(p, err)) from None
     except tomllib.TOMLDecodeError as err:
         raise FleetFileError(f"{p}: not TOML: {err}") from None
-    unknown = set(data) - {"fleet", "engine", "control"}
+    unknown = set(data) - {"fleet", "engine", "control", "adapter"}
     if unknown:
         raise FleetFileError(f"{p}: unknown table(s) {sorted(unknown)}")
     raw = data.get("engine")
@@ -137,9 +158,24 @@ def load_fleet_file(path: str | Path) -> FleetConfig:
     if control is not None and journal is not None:
         raise FleetFileError(f"{p}: [fleet] journal and [control] store both name where the "
                              "journal lives: give one")
+    adapter = _adapter(p, data.get("adapter"))
+    if adapter is not None and any(e.transfer != "reload" for e in engines):
+        raise FleetFileError(f"{p}: [adapter]: adapters are loaded by the engines "
+                             "(transfer = \"reload\"), not sent by a weight transfer")
     return FleetConfig(tuple(engines), k, (p.parent / journal) if journal else None,
                        None if watchdog is None else float(watchdog), max_live=rolling[0],
-                       min_admitting=rolling[1], control=control)
+                       min_admitting=rolling[1], control=control, adapter=adapter)
+
+
+def _adapter(p: Path, raw: object) -> AdapterConfig | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) != {"name", "base"}:
+        raise FleetFileError(f"{p}: [adapter] takes name and base, both required")
+    name, base = raw["name"], raw["base"]
+    if not isinstance(name, str) or not name or not isinstance(base, str) or not base:
+        raise FleetFileError(f"{p}: [adapter] name and base must be non-empty strings")
+    return AdapterConfig(name, p.parent / base)
 
 
 def _control(p: Path, raw: object) -> ControlConfig | None:

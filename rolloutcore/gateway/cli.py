@@ -74,10 +74,10 @@ def serve(args: argparse.Namespace) -> int:
 
     try:
         cfg = load_fleet_file(args.fleet)
-        models = {e.model for e in cfg.engines}
-        if len(models) != 1:
+        model = cfg.served_model
+        if model is None:
             raise ValueError(f"{args.fleet}: the engines serve different models "
-                             f"{sorted(models)}: a gateway serves one")
+                             f"{sorted({e.model for e in cfg.engines})}: a gateway serves one")
         token = _read_token(args.admin_token_file) if args.admin_token_file else None
         if token is None and not is_loopback(args.host):
             raise ValueError(f"--host {args.host}: the admin API has no token, so the "
@@ -97,7 +97,7 @@ def serve(args: argparse.Namespace) -> int:
         if args.initial:
             check_checkpoint(args.initial)
         config = GatewayConfig(
-            model=models.pop(), queue_depth=args.queue_depth, queue_wait_s=args.queue_wait,
+            model=model, queue_depth=args.queue_depth, queue_wait_s=args.queue_wait,
             stale=StaleMode(args.stale), max_body_bytes=args.max_body_bytes,
             admin_token=token, records=records,
             engine_tokens={e.name: e.token for e in cfg.engines if e.token})
@@ -150,10 +150,12 @@ def _run_gateway(args: argparse.Namespace, cfg: FleetConfig, config: GatewayConf
     """Bootstrap a new fleet, then serve the gateway on ``sock`` until SIGTERM or SIGINT
     (0), or, under a leadership ``lead``, until it is lost (3: ``deposed: ...``)."""
     from rolloutcore.fleet import FleetError
+    from rolloutcore.fleet_cli import policy_targets
     from rolloutcore.gateway.core import Gateway
     from rolloutcore.gateway.server import GatewayServer, uvicorn_config
-    from rolloutcore.targets import TargetError, checkpoint_target
+    from rolloutcore.targets import TargetError
 
+    target_of = policy_targets(cfg)
     token = config.admin_token
     records = config.records
     try:
@@ -163,14 +165,14 @@ def _run_gateway(args: argparse.Namespace, cfg: FleetConfig, config: GatewayConf
                 return _fail(f"{fleet.store.describe()}: the fleet was never bootstrapped "
                              "(its journal opened no fleet): give --initial CHECKPOINT "
                              "(what the engines loaded at start)")
-            out = fleet.bootstrap(checkpoint_target(args.initial, 1, args.initial_label))
+            out = fleet.bootstrap(target_of(args.initial, 1, args.initial_label))
             for name, o in out.items():
                 print(f"bootstrap {name}: {o.trigger} ({o.reason[:100]})", flush=True)
             if fleet.phase != "READY":
                 print("the fleet did not open: fewer than min_serving engines verified")
                 fleet.close()
                 return NEGATIVE
-        gateway = Gateway(fleet, config, target_of=checkpoint_target)
+        gateway = Gateway(fleet, config, target_of=target_of)
         watchdog = None if args.no_watchdog else (
             args.watchdog or cfg.watchdog_s or DEFAULT_WATCHDOG_S)
         if watchdog is not None:
