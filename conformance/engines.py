@@ -622,7 +622,9 @@ class VllmHarnessEngine(HarnessEngine):
         for f in src.iterdir():
             if f.is_file() and f.suffix != ".safetensors":
                 shutil.copy2(f, out / f.name)
-        victim = "model.layers.1.mlp.down_proj.weight"
+        # The text model's layer-1 tensor (a multimodal model nests it: language_model.*).
+        victim = min((e.name for e in checkpoint_entries(src)
+                      if e.name.endswith("model.layers.1.mlp.down_proj.weight")), key=len)
         tensors: list[tuple[str, str, list[int], bytes]] = []
         for e, data in iter_tensor_bytes(checkpoint_entries(src)):
             if e.name == victim:
@@ -738,5 +740,158 @@ class VllmHarnessEngine(HarnessEngine):
             self.server.stop()
 
 
-__all__ = ["INITIAL_LABEL", "EngineDied", "HarnessEngine", "OpRecord", "RecordingAdapter",
-           "SimHarnessEngine", "VllmHarnessEngine", "checkpoint_target"]
+# ---- real vLLM, multimodal
+
+
+@dataclass
+class EncoderResetRecord:
+    """One encoder or multimodal reset the runner made on a :class:`MultimodalHarness
+    Engine`: what the engine held just before (read straight from the server, both
+    halves of the encoder cache) and the reset's own evidence."""
+
+    tier: str
+    before: dict[str, Any]  # encoder_entries (worker + scheduler), per half, mm receiver
+    warmed: bool  # an image chat filled the cache since the last verified reset
+    status: int | None = None
+    success: bool | None = None
+    entries_after: int | None = None
+    error: str | None = None
+
+    @property
+    def verified_empty(self) -> bool:
+        """Carried out (200, not refused) and read back as empty: the reset's own check
+        (the encoder reset's body carries no ``success``; the count read after it does)."""
+        return self.status == 200 and self.success is not False and self.entries_after == 0
+
+    def as_json(self) -> dict[str, Any]:
+        return {"tier": self.tier, "before": self.before, "warmed": self.warmed,
+                "status": self.status, "success": self.success,
+                "entries_after": self.entries_after, "error": self.error}
+
+
+class _WarmingAdapter:
+    """The runner's adapter on a multimodal engine: before every pause (the runner's, the
+    fence's, a re-admission's) on a running engine, one image chat with a fresh cache
+    salt, so that the encoder cache holds an entry when the resets after the mutation
+    run (a request sent while paused would only queue); around every encoder and mm
+    reset, what the engine held before it and the reset's evidence. Everything else is
+    the wrapped adapter's."""
+
+    def __init__(self, engine: MultimodalHarnessEngine) -> None:
+        self._engine = engine
+        self.inner = engine.http
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def pause(self, mode: PauseMode, deadline: float) -> PauseEvidence:
+        self._engine.warm()
+        return self.inner.pause(mode, deadline)
+
+    def fence(self, label: str, deadline: float) -> FenceEvidence:
+        self._engine.warm()
+        return self.inner.fence(label, deadline)
+
+    def reset_cache(self, tier: str, deadline: float) -> ResetEvidence:
+        if tier not in ("encoder", "mm"):
+            return self.inner.reset_cache(tier, deadline)
+        rec = EncoderResetRecord(tier, self._engine.encoder_state(), self._engine.warmed)
+        self._engine.resets.append(rec)
+        try:
+            ev = self.inner.reset_cache(tier, deadline)
+        except Exception as e:
+            rec.error = f"{type(e).__name__}: {e}"
+            raise
+        rec.status, rec.success, rec.entries_after = ev.http_status, ev.body_success, \
+            ev.entries_after
+        if rec.verified_empty and tier == "encoder":
+            self._engine.warmed = False
+        return ev
+
+
+class MultimodalHarnessEngine(VllmHarnessEngine):
+    """:class:`VllmHarnessEngine` on a multimodal model (the tiny BLIP-2 of
+    :mod:`.tiny_mm_model`, served with ``cache_controls.MM_SERVER_ARGS``) whose encoder
+    cache is never empty when the runner resets it: the runner's adapter
+    (:class:`_WarmingAdapter`) sends one image chat before every pause of a running
+    engine and records every encoder and mm reset (:attr:`resets`): the entries before
+    (worker and scheduler halves) and the verified count after.
+
+    An in-place reload (RolloutCore's or vLLM's) empties only the worker's half of the
+    encoder cache; the scheduler's half still lists the image until the encoder reset
+    (an image then would crash the engine: ``cache_controls.control_encoder_crash``). So
+    the warming chat is only sent while both halves agree, and :meth:`restore` resets
+    the encoder and mm tiers too: a schedule that ends between a reload and a verified
+    encoder reset leaves nothing behind for the next one."""
+
+    kind = "vllm"
+
+    def __init__(self, server: Any, models: Mapping[str, Path], **kw: Any) -> None:
+        from rolloutcore.conformance.cache_controls import MMClient
+
+        super().__init__(server, models, **kw)
+        self.client = MMClient(server.url, self.models["v1"])
+        self.resets: list[EncoderResetRecord] = []
+        self.chats: list[dict[str, Any]] = []  # every warming chat: status, cache after
+        self.warmed = False
+        self._salt = 0
+        self.adapter = _WarmingAdapter(self)
+
+    @classmethod
+    def start_mm(cls, models: Mapping[str, Path], work_dir: Path, *,
+                 initial: str = "v1") -> MultimodalHarnessEngine:
+        """Start a multimodal server on ``models[initial]`` (``MM_SERVER_ARGS``)."""
+        from rolloutcore.conformance.cache_controls import MM_SERVER_ARGS
+        from rolloutcore.conformance.server import VllmServer
+
+        work_dir.mkdir(parents=True, exist_ok=True)
+        srv = VllmServer(Path(models[initial]).resolve(), extra_args=list(MM_SERVER_ARGS),
+                         log_path=work_dir / f"vllm-mm-{time.monotonic_ns()}.log")
+        srv.start()
+        try:
+            return cls(srv, models, work_dir=work_dir, own_server=True)
+        except BaseException:
+            srv.stop()
+            raise
+
+    def encoder_state(self) -> dict[str, Any]:
+        """Both halves of the encoder cache and the mm receiver cache, read directly."""
+        try:
+            info = self.direct.cache_info(time.monotonic() + 30.0)
+        except Exception as e:
+            return {"error": f"{type(e).__name__}: {e}"}
+        return {k: info[k] for k in ("encoder_entries", "encoder_cache_entries",
+                                     "encoder_scheduler_entries", "mm_receiver_entries")}
+
+    def warm(self) -> None:
+        """One image chat (fresh salt: no prefix hit), if the engine runs and both halves
+        of the encoder cache agree; recorded in :attr:`chats`."""
+        if self.is_paused_raw():
+            return
+        before = self.encoder_state()
+        if before.get("encoder_cache_entries") != before.get("encoder_scheduler_entries"):
+            self.chats.append({"skipped": "split encoder cache", "before": before})
+            return
+        self._salt += 1
+        chat = self.client.chat("img_a", f"tour-warm-{self._salt}")
+        after = self.encoder_state()
+        self.chats.append({"status": chat.status, "error": chat.error, "after": after})
+        if chat.status == 200 and (after.get("encoder_entries") or 0) > 0:
+            self.warmed = True
+
+    def restore(self, initial: str = "v1") -> None:
+        super().restore(initial)
+        for path in ("/reset_encoder_cache", "/reset_mm_cache"):
+            r = self.direct.request("POST", path, op="harness_reset", idempotent=True)
+            if r.status != 200:
+                raise RuntimeError(f"restore: {path}: HTTP {r.status} {r.text[:200]}")
+        self.warmed = False
+
+    def close(self) -> None:
+        self.client.close()
+        super().close()
+
+
+__all__ = ["INITIAL_LABEL", "EncoderResetRecord", "EngineDied", "HarnessEngine",
+           "MultimodalHarnessEngine", "OpRecord", "RecordingAdapter", "SimHarnessEngine",
+           "VllmHarnessEngine", "checkpoint_target"]

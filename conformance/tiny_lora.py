@@ -65,6 +65,7 @@ from rolloutcore.conformance.tiny_model import (
     greedy_reference,
     prompt_logprobs,
 )
+from rolloutcore.targets import ADAPTER_CONFIG
 
 if TYPE_CHECKING:
     import torch
@@ -75,7 +76,6 @@ LORA_RECIPE_VERSION = 1
 DEFAULT_OUT = Path(os.environ.get("ROLLOUTCORE_LORA_DIR", str(_TEXT_MODELS_DIR / "lora")))
 
 BASE_VERSION = "v1"
-ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 # PEFT's prefix of every tensor name (PeftModel -> LoraModel -> the causal LM).
 PEFT_PREFIX = "base_model.model."

@@ -23,13 +23,20 @@ Versions (sibling directories under the output directory, default ``models/mm``)
         the vision tower; so only the encoder output (what vLLM's encoder cache holds)
         differs, and with it v2's greedy output on an image prompt. Text-only prompts
         give identical output on v1 and v2.
+``v1neg``  v1 with the text model's layer-0 residual writes
+        (``language_model.model.layers.0.self_attn.o_proj`` and ``mlp.down_proj``)
+        negated, as :mod:`.tiny_model`'s v1neg: the same manifest as v1, other content,
+        and other greedy output on the text probes (the content no generation of the
+        conformance tour declares).
 
 Every version directory holds the probe images (``probe_<name>.png``, 32x32 RGB,
 deterministic) and ``references.json``: per probe (an image and a text prompt) the
 prompt token ids as vLLM builds them (8 ``<image>`` ids, then the text's ids, no
 special tokens), and the greedy continuation computed with ``transformers`` on CPU with
 ``min_tokens == max_tokens`` (EOS masked), its raw log-probabilities and the smallest
-top-2 logit margin (as in :mod:`.tiny_model`), plus one text-only probe. It also
+top-2 logit margin (as in :mod:`.tiny_model`), plus the text-only probes: ``long`` (the
+runner's scored probe) and ``short_rollout256`` (the conformance harness's long rollout:
+:data:`~.tiny_model.LONG_ROLLOUT_TOKENS` tokens of the ``short`` prompt). It also
 records the sha256 of each probe image's PNG bytes and the manifest.
 
 Building is idempotent (a ``recipe.json`` whose hash matches is left alone).
@@ -60,6 +67,7 @@ from rolloutcore.conformance.tiny_model import (
     DEFAULT_OUT as _TEXT_MODELS_DIR,
 )
 from rolloutcore.conformance.tiny_model import (
+    LONG_ROLLOUT_TOKENS,
     PROBE_PROMPTS,
     SHORT_MAX_TOKENS,
     SMALL_SPEC,
@@ -73,13 +81,16 @@ from rolloutcore.conformance.tiny_model import (
 )
 
 # Bump when anything that changes the bytes of a built model changes.
-MM_RECIPE_VERSION = 2  # 2: the text-only "long" probe, a chat template
+MM_RECIPE_VERSION = 3  # 3: v1neg, the "short_rollout256" probe (the conformance tour)
 
 DEFAULT_OUT = Path(os.environ.get("ROLLOUTCORE_MM_MODELS_DIR", str(_TEXT_MODELS_DIR / "mm")))
 
 IMAGE_TOKEN = "<image>"
 CHAT_TEMPLATE = '{% for message in messages %}{{ message["content"] }}{% endfor %}'
 VISION_PREFIX = "vision_model."
+#: What v1neg negates (tiny_model's v1neg: layer 0's residual writes of the text model).
+NEGATED = ("language_model.model.layers.0.self_attn.o_proj.weight",
+           "language_model.model.layers.0.mlp.down_proj.weight")
 
 
 @dataclass(frozen=True)
@@ -119,6 +130,11 @@ MM_PROBES: tuple[tuple[str, str | None, str], ...] = (
     # apart; the image probes show the encoder serves the new tower).
     ("long", None, dict(PROBE_PROMPTS)["long"]),
 )
+#: Text-only probes decoded for LONG_ROLLOUT_TOKENS tokens (name, text): the harness's
+#: long rollout (conformance.engines.PROBE_NAMES["rollout"]).
+MM_ROLLOUT_PROBES: tuple[tuple[str, str], ...] = (
+    (f"short_rollout{LONG_ROLLOUT_TOKENS}", dict(PROBE_PROMPTS)["short"]),
+)
 PROBE_IMAGES: tuple[str, ...] = ("a", "b")
 
 
@@ -127,6 +143,7 @@ class MMRecipe:
     name: str
     seed: int
     vision_seed: int
+    negate_text_layer0: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -134,10 +151,13 @@ class MMRecipe:
             "name": self.name,
             "seed": self.seed,
             "vision_seed": self.vision_seed,
+            "negate_text_layer0": self.negate_text_layer0,
             "mm_spec": asdict(MM_SPEC),
             "text_spec": asdict(SMALL_SPEC),
             "probes": [list(p) for p in MM_PROBES],
+            "rollout_probes": [list(p) for p in MM_ROLLOUT_PROBES],
             "short_max_tokens": SHORT_MAX_TOKENS,
+            "long_rollout_tokens": LONG_ROLLOUT_TOKENS,
             "tokenizer": _tokenizer_recipe(),
             "image_token": IMAGE_TOKEN,
             "chat_template": CHAT_TEMPLATE,
@@ -151,6 +171,7 @@ class MMRecipe:
 MM_RECIPES = (
     MMRecipe("v1", seed=1, vision_seed=1),
     MMRecipe("v2", seed=1, vision_seed=2),
+    MMRecipe("v1neg", seed=1, vision_seed=1, negate_text_layer0=True),
 )
 
 
@@ -300,6 +321,10 @@ def _make_model(recipe: MMRecipe, config: Any) -> Any:
         # redraws only the latter and leaves every other byte as v1's.
         fill([(n, p) for n, p in named if not n.startswith(VISION_PREFIX)], recipe.seed)
         fill([(n, p) for n, p in named if n.startswith(VISION_PREFIX)], 1000 + recipe.vision_seed)
+        if recipe.negate_text_layer0:
+            params = dict(named)
+            for name in NEGATED:
+                params[name].neg_()
     return model
 
 
@@ -392,6 +417,17 @@ def _compute_references(model: Any, out_dir: Path, image_id: int,
             "min_margin": min(g.margins),
             **({} if img else {"prompt_logprobs": prompt_logprobs(model.language_model, ids)}),
         })
+    for name, text in MM_ROLLOUT_PROBES:
+        ids = tok.encode(text, add_special_tokens=False)
+        g = greedy_mm_reference(model, ids, None, image_id, LONG_ROLLOUT_TOKENS, eos_id)
+        entries.append({
+            "name": name, "image": None, "image_file": None, "image_png_sha256": None,
+            "prompt": text, "prompt_token_ids": ids,
+            "max_tokens": LONG_ROLLOUT_TOKENS, "min_tokens": LONG_ROLLOUT_TOKENS,
+            "output_token_ids": g.token_ids, "output_text": tok.decode(g.token_ids),
+            "output_logprobs": g.logprobs, "min_margin": min(g.margins),
+            "prompt_logprobs": prompt_logprobs(model.language_model, ids),
+        })
     return {
         "version": recipe.name,
         "recipe_sha256": recipe.digest(),
@@ -449,25 +485,34 @@ def _is_current(target: Path, recipe: MMRecipe) -> bool:
 
 
 def _check_versions(paths: dict[str, Path]) -> None:
-    """v2 differs from v1 only in ``vision_model.*`` and only on image prompts."""
+    """v2 differs from v1 only in ``vision_model.*`` and only on image prompts; v1neg
+    only in the negated tensors (same manifest), and on the text probes."""
     from safetensors.torch import load_file
 
     a = load_file(str(paths["v1"] / "model.safetensors"))
     b = load_file(str(paths["v2"] / "model.safetensors"))
+    n = load_file(str(paths["v1neg"] / "model.safetensors"))
     if _manifest(a) != _manifest(b):
         raise RuntimeError("v2's manifest differs from v1's")
+    if _manifest(a) != _manifest(n):
+        raise RuntimeError("v1neg's manifest differs from v1's")
     for name in a:
         same = bool((a[name] == b[name]).all())
         if name.startswith(VISION_PREFIX) == same:
             raise RuntimeError(f"{name}: {'same' if same else 'differs'} in v1 and v2")
+        if (name in NEGATED) == bool((a[name] == n[name]).all()):
+            raise RuntimeError(f"{name}: v1neg is not v1 with only {NEGATED} negated")
     r1 = json.loads((paths["v1"] / "references.json").read_text())["probes"]
     r2 = json.loads((paths["v2"] / "references.json").read_text())["probes"]
-    for p1, p2 in zip(r1, r2, strict=True):
+    rn = json.loads((paths["v1neg"] / "references.json").read_text())["probes"]
+    for p1, p2, pn in zip(r1, r2, rn, strict=True):
         equal = p1["output_token_ids"] == p2["output_token_ids"]
         if p1["image"] is None and not equal:
             raise RuntimeError(f"{p1['name']}: text-only output differs between v1 and v2")
         if p1["image"] is not None and equal:
             raise RuntimeError(f"{p1['name']}: v2's greedy output equals v1's")
+        if p1["image"] is None and p1["output_token_ids"] == pn["output_token_ids"]:
+            raise RuntimeError(f"{p1['name']}: v1neg's greedy output equals v1's")
 
 
 def build_mm_models(out_dir: Path = DEFAULT_OUT, *, force: bool = False) -> dict[str, Path]:
