@@ -28,6 +28,10 @@ Versions (sibling directories under the output directory, default ``models/mm``)
         negated, as :mod:`.tiny_model`'s v1neg: the same manifest as v1, other content,
         and other greedy output on the text probes (the content no generation of the
         conformance tour declares).
+``v2text``  every tensor drawn again (text model seed 2, v2's vision tower): other
+        output than v1 and v1neg on the image and the text probes alike. The harness's ``v2`` (:func:`harness_models`): its
+        scenarios tell the generations apart by text-only probes, and its mutations then
+        change the encoder's output too.
 
 Every version directory holds the probe images (``probe_<name>.png``, 32x32 RGB,
 deterministic) and ``references.json``: per probe (an image and a text prompt) the
@@ -81,7 +85,7 @@ from rolloutcore.conformance.tiny_model import (
 )
 
 # Bump when anything that changes the bytes of a built model changes.
-MM_RECIPE_VERSION = 3  # 3: v1neg, the "short_rollout256" probe (the conformance tour)
+MM_RECIPE_VERSION = 4  # 3: v1neg, the "short_rollout256" probe; 4: v2text
 
 DEFAULT_OUT = Path(os.environ.get("ROLLOUTCORE_MM_MODELS_DIR", str(_TEXT_MODELS_DIR / "mm")))
 
@@ -172,6 +176,7 @@ MM_RECIPES = (
     MMRecipe("v1", seed=1, vision_seed=1),
     MMRecipe("v2", seed=1, vision_seed=2),
     MMRecipe("v1neg", seed=1, vision_seed=1, negate_text_layer0=True),
+    MMRecipe("v2text", seed=2, vision_seed=2),
 )
 
 
@@ -485,34 +490,44 @@ def _is_current(target: Path, recipe: MMRecipe) -> bool:
 
 
 def _check_versions(paths: dict[str, Path]) -> None:
-    """v2 differs from v1 only in ``vision_model.*`` and only on image prompts; v1neg
-    only in the negated tensors (same manifest), and on the text probes."""
+    """Each version differs from v1 in exactly the tensors its recipe changes (the same
+    manifest), and its greedy output differs on exactly the probes those reach: the
+    vision tower on the image probes, the text model's layer 0 on every probe."""
     from safetensors.torch import load_file
 
-    a = load_file(str(paths["v1"] / "model.safetensors"))
-    b = load_file(str(paths["v2"] / "model.safetensors"))
-    n = load_file(str(paths["v1neg"] / "model.safetensors"))
-    if _manifest(a) != _manifest(b):
-        raise RuntimeError("v2's manifest differs from v1's")
-    if _manifest(a) != _manifest(n):
-        raise RuntimeError("v1neg's manifest differs from v1's")
-    for name in a:
-        same = bool((a[name] == b[name]).all())
-        if name.startswith(VISION_PREFIX) == same:
-            raise RuntimeError(f"{name}: {'same' if same else 'differs'} in v1 and v2")
-        if (name in NEGATED) == bool((a[name] == n[name]).all()):
-            raise RuntimeError(f"{name}: v1neg is not v1 with only {NEGATED} negated")
+    v1 = load_file(str(paths["v1"] / "model.safetensors"))
     r1 = json.loads((paths["v1"] / "references.json").read_text())["probes"]
-    r2 = json.loads((paths["v2"] / "references.json").read_text())["probes"]
-    rn = json.loads((paths["v1neg"] / "references.json").read_text())["probes"]
-    for p1, p2, pn in zip(r1, r2, rn, strict=True):
-        equal = p1["output_token_ids"] == p2["output_token_ids"]
-        if p1["image"] is None and not equal:
-            raise RuntimeError(f"{p1['name']}: text-only output differs between v1 and v2")
-        if p1["image"] is not None and equal:
-            raise RuntimeError(f"{p1['name']}: v2's greedy output equals v1's")
-        if p1["image"] is None and p1["output_token_ids"] == pn["output_token_ids"]:
-            raise RuntimeError(f"{p1['name']}: v1neg's greedy output equals v1's")
+    for recipe in MM_RECIPES[1:]:
+        name = recipe.name
+        other = load_file(str(paths[name] / "model.safetensors"))
+        if _manifest(v1) != _manifest(other):
+            raise RuntimeError(f"{name}'s manifest differs from v1's")
+        for tensor in v1:
+            vision = tensor.startswith(VISION_PREFIX)
+            changed = ((recipe.vision_seed != 1 and vision)
+                       or (recipe.seed != 1 and not vision)
+                       or (recipe.negate_text_layer0 and tensor in NEGATED))
+            if changed == bool((v1[tensor] == other[tensor]).all()):
+                raise RuntimeError(f"{tensor}: {'same' if not changed else 'differs'} in v1 "
+                                   f"and {name}")
+        refs = json.loads((paths[name] / "references.json").read_text())["probes"]
+        for p1, p2 in zip(r1, refs, strict=True):
+            differs = recipe.negate_text_layer0 or recipe.seed != 1 or (
+                p1["image"] is not None and recipe.vision_seed != 1)
+            if differs == (p1["output_token_ids"] == p2["output_token_ids"]):
+                raise RuntimeError(f"{p1['name']}: {name}'s greedy output "
+                                   f"{'equals' if differs else 'differs from'} v1's")
+    # The harness tells its v2 from the undeclared content by text-only probes too.
+    for a, b in zip(*(json.loads((paths[n] / "references.json").read_text())["probes"]
+                      for n in ("v2text", "v1neg")), strict=True):
+        if a["image"] is None and a["output_token_ids"] == b["output_token_ids"]:
+            raise RuntimeError(f"{a['name']}: v2text's greedy output equals v1neg's")
+
+
+def harness_models(paths: dict[str, Path]) -> dict[str, Path]:
+    """The versions the conformance harness names (``v1``, ``v2``, ``v1neg``): its ``v2``
+    is ``v2text``, so that its text-only probes tell the generations apart."""
+    return {"v1": paths["v1"], "v2": paths["v2text"], "v1neg": paths["v1neg"]}
 
 
 def build_mm_models(out_dir: Path = DEFAULT_OUT, *, force: bool = False) -> dict[str, Path]:

@@ -1,6 +1,6 @@
-"""The spec-generated conformance tour on a real multimodal vLLM server (the tiny BLIP-2
-of :mod:`rolloutcore.conformance.tiny_mm_model`), with the encoder cache holding an
-image's output whenever the tour resets the encoder tier.
+"""The spec-generated conformance tour and the scenario corpus on a real multimodal vLLM
+server (the tiny BLIP-2 of :mod:`rolloutcore.conformance.tiny_mm_model`), with the
+encoder cache holding an image's output whenever they reset the encoder tier.
 
 :class:`~rolloutcore.conformance.engines.MultimodalHarnessEngine` sends one image chat
 (fresh cache salt) before every pause of a running engine, so the mutation and the
@@ -8,7 +8,9 @@ resets after it happen on a non-empty encoder cache, and records every encoder a
 reset the runner makes: the engine's entries (worker and scheduler halves) just before,
 and the reset's own evidence (entries read back after it). The tour must pass exactly as
 on the text model, and every encoder reset must have met a non-empty cache; every one
-that succeeded must have been verified down to zero entries.
+that succeeded must have been verified down to zero entries. Each scenario must agree
+with its run on the simulator, as on the text model; the destructive ones run last (a
+killed engine is replaced by a fresh multimodal server).
 """
 
 from __future__ import annotations
@@ -25,8 +27,17 @@ pytestmark = pytest.mark.vllm
 if importlib.util.find_spec("vllm") is None:  # pragma: no cover - depends on the env
     pytest.skip("vllm is not installed (pip install -e '.[vllm]')", allow_module_level=True)
 
-from rolloutcore.conformance.engines import MultimodalHarnessEngine  # noqa: E402
-from rolloutcore.conformance.tiny_mm_model import DEFAULT_OUT, build_mm_models  # noqa: E402
+from rolloutcore.conformance.engines import (  # noqa: E402
+    MultimodalHarnessEngine,
+    SimHarnessEngine,
+)
+from rolloutcore.conformance.harness import EnginePool, compare, run_scenario  # noqa: E402
+from rolloutcore.conformance.scenarios import SCENARIOS  # noqa: E402
+from rolloutcore.conformance.tiny_mm_model import (  # noqa: E402
+    DEFAULT_OUT,
+    build_mm_models,
+    harness_models,
+)
 from rolloutcore.conformance.tour import (  # noqa: E402
     Capability,
     TourGraph,
@@ -38,21 +49,29 @@ from rolloutcore.conformance.tour import (  # noqa: E402
 
 @pytest.fixture(scope="module")
 def mm_models() -> dict[str, Path]:
-    return build_mm_models(DEFAULT_OUT)
+    return harness_models(build_mm_models(DEFAULT_OUT))
 
 
 @pytest.fixture(scope="module")
-def engine(mm_models: dict[str, Path],
-           tmp_path_factory: pytest.TempPathFactory) -> Iterator[MultimodalHarnessEngine]:
-    e = MultimodalHarnessEngine.start_mm(mm_models, tmp_path_factory.mktemp("vllm-mm-tour"))
+def pool(mm_models: dict[str, Path],
+         tmp_path_factory: pytest.TempPathFactory) -> Iterator[EnginePool]:
+    work = tmp_path_factory.mktemp("vllm-mm")
+    p = EnginePool(lambda: MultimodalHarnessEngine.start_mm(mm_models, work))
     try:
-        yield e
+        yield p
     finally:
-        e.close()
+        p.close()
+
+
+def _mm(pool: EnginePool) -> MultimodalHarnessEngine:
+    engine = pool.get()
+    assert isinstance(engine, MultimodalHarnessEngine)
+    return engine
 
 
 def test_tour_on_a_multimodal_server_resets_a_non_empty_encoder_cache(
-        engine: MultimodalHarnessEngine, tmp_path: Path) -> None:
+        pool: EnginePool, tmp_path: Path) -> None:
+    engine = _mm(pool)
     t0 = time.monotonic()
     graph = TourGraph()
     report = tour(engine, tmp_path, graph=graph, walks=4, seed=0, printer=print)
@@ -96,3 +115,26 @@ def test_tour_on_a_multimodal_server_resets_a_non_empty_encoder_cache(
     print(f"mm resets: {len(mm)}; receiver entries before: "
           f"{sorted({r.before.get('mm_receiver_entries') for r in mm})}")
     assert mm and all(r.verified_empty for r in mm), [r.as_json() for r in mm]
+
+
+# Non-destructive first, in corpus order; the destructive ones last.
+ORDER = sorted(SCENARIOS, key=lambda n: SCENARIOS[n].destructive)
+
+
+@pytest.mark.parametrize("name", ORDER)
+def test_scenario_on_a_multimodal_server_matches_the_simulator(name: str, pool: EnginePool,
+                                                               tmp_path: Path) -> None:
+    engine = _mm(pool)
+    seen = len(engine.resets)
+    real = run_scenario(SCENARIOS[name], engine, tmp_path, printer=print)
+    sim = run_scenario(SCENARIOS[name], SimHarnessEngine(), tmp_path)
+    assert compare([sim], [real]) == [], "simulator and the multimodal server disagree"
+    assert real.passed, real.failures()
+    assert real.trace is not None and real.trace["accepted"] and real.trace["chain_ok"]
+    # Every encoder reset the scenario's cycles made met a filled cache and, where the
+    # engine carried it out, was verified down to zero entries.
+    encoder = [r for r in engine.resets[seen:] if r.tier == "encoder"]
+    assert all(r.warmed and (r.before.get("encoder_entries") or 0) > 0 for r in encoder), [
+        r.as_json() for r in encoder]
+    assert all(r.verified_empty for r in encoder if r.status == 200), [
+        r.as_json() for r in encoder]
