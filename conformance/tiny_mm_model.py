@@ -29,9 +29,10 @@ Versions (sibling directories under the output directory, default ``models/mm``)
         and other greedy output on the text probes (the content no generation of the
         conformance tour declares).
 ``v2text``  every tensor drawn again (text model seed 2, v2's vision tower): other
-        output than v1 and v1neg on the image and the text probes alike. The harness's ``v2`` (:func:`harness_models`): its
-        scenarios tell the generations apart by text-only probes, and its mutations then
-        change the encoder's output too.
+        output than v1 and v1neg on the image and the text probes alike. It is the
+        conformance harness's ``v2`` (:func:`harness_models`): its scenarios tell the
+        generations apart by text-only probes, and its mutations then change the
+        encoder's output too.
 
 Every version directory holds the probe images (``probe_<name>.png``, 32x32 RGB,
 deterministic) and ``references.json``: per probe (an image and a text prompt) the
