@@ -179,9 +179,14 @@ def test_leader_killed_at_every_step_standby_takes_over(rig: Rig, tmp_path: Path
     assert elected["t"] - died["t"] < LEASE_S + 3.0, (elected["t"] - died["t"])
     assert took["t"] - elected["t"] < 5.0
     assert not done["refused"], done
-    _final_state_is_one_generation(done, rig)
+    gen = _final_state_is_one_generation(done, rig)
     recs = _check_journal(rig, tmp_path)
     takeovers = [r for r in recs if r.get("step") == "fleet_takeover"]
+    after = recs[recs.index(takeovers[-1]):]
+    print(f"kill after {kill_at}: elected {elected['t'] - died['t']:.2f} s after the kill, "
+          f"took over {took['t'] - elected['t']:.2f} s later; re-admitted "
+          f"{sorted({str(r.get('engine')) for r in after if r.get('step') == 'readmit_ok'})}"
+          f"; ended READY on generation {gen}")
     assert [r["detail"]["controller"] for r in takeovers] == ["boot", "A", "B"]
     assert all(not r["detail"]["unfenced"] for r in takeovers)
 
@@ -224,6 +229,7 @@ def test_frozen_leader_thawed_after_takeover_is_refused_where_it_lands(
     out, err = leader.communicate(input="go\n", timeout=60)
     evs_a = events(out, err)
     done_a = one(evs_a, "done")
+    print("the thawed leader's refused calls:", *done_a["refused"], sep="\n    ")
     assert any("Deposed" in r or "no longer holds" in r or "deposed" in r
                for r in done_a["refused"]), done_a
     assert not any(e["event"] == "late_update_report" for e in evs_a), evs_a
