@@ -448,13 +448,7 @@ class HttpAdapter:
         """Identity of the weights the engine holds, as every worker reports it."""
         results = self._worker_results(
             self.rpc("rc_identity", op="read_identity", deadline=deadline), "read_identity")
-        ids = {r.get("identity") for r in results}
-        if len(ids) != 1 or not isinstance(next(iter(ids)), str):
-            reasons = "; ".join(str(r.get("reason", r.get("identity"))) for r in results)
-            raise AdapterError(f"read_identity: the engine vouches for no single identity: "
-                               f"{reasons}")
-        out = next(iter(ids))
-        assert isinstance(out, str)
+        out = worker_identity(results)
         if self.lora is None:
             return out
         results = self._worker_results(self.rpc("rc_lora_identity", op="read_identity",
@@ -472,23 +466,8 @@ class HttpAdapter:
         return with_adapter(out, str(next(iter(adapters))))
 
     def cache_info(self, deadline: float | None = None) -> dict[str, Any]:
-        results = self._worker_results(
-            self.rpc("rc_cache_info", op="cache_info", deadline=deadline), "cache_info")
-        worker = _sum_or_none(r.get("encoder_cache_entries") for r in results)
-        scheduler = _sum_or_none(r.get("encoder_scheduler_entries") for r in results)
-        return {"multimodal": any(r.get("multimodal") is not False for r in results),
-                "encoder_cache_entries": worker,
-                "encoder_scheduler_entries": scheduler,
-                # Both halves, or unknown: a worker emptied under a scheduler that still
-                # lists an image is exactly the state that crashes the engine.
-                "encoder_entries": None if worker is None or scheduler is None
-                else worker + scheduler,
-                "mm_receiver_entries": _sum_or_none(
-                    r.get("mm_receiver_entries") for r in results),
-                "encoder_cache_keys": sorted({k for r in results
-                                             for k in r.get("encoder_cache_keys") or ()}),
-                "encoder_scheduler_keys": sorted({
-                    k for r in results for k in r.get("encoder_scheduler_keys") or ()})}
+        return cache_info_of(self._worker_results(
+            self.rpc("rc_cache_info", op="cache_info", deadline=deadline), "cache_info"))
 
     def _at_once(self, *reads: Callable[[], Any]) -> list[Any]:
         """Independent reads, sent together; each ends (within its own deadline) before
@@ -601,15 +580,10 @@ class HttpAdapter:
             results = self._worker_results(reply, "fence_epoch")
         except AdapterError as e:
             return EpochEvidence(epoch, False, None, str(e))
-        accepted = [r.get("accepted") for r in results]
-        seen = [r.get("seen") for r in results]
-        if not all(isinstance(x, bool) for x in accepted) or \
-                not all(isinstance(x, int) and not isinstance(x, bool) for x in seen):
-            return EpochEvidence(epoch, False, None, f"rc_fence: malformed results {results!r}")
-        ok = all(accepted)
-        if ok:
+        ev = epoch_evidence(epoch, results)
+        if ev.accepted:
             self.epoch = int(epoch)
-        return EpochEvidence(epoch, ok, max(int(x) for x in seen))  # type: ignore[arg-type]
+        return ev
 
     def reset_cache(self, tier: str, deadline: float) -> ResetEvidence:
         if tier not in _TIERS:
@@ -763,16 +737,9 @@ class HttpAdapter:
                 results = self._worker_results(reply, "mutate")
             except AdapterError as e:
                 return ev(MutationOutcome.AMBIGUOUS, str(e))
-            loaded = [r.get("loaded") for r in results]
-            if all(x is False for x in loaded):
-                return ev(MutationOutcome.NOT_MUTATED, "every worker refused before touching "
-                          "the model: " + "; ".join(str(r.get("refused")) for r in results))
-            if not all(x is True for x in loaded):
-                return ev(MutationOutcome.AMBIGUOUS, f"workers disagree: loaded={loaded}")
-            ids = {r.get("identity") for r in results}
-            if ids != {target.identity}:
-                return ev(MutationOutcome.AMBIGUOUS, f"loaded identity {sorted(map(str, ids))} "
-                          f"is not the target's {target.identity[:16]}")
+            failed = reload_failure(results, target)
+            if failed is not None:
+                return ev(*failed)
             nbytes = sum(int(r.get("bytes") or 0) for r in results)
         elif reply.body is not None and not (
                 isinstance(reply.body, dict) and isinstance(reply.body.get("results"), list)):
@@ -856,6 +823,67 @@ class HttpAdapter:
                               f"(digest {adapter_identity[:16]}) and loaded", None)
 
 
+# ---------------------------------------------------------------- worker results
+# What the worker extension's results mean (one dict per worker), for every adapter that
+# reaches the extension: through ``/collective_rpc`` here, in-process in ``.inprocess``.
+
+
+def worker_identity(results: Sequence[Mapping[str, Any]]) -> str:
+    """The one identity every worker vouches for (``rc_identity``); else AdapterError."""
+    ids = {r.get("identity") for r in results}
+    out = next(iter(ids)) if len(ids) == 1 else None
+    if not isinstance(out, str):
+        reasons = "; ".join(str(r.get("reason", r.get("identity"))) for r in results)
+        raise AdapterError(f"read_identity: the engine vouches for no single identity: "
+                           f"{reasons}")
+    return out
+
+
+def cache_info_of(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The engine's weight-dependent caches as its workers report them (``rc_cache_info``)."""
+    worker = _sum_or_none(r.get("encoder_cache_entries") for r in results)
+    scheduler = _sum_or_none(r.get("encoder_scheduler_entries") for r in results)
+    return {"multimodal": any(r.get("multimodal") is not False for r in results),
+            "encoder_cache_entries": worker,
+            "encoder_scheduler_entries": scheduler,
+            # Both halves, or unknown: a worker emptied under a scheduler that still
+            # lists an image is exactly the state that crashes the engine.
+            "encoder_entries": None if worker is None or scheduler is None
+            else worker + scheduler,
+            "mm_receiver_entries": _sum_or_none(r.get("mm_receiver_entries") for r in results),
+            "encoder_cache_keys": sorted({k for r in results
+                                         for k in r.get("encoder_cache_keys") or ()}),
+            "encoder_scheduler_keys": sorted({
+                k for r in results for k in r.get("encoder_scheduler_keys") or ()})}
+
+
+def epoch_evidence(epoch: int, results: Sequence[Mapping[str, Any]]) -> EpochEvidence:
+    """The workers' answer to ``rc_fence(epoch)``: accepted only if every worker took it."""
+    accepted = [r.get("accepted") for r in results]
+    seen = [r.get("seen") for r in results]
+    if not results or not all(isinstance(x, bool) for x in accepted) or \
+            not all(isinstance(x, int) and not isinstance(x, bool) for x in seen):
+        return EpochEvidence(epoch, False, None, f"rc_fence: malformed results {results!r}")
+    return EpochEvidence(epoch, all(accepted), max(int(x) for x in seen))  # type: ignore[arg-type]
+
+
+def reload_failure(results: Sequence[Mapping[str, Any]], target: WeightTarget
+                   ) -> tuple[MutationOutcome, str] | None:
+    """What ``rc_reload_weights``'s results say when they are not a load of exactly
+    ``target``'s bytes on every worker (None: they are)."""
+    loaded = [r.get("loaded") for r in results]
+    if all(x is False for x in loaded):
+        return (MutationOutcome.NOT_MUTATED, "every worker refused before touching the model: "
+                + "; ".join(str(r.get("refused")) for r in results))
+    if not all(x is True for x in loaded):
+        return MutationOutcome.AMBIGUOUS, f"workers disagree: loaded={loaded}"
+    ids = {r.get("identity") for r in results}
+    if ids != {target.identity}:
+        return (MutationOutcome.AMBIGUOUS, f"loaded identity {sorted(map(str, ids))} is not "
+                f"the target's {target.identity[:16]}")
+    return None
+
+
 def _cached_tokens(body: Any) -> int | None:
     """``usage.prompt_tokens_details.cached_tokens`` of a completion (prompt tokens served
     from the prefix cache); None where the server does not report it."""
@@ -927,4 +955,5 @@ def _error_text(reply: Reply) -> str:
 
 
 __all__ = ["EXTENSION_CLS", "SERVER_ARGS", "HttpAdapter", "Reply", "RequestLog", "Timeouts",
-           "check_url", "is_loopback"]
+           "cache_info_of", "check_url", "epoch_evidence", "is_loopback", "reload_failure",
+           "worker_identity"]
