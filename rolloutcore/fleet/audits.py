@@ -86,19 +86,28 @@ class Audits(FleetBase):
         the member stops serving (its evidence is dropped: the spec's ``suspect``) until an
         audit passes; with ``audit``, one is started at once in the background. Returns
         whether the member was serving until now (a later report changes nothing)."""
-        m = self.members[lease.engine]
+        return self._suspect(lease.engine, {"rollout": lease.rollout_id, "error": error[:500]},
+                             "unreachable" if audit else None)
+
+    def report_replaced(self, name: str, why: str, *, audit: bool = True) -> bool:
+        """The host of member ``name``'s engine says the engine is gone or was replaced
+        (a Ray actor that died or was restarted): as :meth:`report_unreachable`, the
+        member stops serving until an audit passes, and one starts at once."""
+        return self._suspect(name, {"error": why[:500]}, "replaced" if audit else None)
+
+    def _suspect(self, name: str, detail: dict[str, str], audit_why: str | None) -> bool:
+        m = self.members[name]
         if m.controller.enabled(Trigger.SUSPECT) is not None:
             return False
         try:
-            m.controller.fire(Trigger.SUSPECT, None, {"rollout": lease.rollout_id,
-                                                     "error": error[:500]})
+            m.controller.fire(Trigger.SUSPECT, None, detail)
         except IllegalTransition:  # lost a race with another report or an audit
             return False
         with self._lock:
             self._close_if_no_quorum()
             self._changed.notify_all()
-        if audit:
-            threading.Thread(target=self._audit_quietly, args=([m.name], "unreachable"),
+        if audit_why is not None:
+            threading.Thread(target=self._audit_quietly, args=([m.name], audit_why),
                              name=f"fleet-audit-{m.name}", daemon=True).start()
         return True
 

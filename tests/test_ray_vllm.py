@@ -1,0 +1,219 @@
+"""RolloutCore governing engines hosted in Ray actors: a local Ray cluster started here,
+two real in-process vLLM engines placed by :func:`rolloutcore.adapters.ray_engine.launch`
+(a placement group, named actors, Ray restarts), a fleet over their Ray handles.
+
+Scenarios (each ends with the fleet journal passing the fleet checker):
+
+* a verified update on both actors, driven through their handles;
+* an actor's process killed in the middle of its mutation (held there by the test):
+  the call dies with the actor, so the mutation is ambiguous: quarantined; the other
+  member publishes; Ray restarts the actor, and a verified re-admission brings it back;
+* an actor's process killed between its validation and the publish: the next call is
+  answered by a new incarnation (an engine replaced out of band), the member is
+  quarantined, the other publishes, the restarted actor is re-admitted;
+* an actor restarted while serving and relabelled with the committed label by its host
+  (what a framework's init does): its first answer names a new incarnation (suspected,
+  audited at once), and the audit finds its weights are not the committed ones
+  (identity): quarantined, then re-admitted.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("ray") is None:
+    pytest.skip("vllm or ray is not installed (pip install -e '.[vllm]')",
+                allow_module_level=True)
+
+import ray  # noqa: E402
+
+from rolloutcore.adapters.contract import MutationOutcome, PauseMode  # noqa: E402
+from rolloutcore.adapters.ray_engine import (  # noqa: E402
+    NAMESPACE,
+    LaunchedEngine,
+    RayAdapter,
+    launch,
+)
+from rolloutcore.conformance.engines import INITIAL_LABEL, checkpoint_target  # noqa: E402
+from rolloutcore.conformance.harness import wait_until  # noqa: E402
+from rolloutcore.conformance.tiny_model import build_models  # noqa: E402
+from rolloutcore.fleet import Fleet  # noqa: E402
+from rolloutcore.fleet_check import check_fleet_file  # noqa: E402
+from rolloutcore.runner import RunnerPolicy  # noqa: E402
+from rolloutcore.spec.lifecycle import TIERS, Phase  # noqa: E402
+
+BOUND = 240.0  # a bound against a broken test, never a measurement
+POLICY = RunnerPolicy(step_timeout_s=60.0, pause_timeout_s=60.0, drain_timeout_s=60.0)
+
+
+@pytest.fixture(scope="module")
+def engines() -> Iterator[dict[str, LaunchedEngine]]:
+    ray.init(num_cpus=3, include_dashboard=False, namespace=NAMESPACE,
+             log_to_driver=False, configure_logging=False)
+    try:
+        _pg, launched = launch(build_models()["v1"], ["a", "b"], max_restarts=4)
+        yield {e.name: e for e in launched}
+    finally:
+        ray.shutdown()
+
+
+def _pid(e: LaunchedEngine) -> int:
+    return int(ray.get(e.handle.info.remote(), timeout=BOUND)["pid"])
+
+
+def _kill(e: LaunchedEngine) -> str:
+    """SIGKILL the actor's process; the incarnation it had."""
+    info = ray.get(e.handle.info.remote(), timeout=BOUND)
+    os.kill(int(info["pid"]), signal.SIGKILL)
+    return str(info["incarnation"])
+
+
+def _restarted(e: LaunchedEngine, old: str) -> dict[str, Any]:
+    """The actor's info once Ray has it running again as a new incarnation."""
+    out: dict[str, Any] = {}
+
+    def up() -> bool:
+        try:
+            out.update(ray.get(e.handle.info.remote(), timeout=5))
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return False
+        return out.get("incarnation") != old
+
+    assert wait_until(up, BOUND, interval=0.2), f"{e.name} was not restarted by Ray"
+    return out
+
+
+@pytest.fixture
+def fleet(engines: dict[str, LaunchedEngine], tmp_path: Path) -> Iterator[Fleet]:
+    models = build_models()
+    adapters = {n: RayAdapter(e.handle) for n, e in engines.items()}
+    for a in adapters.values():
+        a.info()
+    f = Fleet([(n, a, engines[n].url) for n, a in adapters.items()],
+              journal=tmp_path / "fleet.jsonl", min_serving=1, policy=POLICY)
+    for n, a in adapters.items():
+        a.on_replaced = (lambda name: lambda why: f.report_replaced(name, why))(n)
+    for e in engines.values():  # each test starts from a fresh engine on v1
+        ray.get(e.handle.release.remote("mutate"))
+    boot = f.bootstrap(checkpoint_target(models["v1"], 1, INITIAL_LABEL))
+    assert all(o.trigger == "bootstrap_ok" for o in boot.values()), boot
+    try:
+        yield f
+    finally:
+        f.close()
+        _restore_v1(engines, list(engines))
+    assert check_fleet_file(tmp_path / "fleet.jsonl").accepted
+
+
+def _target(name: str, generation: int) -> Any:
+    return checkpoint_target(build_models()[name], generation, f"{name}-gen{generation}")
+
+
+def _restore_v1(engines: dict[str, LaunchedEngine], names: list[str]) -> None:
+    """Put the engines back on v1 under the startup label, caches empty, running (what a
+    fresh actor shows), outside any fleet: the next test's fleet bootstraps on that."""
+    v1 = checkpoint_target(build_models()["v1"], 1, INITIAL_LABEL)
+    for n in names:
+        adapter = RayAdapter(engines[n].handle)
+        deadline = time.monotonic() + 60
+        adapter.pause(PauseMode.ABORT, deadline)
+        assert adapter.mutate(v1, deadline).outcome is MutationOutcome.COMPLETED
+        for tier in TIERS:
+            adapter.reset_cache(tier, deadline)
+        assert adapter.resume(deadline).paused_read_back is False
+
+
+def test_a_verified_update_through_ray_handles(fleet: Fleet,
+                                               engines: dict[str, LaunchedEngine]) -> None:
+    rep = fleet.update(_target("v2", 2))
+    assert rep.published and fleet.committed == 2, rep
+    for m in fleet.members.values():
+        assert m.controller.phase is Phase.READY and m.controller.control.committed == 2
+        state = m.adapter.read_state(time.monotonic() + 30)
+        assert state.label == "v2-gen2"
+        assert state.identity == _target("v2", 2).identity
+
+
+def test_an_actor_killed_mid_mutation_is_quarantined_and_readmitted(
+        fleet: Fleet, engines: dict[str, LaunchedEngine]) -> None:
+    a = engines["a"]
+    ray.get(a.handle.hold.remote("mutate"))
+    result: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: result.update(report=fleet.update(_target("v2", 2))))
+    t.start()
+    assert wait_until(lambda: ray.get(a.handle.waiting.remote("mutate")) == 1, BOUND)
+    old = _kill(a)
+    t.join(BOUND)
+    rep = result["report"]
+    ma, mb = fleet.members["a"], fleet.members["b"]
+    assert rep.published and fleet.committed == 2, rep
+    assert ma.controller.phase is Phase.TAINTED, ma.controller.phase
+    assert mb.controller.phase is Phase.READY and mb.controller.control.committed == 2
+    info = _restarted(a, old)
+    assert info["reconstructed"] is True
+    out = fleet.readmit("a", who="test")
+    assert out.trigger == "readmit_ok", out.reason
+    assert ma.controller.phase is Phase.READY and ma.controller.control.committed == 2
+    assert ma.adapter.read_state(time.monotonic() + 30).identity == _target("v2", 2).identity
+
+
+def test_an_actor_killed_between_validation_and_publish(
+        fleet: Fleet, engines: dict[str, LaunchedEngine]) -> None:
+    a = engines["a"]
+    killed: list[str] = []
+
+    def on_step(member: str, step: str, outcome: str, _seconds: float) -> None:
+        if member == "a" and outcome == "validate_ok" and not killed:
+            killed.append(_kill(a))  # the publish has not happened yet
+
+    fleet.on_step = on_step
+    rep = fleet.update(_target("v2", 2))
+    fleet.on_step = None
+    assert killed, "a never validated"
+    ma, mb = fleet.members["a"], fleet.members["b"]
+    assert rep.published and rep.committed_on == ["b"] and rep.quarantined == ["a"], rep
+    assert ma.controller.phase is Phase.TAINTED
+    assert mb.controller.phase is Phase.READY and mb.controller.control.committed == 2
+    steps = [(s.step, str(s.outcome), s.reason) for s in rep.members["a"].steps]
+    # Every step up to validation on the engine that was there, then no answer: the
+    # resume (and the fence after it) reached an actor that was gone or restarting.
+    assert [st for st, outcome, _ in steps if outcome.endswith("_ok")][-1:] == ["validate"]
+    after = steps[[st for st, _o, _r in steps].index("validate") + 1:]
+    assert after and all("engine actor is gone" in r or "restarted" in r or
+                         "mismatch" in o for _s, o, r in after), after
+    _restarted(a, killed[0])
+    out = fleet.readmit("a", who="test")
+    assert out.trigger == "readmit_ok", out.reason
+    assert ma.controller.phase is Phase.READY and ma.controller.control.committed == 2
+
+
+def test_a_restarted_actor_relabelled_as_committed_is_caught_by_identity(
+        fleet: Fleet, engines: dict[str, LaunchedEngine]) -> None:
+    rep = fleet.update(_target("v2", 2))
+    assert rep.published and rep.committed_on == ["a", "b"], rep
+    a = engines["a"]
+    _restarted(a, _kill(a))
+    # Its host relabels the fresh engine with the label it served before (a framework's
+    # init setting the trainer's step): only the weights tell it apart.
+    assert ray.get(a.handle.set_label.remote("v2-gen2")) == "v2-gen2"
+    ma = fleet.members["a"]
+    out = fleet.audit(["a"], why="test")["a"]
+    assert out.trigger == "audit_mismatch", out.reason
+    assert "identity" in out.reason and "label" not in out.reason.split("identity")[0], \
+        out.reason
+    assert ma.controller.phase is Phase.TAINTED
+    assert isinstance(ma.adapter, RayAdapter) and ma.adapter.replacements == 1
+    out = fleet.readmit("a", who="test")
+    assert out.trigger == "readmit_ok", out.reason
+    assert ma.adapter.read_state(time.monotonic() + 30).identity == _target("v2", 2).identity
