@@ -37,7 +37,7 @@ import itertools
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -67,6 +67,9 @@ from rolloutcore.identity import CheckpointError, safetensors_files
 
 T = TypeVar("T")
 ABORT_POLL_S = 0.01
+#: How far past its caller's deadline a held call (the ``late`` and ``hang`` faults) ends:
+#: past any margin a caller keeps for the reply's trip (a Ray actor's).
+HELD_PAST_S = 0.25
 OK, ERROR = 200, 500  # what vLLM's own route answers when the engine call returns / raises
 #: What an in-process engine's host process needs in its environment before vLLM is
 #: imported: the server fixture's (dev mode, offline, one OpenMP thread per process).
@@ -105,6 +108,10 @@ class InProcessEngine:
         self._stop: asyncio.Event | None = None
         self._error: BaseException | None = None
         self._ids = itertools.count()
+        #: Tests' controlled causes: ``(method, args, kwargs) -> fault kind or None``
+        #: (``conformance.inprocess_faults``; the in-process twin of the fault proxy).
+        self.interceptor: Callable[[str, tuple[Any, ...], dict[str, Any]], str | None] | None \
+            = None
 
     def start(self, timeout: float = 300.0) -> InProcessEngine:
         for k, v in ENGINE_ENV.items():  # read by vLLM at import and by its engine core
@@ -163,20 +170,47 @@ class InProcessEngine:
                 server.should_exit = True
                 await serving
 
-    def call(self, make: Callable[[Any], Awaitable[T]], seconds: float) -> T:
-        """``await make(engine)`` on the engine's loop, within ``seconds``: its result or
-        its exception; :class:`TimeoutError` when it did not end in time."""
+    def call(self, method: str, seconds: float, *args: Any, **kwargs: Any) -> Any:
+        """``await engine.<method>(*args, **kwargs)`` on the engine's loop, within
+        ``seconds``: its result or its exception; :class:`TimeoutError` when it did not end
+        in time. Two names are not ``AsyncLLM`` coroutines: ``generate`` returns a
+        request's final output, ``unfinished`` the front end's unfinished requests."""
         if self._loop is None or self.engine is None or not self.alive():
             raise NoAnswer("the in-process engine is not running", proven_no_effect=True)
+        fault = self.interceptor(method, args, kwargs) if self.interceptor else None
+        if fault in ("http_500", "refuse", "hang"):  # not run: nothing reaches the engine
+            if fault == "hang":
+                time.sleep(seconds + HELD_PAST_S)
+                raise TimeoutError(f"no answer within {seconds:.2f} s")
+            if fault == "refuse":
+                raise NoAnswer("the call was lost before it reached the engine")
+            raise RuntimeError(f"{method} failed (an injected engine error)")
+        engine = self.engine
 
-        async def run() -> T:
-            return await make(self.engine)
+        async def run() -> Any:
+            if method == "generate":
+                final = None
+                async for out in engine.generate(*args, **kwargs):
+                    final = out
+                return final
+            if method == "unfinished":
+                return int(engine.get_num_unfinished_requests())
+            return await getattr(engine, method)(*args, **kwargs)
 
+        t0 = time.monotonic()
         fut = asyncio.run_coroutine_threadsafe(run(), self._loop)
         try:
-            return fut.result(timeout=max(seconds, 0.001))
+            out = fut.result(timeout=max(seconds, 0.001))
         except concurrent.futures.TimeoutError:
             raise TimeoutError(f"no answer within {seconds:.2f} s") from None
+        if fault == "late":  # done, but the answer comes after the caller gave up
+            time.sleep(max(seconds - (time.monotonic() - t0), 0.0) + HELD_PAST_S)
+            raise TimeoutError(f"no answer within {seconds:.2f} s")
+        if fault == "drop":
+            raise NoAnswer("the engine's answer was lost")
+        if fault in ("empty_body", "fail_body"):
+            return None if fault == "empty_body" else False
+        return out
 
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and \
@@ -209,9 +243,17 @@ class InProcessAdapter:
     """The lifecycle adapter for an :class:`InProcessEngine` (the worker extension loaded:
     ``rc_reload_weights``, ``rc_identity``, ``rc_cache_info``, ``rc_fence``)."""
 
-    def __init__(self, engine: InProcessEngine, *, check_source_exists: bool = True) -> None:
+    def __init__(self, engine: InProcessEngine, *, check_source_exists: bool = True,
+                 mutation_method: str = "rc_reload_weights") -> None:
+        from rolloutcore.adapters.http import MUTATION_METHODS
+
+        if mutation_method not in MUTATION_METHODS:
+            raise ValueError(f"mutation_method must be one of {MUTATION_METHODS}")
         self.host = engine
         self.check_source_exists = check_source_exists
+        #: ``rc_reload_weights`` (the worker extension: identity of the loaded bytes,
+        #: refuses before touching the model) or vLLM's own ``reload_weights`` (no checks).
+        self.mutation_method = mutation_method
         #: The controller's epoch, sent with every load (see fence_epoch).
         self.epoch: int | None = None
         #: Whether the controller still holds its leadership (None: no store).
@@ -219,16 +261,17 @@ class InProcessAdapter:
 
     # ------------------------------------------------------------------ transport
 
-    def _call(self, op: str, make: Callable[[Any], Awaitable[T]], deadline: float | None,
-              *, effect: bool = False) -> T:
-        """One engine call within the step's deadline; AdapterError if it raised or did
-        not end by then (``proven_no_effect`` only when nothing was sent)."""
+    def _call(self, op: str, method: str, deadline: float | None, *args: Any,
+              effect: bool = False, **kwargs: Any) -> Any:
+        """One engine call within the step's deadline; AdapterError if it raised, and
+        :class:`NoAnswer` if it did not end by then (``proven_no_effect`` only when
+        nothing was sent)."""
         if effect and self.lease_check is not None and not self.lease_check():
             raise NoAnswer(f"{op}: not sent: this controller no longer holds the fleet's "
                            "leadership", proven_no_effect=True)
         seconds = remaining(deadline) if deadline is not None else 30.0
         try:
-            return self.host.call(make, seconds)
+            return self.host.call(method, seconds, *args, **kwargs)
         except NoAnswer as e:
             raise NoAnswer(f"{op}: {e}", proven_no_effect=e.proven_no_effect) from None
         except TimeoutError as e:
@@ -236,23 +279,29 @@ class InProcessAdapter:
         except Exception as e:
             raise AdapterError(f"{op}: {type(e).__name__}: {e}") from None
 
-    def _status(self, op: str, make: Callable[[Any], Awaitable[Any]], deadline: float,
-                errors: list[str] | None = None) -> tuple[int | None, Any]:
+    def _status(self, op: str, method: str, deadline: float, *args: Any,
+                errors: list[str] | None = None, **kwargs: Any) -> tuple[int | None, Any]:
         """(what the route would answer, the call's result): 200 and the result when it
-        returned, 500 when the engine raised, None when it did not answer in time."""
+        returned, 500 when the engine raised. No answer at all raises :class:`NoAnswer`
+        (as a lost reply raises over HTTP), unless ``errors`` collects it (the fence's
+        best effort: status None)."""
         try:
-            return OK, self._call(op, make, deadline, effect=True)
+            return OK, self._call(op, method, deadline, *args, effect=True, **kwargs)
+        except NoAnswer as e:
+            if errors is None:
+                raise
+            errors.append(str(e))
+            return None, None
         except AdapterError as e:
             if errors is not None:
                 errors.append(str(e))
-            return (None if isinstance(e, NoAnswer) else ERROR), None
+            return ERROR, None
 
     def _rpc(self, method: str, deadline: float | None, op: str, *, effect: bool = False,
              **kwargs: Any) -> list[dict[str, Any]]:
         seconds = remaining(deadline) if deadline is not None else 30.0
-        results = self._call(op, lambda e: e.collective_rpc(method, timeout=seconds,
-                                                            kwargs=kwargs),
-                             deadline, effect=effect)
+        results = self._call(op, "collective_rpc", deadline, method, effect=effect,
+                             timeout=seconds, kwargs=kwargs)
         if not isinstance(results, list) or not results or \
                 not all(isinstance(r, dict) for r in results):
             raise AdapterError(f"{op}: unexpected {method} results {results!r:.200}")
@@ -261,22 +310,19 @@ class InProcessAdapter:
     # ------------------------------------------------------------------ reads
 
     def read_label(self, deadline: float | None = None) -> str:
-        label = self._call("read_label", lambda e: e.get_weight_version(), deadline)
+        label = self._call("read_label", "get_weight_version", deadline)
         if not isinstance(label, str):
             raise AdapterError(f"read_label: {label!r}")
         return label
 
     def read_paused(self, deadline: float | None = None) -> bool:
-        paused = self._call("read_paused", lambda e: e.is_paused(), deadline)
+        paused = self._call("read_paused", "is_paused", deadline)
         if not isinstance(paused, bool):
             raise AdapterError(f"read_paused: {paused!r}")
         return paused
 
     def running_requests(self, deadline: float | None = None) -> int:
-        async def unfinished(e: Any) -> int:
-            return int(e.get_num_unfinished_requests())
-
-        return self._call("running_requests", unfinished, deadline)
+        return int(self._call("running_requests", "unfinished", deadline))
 
     def read_identity(self, deadline: float | None = None) -> str:
         return worker_identity(self._rpc("rc_identity", deadline, "read_identity"))
@@ -300,8 +346,8 @@ class InProcessAdapter:
     def pause(self, mode: PauseMode, deadline: float) -> PauseEvidence:
         mode = PauseMode(mode)
         # clear_cache=False: the caches stay until the verified resets after the mutation.
-        status, _ = self._status("pause", lambda e: e.pause_generation(
-            mode=mode.value, clear_cache=False), deadline)
+        status, _ = self._status("pause", "pause_generation", deadline, mode=mode.value,
+                                 clear_cache=False)
         paused = self._or_none(self.read_paused, deadline)
         running = self._or_none(self.running_requests, deadline)
         if status == OK:
@@ -311,16 +357,16 @@ class InProcessAdapter:
         return PauseEvidence(mode, status, None, paused, running)
 
     def resume(self, deadline: float) -> ResumeEvidence:
-        status, _ = self._status("resume", lambda e: e.resume_generation(), deadline)
+        status, _ = self._status("resume", "resume_generation", deadline)
         return ResumeEvidence(status, None, self._or_none(self.read_paused, deadline))
 
     def fence(self, label: str, deadline: float) -> FenceEvidence:
         """Pause in abort mode and relabel; read both back. Every failure is evidence."""
         errors: list[str] = []
-        pause_status, _ = self._status("fence_pause", lambda e: e.pause_generation(
-            mode="abort", clear_cache=False), deadline, errors)
-        label_status, _ = self._status("fence_label", lambda e: e.update_weight_version(label),
-                                       deadline, errors)
+        pause_status, _ = self._status("fence_pause", "pause_generation", deadline,
+                                       errors=errors, mode="abort", clear_cache=False)
+        label_status, _ = self._status("fence_label", "update_weight_version", deadline, label,
+                                       errors=errors)
         running = self._or_none(self.running_requests, deadline)
         while running and time.monotonic() + ABORT_POLL_S < deadline:
             time.sleep(ABORT_POLL_S)
@@ -345,14 +391,12 @@ class InProcessAdapter:
     def reset_cache(self, tier: str, deadline: float) -> ResetEvidence:
         if tier == "prefix":
             # Refused (False) while running requests hold blocks: not reset from under them.
-            status, ok = self._status("reset_prefix", lambda e: e.reset_prefix_cache(
-                reset_running_requests=False, reset_connector=False), deadline)
+            status, ok = self._status("reset_prefix", "reset_prefix_cache", deadline,
+                                      reset_running_requests=False, reset_connector=False)
             return ResetEvidence(tier, status, ok if isinstance(ok, bool) else None)
         if tier not in ("encoder", "mm"):
             raise AdapterError(f"unknown cache tier {tier!r}", proven_no_effect=True)
-        status, _ = self._status(f"reset_{tier}", (lambda e: e.reset_encoder_cache())
-                                 if tier == "encoder" else (lambda e: e.reset_mm_cache()),
-                                 deadline)
+        status, _ = self._status(f"reset_{tier}", f"reset_{tier}_cache", deadline)
         entries: int | None = None
         absent = False
         if status == OK:
@@ -372,16 +416,8 @@ class InProcessAdapter:
 
         params = SamplingParams(max_tokens=max_tokens, min_tokens=max_tokens, temperature=0.0,
                                 logprobs=0, prompt_logprobs=0 if scored else None)
-        request_id = self.host.request_id(op)
-
-        async def run(e: Any) -> Any:
-            final = None
-            async for out in e.generate(TokensPrompt(prompt_token_ids=list(prompt)), params,
-                                        request_id):
-                final = out
-            return final
-
-        return self._call(op, run, deadline, effect=op != "generate")
+        return self._call(op, "generate", deadline, TokensPrompt(prompt_token_ids=list(prompt)),
+                          params, self.host.request_id(op), effect=op != "generate")
 
     @staticmethod
     def _parse(out: Any, prompt: tuple[int, ...]) -> tuple[
@@ -449,31 +485,41 @@ class InProcessAdapter:
             except CheckpointError as e:
                 raise AdapterError(f"mutate: refused before sending anything: {e}",
                                    proven_no_effect=True) from None
-        kwargs: dict[str, Any] = {"weights_path": str(Path(target.source)),
-                                  "expected_identity": target.identity}
-        if self.epoch is not None:
-            kwargs["epoch"] = self.epoch
+        method = self.mutation_method
+        kwargs: dict[str, Any] = {"weights_path": str(Path(target.source))}
+        if method == "rc_reload_weights":
+            kwargs["expected_identity"] = target.identity
+            if self.epoch is not None:
+                kwargs["epoch"] = self.epoch
         try:
-            results = self._rpc("rc_reload_weights", deadline, "mutate", effect=True, **kwargs)
+            seconds = remaining(deadline)
+            results = self._call("mutate", "collective_rpc", deadline, method, effect=True,
+                                 timeout=seconds, kwargs=kwargs)
         except AdapterError as e:
             if e.proven_no_effect:
                 raise
-            return ev(MutationOutcome.AMBIGUOUS, f"rc_reload_weights: {e}")
-        failed = reload_failure(results, target)
-        if failed is not None:
-            return ev(*failed)
-        nbytes = sum(int(r.get("bytes") or 0) for r in results)
+            return ev(MutationOutcome.AMBIGUOUS, f"{method}: {e}")
+        nbytes: int | None = None
+        if method == "rc_reload_weights":
+            if not isinstance(results, list) or not results or \
+                    not all(isinstance(r, dict) for r in results):
+                return ev(MutationOutcome.AMBIGUOUS, f"{method}: results {results!r:.200}")
+            failed = reload_failure(results, target)
+            if failed is not None:
+                return ev(*failed)
+            nbytes = sum(int(r.get("bytes") or 0) for r in results)
+        elif not isinstance(results, list):  # vLLM's reload returns None per worker
+            return ev(MutationOutcome.AMBIGUOUS, f"{method}: results {results!r:.200}")
         # The mutation's own finalisation, and only here: the label, read back.
         try:
-            self._call("finalise", lambda e: e.update_weight_version(target.label), deadline,
-                       effect=True)
+            self._call("finalise", "update_weight_version", deadline, target.label, effect=True)
             label = self.read_label(deadline)
         except AdapterError as e:
             return ev(MutationOutcome.AMBIGUOUS, f"weights loaded, label not finalised: {e}")
         if label != target.label:
             return ev(MutationOutcome.AMBIGUOUS, f"weights loaded, label reads {label!r}")
-        return ev(MutationOutcome.COMPLETED, f"rc_reload_weights {target.source} and "
-                  f"finalised as {target.label!r}", nbytes)
+        return ev(MutationOutcome.COMPLETED, f"{method} {target.source} and finalised as "
+                  f"{target.label!r}", nbytes)
 
 
 def _prompt_scores(entries: Any, prompt: tuple[int, ...]) -> tuple[float | None, ...]:

@@ -115,11 +115,25 @@ class EngineActor:
         if ev is not None:
             ev.set()
 
+    def set_interceptor(self, interceptor: Any) -> None:
+        """Controlled causes inside the engine's host for tests (see
+        :attr:`~rolloutcore.adapters.inprocess.InProcessEngine.interceptor`); None: none."""
+        self.host.interceptor = interceptor
+
+    def set_mutation_method(self, method: str) -> None:
+        """``rc_reload_weights`` or vLLM's own ``reload_weights`` (a harness's armed
+        mutation: it installs whatever it is pointed at)."""
+        from rolloutcore.adapters.http import MUTATION_METHODS
+
+        if method not in MUTATION_METHODS:
+            raise ValueError(f"mutation method must be one of {MUTATION_METHODS}")
+        self.adapter.mutation_method = method
+
     def set_label(self, label: str) -> str:
         """Set the engine's version label outside any lifecycle (what an orchestrator that
         relabels a restarted engine does); returns the label read back."""
         deadline = time.monotonic() + 30.0
-        self.adapter.host.call(lambda e: e.update_weight_version(label), 30.0)
+        self.adapter.host.call("update_weight_version", 30.0, label)
         return self.adapter.read_label(deadline)
 
 

@@ -1,8 +1,12 @@
 """RolloutCore governing engines hosted in Ray actors: a local Ray cluster started here,
 two real in-process vLLM engines placed by :func:`rolloutcore.adapters.ray_engine.launch`
-(a placement group, named actors, Ray restarts), a fleet over their Ray handles.
+(a placement group, named actors, Ray restarts), driven through their Ray handles.
 
-Scenarios (each ends with the fleet journal passing the fleet checker):
+On one of them, the in-process adapter running inside the actor: the spec-generated
+tour (faults injected inside the actor, :mod:`rolloutcore.conformance.inprocess_engine`)
+and the scenario corpus, each scenario beside its simulator run.
+
+Fleet scenarios over both (each ends with the fleet journal passing the fleet checker):
 
 * a verified update on both actors, driven through their handles;
 * an actor's process killed in the middle of its mutation (held there by the test):
@@ -45,9 +49,24 @@ from rolloutcore.adapters.ray_engine import (  # noqa: E402
     RayAdapter,
     launch,
 )
-from rolloutcore.conformance.engines import INITIAL_LABEL, checkpoint_target  # noqa: E402
-from rolloutcore.conformance.harness import wait_until  # noqa: E402
+from rolloutcore.conformance.engines import (  # noqa: E402
+    INITIAL_LABEL,
+    SimHarnessEngine,
+    checkpoint_target,
+)
+from rolloutcore.conformance.harness import (  # noqa: E402
+    EnginePool,
+    compare,
+    run_scenario,
+    wait_until,
+)
+from rolloutcore.conformance.inprocess_engine import (  # noqa: E402
+    ActorServer,
+    InProcessHarnessEngine,
+)
+from rolloutcore.conformance.scenarios import SCENARIOS  # noqa: E402
 from rolloutcore.conformance.tiny_model import build_models  # noqa: E402
+from rolloutcore.conformance.tour import Capability, TourGraph, class_name, plan, tour  # noqa: E402
 from rolloutcore.fleet import Fleet  # noqa: E402
 from rolloutcore.fleet_check import check_fleet_file  # noqa: E402
 from rolloutcore.runner import RunnerPolicy  # noqa: E402
@@ -94,9 +113,57 @@ def _restarted(e: LaunchedEngine, old: str) -> dict[str, Any]:
     return out
 
 
+@pytest.fixture(scope="module")
+def harness(engines: dict[str, LaunchedEngine],
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[EnginePool]:
+    work = tmp_path_factory.mktemp("inprocess")
+    a = engines["a"]
+    pool = EnginePool(lambda: InProcessHarnessEngine(a.handle, a.url, build_models(),
+                                                     work_dir=work))
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+def test_tour_on_an_in_process_engine_in_a_ray_actor(harness: EnginePool,
+                                                     tmp_path: Path) -> None:
+    """The spec-generated cover and seeded walks through the actor's handle: what the
+    in-process engine cannot realise is exactly what the plan says of a real vLLM."""
+    graph = TourGraph()
+    report = tour(harness.get(), tmp_path, graph=graph, walks=4, seed=0, printer=print)
+    failed = [(r.schedule.labels(), r.message) for r in report.schedules if not r.passed]
+    assert failed == []
+    assert report.walk_failure is None
+    _, reasons = plan(graph, Capability("vllm"))
+    assert report.unrealisable == reasons
+    assert {class_name(c) for c in reasons} == {
+        "mutate_ok_unlabelled@UPDATING", "mutate_ok_broken@UPDATING"}
+    assert report.realised == set(graph.classes()) - set(reasons)
+    assert report.passed
+
+
+# Non-destructive first, in corpus order; the destructive ones last.
+ORDER = sorted(SCENARIOS, key=lambda n: SCENARIOS[n].destructive)
+
+
+@pytest.mark.parametrize("name", ORDER)
+def test_scenario_on_an_in_process_engine_matches_the_simulator(
+        name: str, harness: EnginePool, tmp_path: Path) -> None:
+    real = run_scenario(SCENARIOS[name], harness.get(), tmp_path, printer=print)
+    sim = run_scenario(SCENARIOS[name], SimHarnessEngine(), tmp_path)
+    assert compare([sim], [real]) == [], "simulator and the in-process engine disagree"
+    assert real.passed, real.failures()
+    assert real.trace is not None and real.trace["accepted"] and real.trace["chain_ok"]
+
+
 @pytest.fixture
 def fleet(engines: dict[str, LaunchedEngine], tmp_path: Path) -> Iterator[Fleet]:
     models = build_models()
+    for e in engines.values():  # a scenario that killed its engine: Ray restarts it
+        server = ActorServer(e.handle, e.url)
+        if not server.is_running():
+            server.restart()
     adapters = {n: RayAdapter(e.handle) for n, e in engines.items()}
     for a in adapters.values():
         a.info()
