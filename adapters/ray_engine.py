@@ -286,16 +286,56 @@ class LaunchedEngine:
     url: str  # its OpenAI routes (the gateway's rollouts go there)
 
 
+class RayUnavailable(ConnectionError):
+    """No Ray cluster answers at the address (one line: where and why)."""
+
+
+def connect(address: str, namespace: str = NAMESPACE, *, timeout: float = 5.0) -> None:
+    """Join the Ray cluster whose GCS is at ``address`` (host:port) as a driver in
+    ``namespace`` (a no-op when this process already has); RayUnavailable within
+    ``timeout`` when nothing listens there (``ray.init`` alone would retry for a minute)."""
+    import socket
+
+    import ray
+
+    if ray.is_initialized():
+        return
+    host, _sep, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            pass
+    except (OSError, ValueError) as e:
+        raise RayUnavailable(f"no Ray cluster at {address}: {e}") from None
+    try:
+        ray.init(address=address, namespace=namespace, log_to_driver=False,
+                 configure_logging=False)
+    except Exception as e:  # ray raises ConnectionError, RuntimeError, ...
+        raise RayUnavailable(f"cannot join the Ray cluster at {address}: "
+                             f"{str(e).splitlines()[0][:200]}") from None
+
+
+def engine_handle(actor: str, namespace: str = NAMESPACE) -> Any:
+    """The handle of the named engine actor; RayUnavailable if the cluster has none."""
+    import ray
+
+    try:
+        return ray.get_actor(actor, namespace=namespace)
+    except ValueError:
+        raise RayUnavailable(f"the Ray cluster has no actor {actor!r} in namespace "
+                             f"{namespace!r}") from None
+
+
 def launch(model: str | Path, names: Sequence[str], *, prefix: str = "rolloutcore-engine-",
            max_restarts: int = 1, cpus_per_engine: float = 1.0, strategy: str = "PACK",
-           extra_args: Sequence[str] = (), startup_timeout: float = 300.0
-           ) -> tuple[Any, list[LaunchedEngine]]:
+           extra_args: Sequence[str] = (), startup_timeout: float = 300.0,
+           detached: bool = False) -> tuple[Any, list[LaunchedEngine]]:
     """Place one engine actor per name on ``model`` with a placement group (one bundle
     of ``cpus_per_engine`` CPUs each; ``strategy`` PACK or SPREAD over the nodes), named
     ``{prefix}{name}`` in :data:`NAMESPACE`, restarted by Ray up to ``max_restarts``
     times, each serving its OpenAI routes on a port fixed at launch (a restart comes back
     on the same URL). Returns the placement group and the engines once every one
-    answers."""
+    answers. ``detached``: the actors and their placement group outlive this driver
+    (``rolloutcore fleet launch``; ``ray stop`` ends them)."""
     import ray
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -303,10 +343,12 @@ def launch(model: str | Path, names: Sequence[str], *, prefix: str = "rolloutcor
     from rolloutcore.adapters.inprocess import ENGINE_ENV, engine_args
     from rolloutcore.conformance.server import free_port
 
-    pg = placement_group([{"CPU": cpus_per_engine} for _ in names], strategy=strategy)
+    lifetime = {"lifetime": "detached"} if detached else {}
+    pg = placement_group([{"CPU": cpus_per_engine} for _ in names], strategy=strategy,
+                         **lifetime)
     ray.get(pg.ready(), timeout=startup_timeout)
     cls = actor_class(num_cpus=cpus_per_engine, max_restarts=max_restarts,
-                      runtime_env={"env_vars": dict(ENGINE_ENV)})
+                      runtime_env={"env_vars": dict(ENGINE_ENV)}, **lifetime)
     handles = []
     for i, name in enumerate(names):
         port = free_port()
@@ -321,4 +363,4 @@ def launch(model: str | Path, names: Sequence[str], *, prefix: str = "rolloutcor
 
 
 __all__ = ["NAMESPACE", "OPERATIONS", "EngineActor", "LaunchedEngine", "RayAdapter",
-           "actor_class", "launch"]
+           "RayUnavailable", "actor_class", "connect", "engine_handle", "launch"]

@@ -18,6 +18,7 @@ journal on the store.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import tempfile
@@ -90,20 +91,31 @@ def open_fleet(cfg: FleetConfig, fleet_file: str, *, min_serving: int | None = N
     from rolloutcore.runner import RunnerPolicy
 
     lora = cfg.adapter.name if cfg.adapter else None
-    members = []
+    members: list[tuple[str, Any, str]] = []
     for e in cfg.engines:
         if e.transfer != "reload":
             raise FleetError(f"engine {e.name}: the command line updates by reload; weight "
                              f"transfer ({e.transfer}) is driven from the trainer process "
                              "(Python API: rolloutcore.fleet.Fleet with TransferAdapter)")
+        if e.ray is not None and cfg.ray is not None:
+            from rolloutcore.adapters.ray_engine import RayAdapter, connect, engine_handle
+
+            connect(cfg.ray.address, cfg.ray.namespace)
+            members.append((e.name, RayAdapter(engine_handle(e.ray, cfg.ray.namespace)),
+                            e.url))
+            continue
         members.append((e.name, HttpAdapter(e.url, model=e.model, token=e.token, lora=lora),
                         e.url))
     try:
-        return Fleet(members, journal=journal or journal_of(cfg, fleet_file),
-                     min_serving=min_serving or cfg.min_serving, policy=RunnerPolicy(),
-                     on_step=on_step, max_live=cfg.max_live,
-                     min_admitting=cfg.min_admitting,
-                     target_of=policy_targets(cfg))
+        fleet = Fleet(members, journal=journal or journal_of(cfg, fleet_file),
+                      min_serving=min_serving or cfg.min_serving, policy=RunnerPolicy(),
+                      on_step=on_step, max_live=cfg.max_live,
+                      min_admitting=cfg.min_admitting,
+                      target_of=policy_targets(cfg))
+        for name, adapter, _url in members:  # Ray's restarts: suspected, audited at once
+            if hasattr(adapter, "on_replaced"):
+                adapter.on_replaced = functools.partial(fleet.report_replaced, name)
+        return fleet
     except FleetError as e:
         if journal is None or not str(e).startswith("deposed"):
             raise
@@ -114,6 +126,10 @@ def open_fleet(cfg: FleetConfig, fleet_file: str, *, min_serving: int | None = N
         raise Deposed(str(e)) from None
 
 
+class _Unreachable(Exception):
+    """What hosts the engines cannot be reached (the Ray cluster): exit 3, one line."""
+
+
 def _open(args: argparse.Namespace, cfg: FleetConfig, *, min_serving: int | None = None,
           journal: JournalStore | None = None) -> Fleet:
     def step(member: str, name: str, outcome: str, seconds: float) -> None:
@@ -121,8 +137,11 @@ def _open(args: argparse.Namespace, cfg: FleetConfig, *, min_serving: int | None
             print(f"  [{member}] {name:<14} -> {outcome:<20} {seconds * 1e3:8.1f} ms",
                   flush=True)
 
-    return open_fleet(cfg, args.fleet, min_serving=min_serving, on_step=step,
-                      journal=journal)
+    try:
+        return open_fleet(cfg, args.fleet, min_serving=min_serving, on_step=step,
+                          journal=journal)
+    except ConnectionError as e:  # rolloutcore.adapters.ray_engine.RayUnavailable
+        raise _Unreachable(str(e)) from None
 
 
 Act = Callable[["JournalStore | None"], int]
@@ -303,6 +322,8 @@ def _audit(args: argparse.Namespace, cfg: FleetConfig, journal: JournalStore | N
 
     try:
         fleet = _open(args, cfg, journal=journal)
+    except _Unreachable as err:
+        return _stop(args, CANNOT_RUN, str(err))
     except (FleetFileError, FleetError, ValueError) as err:
         return _fail(args, str(err))
     try:
@@ -353,6 +374,8 @@ def _update(args: argparse.Namespace, cfg: FleetConfig, journal: JournalStore | 
     target_of = policy_targets(cfg)
     try:
         fleet = _open(args, cfg, min_serving=args.min_serving, journal=journal)
+    except _Unreachable as err:
+        return _stop(args, CANNOT_RUN, str(err))
     except (FleetFileError, FleetError, TargetError, ValueError) as err:
         return _fail(args, str(err))
     try:
@@ -408,6 +431,8 @@ def _readmit(args: argparse.Namespace, cfg: FleetConfig, journal: JournalStore |
 
     try:
         fleet = _open(args, cfg, journal=journal)
+    except _Unreachable as err:
+        return _stop(args, CANNOT_RUN, str(err))
     except (FleetFileError, FleetError, ValueError) as err:
         return _fail(args, str(err))
     try:
@@ -437,6 +462,79 @@ def _add_wait(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wait", type=_seconds, default=0.0, metavar="SECONDS",
                    help="a fleet with [control] store: how long to wait for another "
                    "controller to step down (default 0: exit 1 at once, naming it)")
+
+
+def fleet_launch(args: argparse.Namespace) -> int:
+    """Place ``--engines`` engine actors (in-process vLLM, their OpenAI routes served) on a
+    Ray cluster, ``--address``'s or a local one started here, with a placement group, as
+    detached named actors; write the fleet file that names them (``serve`` and the fleet
+    commands then drive them through their Ray handles). Exit 0 once every engine
+    answers."""
+    import importlib.util
+
+    from rolloutcore.identity import CheckpointError, safetensors_files
+
+    if not args.ray:
+        return _fail(args, "fleet launch places engines with Ray only: pass --ray")
+    try:
+        safetensors_files(args.model)
+    except CheckpointError as e:
+        return _fail(args, f"--model {args.model}: {e}")
+    out = Path(args.out)
+    if out.exists() or not out.parent.is_dir():
+        return _fail(args, f"--out {out}: " + ("exists (a fleet file is never overwritten)"
+                                               if out.exists() else
+                                               f"no such directory {out.parent}"))
+    if importlib.util.find_spec("ray") is None:
+        return _stop(args, CANNOT_RUN, "ray is not installed (pip install -e '.[ray]')")
+    from rolloutcore.adapters.ray_engine import NAMESPACE, RayUnavailable, connect, launch
+
+    names = [f"e{i}" for i in range(args.engines)]
+    try:
+        address = args.address or _start_ray_head(args.engines * args.cpus_per_engine + 1)
+        connect(address, NAMESPACE)
+        _pg, engines = launch(Path(args.model), names, detached=True,
+                              max_restarts=args.max_restarts,
+                              cpus_per_engine=args.cpus_per_engine)
+    except (RayUnavailable, RuntimeError) as e:
+        return _stop(args, CANNOT_RUN, str(e))
+    except Exception as e:  # Ray's own (a placement group that cannot be placed, ...)
+        return _stop(args, CANNOT_RUN, f"the engines could not be launched: "
+                     f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
+    lines = ["# Written by rolloutcore fleet launch --ray; `ray stop` ends the engines.",
+             "[fleet]", f"min_serving = {len(engines)}", "", "[ray]",
+             f"address = {json.dumps(address)}", f"namespace = {json.dumps(NAMESPACE)}"]
+    for eng in engines:
+        lines += ["", "[[engine]]", f"name = {json.dumps(eng.name)}",
+                  f"url = {json.dumps(eng.url)}", f"ray = {json.dumps(eng.actor_name)}"]
+    out.write_text("\n".join(lines) + "\n")
+    _emit(args, {"fleet": str(out), "address": address,
+                 "engines": [{"name": x.name, "actor": x.actor_name, "url": x.url}
+                             for x in engines]},
+          [f"{len(engines)} engine actor(s) on the Ray cluster at {address}:",
+           *(f"  {x.name}: {x.actor_name} serving {x.url}" for x in engines),
+           f"fleet file: {out}"])
+    return OK
+
+
+def _start_ray_head(cpus: float) -> str:
+    """Start a local Ray head (``ray start --head``) and return its GCS address."""
+    import subprocess
+
+    from rolloutcore.conformance.server import free_port
+
+    port = free_port()
+    ray_cli = Path(sys.executable).with_name("ray")
+    cmd = [str(ray_cli), "start", "--head", f"--port={port}", f"--num-cpus={cpus:g}",
+           "--include-dashboard=false", "--disable-usage-stats"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise RuntimeError(f"ray start --head: {e}") from None
+    if done.returncode != 0:
+        tail = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or ["?"]
+        raise RuntimeError(f"ray start --head failed: {tail[0][:300]}")
+    return f"127.0.0.1:{port}"
 
 
 def add_fleet_parsers(sub: Any, int_at_least: Any) -> None:
@@ -473,3 +571,17 @@ def add_fleet_parsers(sub: Any, int_at_least: Any) -> None:
     _add_wait(au)
     au.add_argument("--json", action="store_true")
     au.set_defaults(func=fleet_audit)
+    la = fsub.add_parser("launch", help="place engine actors (in-process vLLM) on a Ray "
+                         "cluster and write the fleet file that names them")
+    la.add_argument("--ray", action="store_true", help="host the engines in Ray actors")
+    la.add_argument("--engines", type=int_at_least(1), required=True, help="how many")
+    la.add_argument("--model", required=True, help="the checkpoint every engine starts on")
+    la.add_argument("--out", required=True, help="the fleet file to write (must not exist)")
+    la.add_argument("--address", help="the Ray cluster's GCS host:port (default: start a "
+                    "local head here)")
+    la.add_argument("--max-restarts", type=int_at_least(0), default=1,
+                    help="how often Ray restarts a dead engine actor (default 1)")
+    la.add_argument("--cpus-per-engine", type=float, default=1.0,
+                    help="CPUs of each engine's placement-group bundle (default 1)")
+    la.add_argument("--json", action="store_true")
+    la.set_defaults(func=fleet_launch)

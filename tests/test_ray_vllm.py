@@ -24,8 +24,11 @@ Fleet scenarios over both (each ends with the fleet journal passing the fleet ch
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -40,6 +43,7 @@ if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("ray") i
     pytest.skip("vllm or ray is not installed (pip install -e '.[vllm]')",
                 allow_module_level=True)
 
+import httpx  # noqa: E402
 import ray  # noqa: E402
 
 from rolloutcore.adapters.contract import MutationOutcome, PauseMode  # noqa: E402
@@ -65,6 +69,7 @@ from rolloutcore.conformance.inprocess_engine import (  # noqa: E402
     InProcessHarnessEngine,
 )
 from rolloutcore.conformance.scenarios import SCENARIOS  # noqa: E402
+from rolloutcore.conformance.server import free_port  # noqa: E402
 from rolloutcore.conformance.tiny_model import build_models  # noqa: E402
 from rolloutcore.conformance.tour import Capability, TourGraph, class_name, plan, tour  # noqa: E402
 from rolloutcore.fleet import Fleet  # noqa: E402
@@ -284,3 +289,52 @@ def test_a_restarted_actor_relabelled_as_committed_is_caught_by_identity(
     out = fleet.readmit("a", who="test")
     assert out.trigger == "readmit_ok", out.reason
     assert ma.adapter.read_state(time.monotonic() + 30).identity == _target("v2", 2).identity
+
+
+def test_the_ray_launch_in_two_commands(engines: dict[str, LaunchedEngine],
+                                        tmp_path: Path) -> None:
+    """``rolloutcore fleet launch --ray`` places an engine actor on the cluster (here this
+    module's) and writes the fleet file; ``rolloutcore serve`` drives it through its Ray
+    handle: a verified update through the admin API, then a completion through the
+    gateway bound to the new generation; the journal checks."""
+    models = build_models()
+    fleet_file = tmp_path / "fleet.toml"
+    address = ray.get_runtime_context().gcs_address
+    launched = subprocess.run(
+        [sys.executable, "-m", "rolloutcore.cli", "fleet", "launch", "--ray", "--engines", "1",
+         "--model", str(models["v1"]), "--out", str(fleet_file), "--address", address,
+         "--json"], capture_output=True, text=True, timeout=BOUND)
+    assert launched.returncode == 0, launched.stderr[-2000:]
+    (engine,) = json.loads(launched.stdout)["engines"]
+    assert f'ray = "{engine["actor"]}"' in fleet_file.read_text()
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rolloutcore.cli", "serve", "--fleet", str(fleet_file),
+         "--port", str(port), "--initial", str(models["v1"]), "--no-watchdog"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        def healthy() -> bool:
+            assert proc.poll() is None, proc.communicate()
+            try:
+                return httpx.get(f"{url}/health", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        assert wait_until(healthy, BOUND, interval=0.1), "serve did not start"
+        r = httpx.post(f"{url}/admin/update", timeout=BOUND, json={
+            "checkpoint": str(models["v2"]), "label": "v2"})
+        assert r.status_code == 200 and r.json()["published"], r.text
+        ref = _target("v2", 2)
+        c = httpx.post(f"{url}/v1/completions", timeout=BOUND, json={
+            "model": "tiny", "prompt": list(ref.probe_prompt), "max_tokens": 8,
+            "min_tokens": 8, "temperature": 0.0, "return_token_ids": True})
+        assert c.status_code == 200, c.text
+        assert c.headers["x-rolloutcore-generation"] == "2"
+        assert c.headers["x-rolloutcore-identity"] == ref.identity
+        assert c.json()["choices"][0]["token_ids"] == list(ref.probe_tokens[:8])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=BOUND)
+    assert proc.returncode == 0, (out, err[-3000:])
+    assert check_fleet_file(fleet_file.with_suffix(".journal.jsonl")).accepted

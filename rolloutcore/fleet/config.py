@@ -22,6 +22,17 @@ class EngineConfig:
     model: str = "tiny"
     token: str | None = None
     transfer: str = "reload"
+    #: The engine is hosted in this named Ray actor (``rolloutcore fleet launch --ray``):
+    #: its lifecycle goes through the actor's handle, its rollouts to ``url``.
+    ray: str | None = None
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    """``[ray]``: the Ray cluster that hosts the engines named with ``ray``."""
+
+    address: str  # host:port of the cluster's GCS
+    namespace: str = "rolloutcore"
 
 
 @dataclass(frozen=True)
@@ -53,6 +64,7 @@ class FleetConfig:
     min_admitting: int = 0  # C: members serving throughout a rolling update
     control: ControlConfig | None = None  # None: a local journal file, one controller
     adapter: AdapterConfig | None = None  # None: updates change the base weights
+    ray: RayConfig | None = None  # None: no engine is hosted in Ray
 
     @property
     def served_model(self) -> str | None:
@@ -95,6 +107,10 @@ def load_fleet_file(path: str | Path) -> FleetConfig:
         lease_s = 5              # optional: a dead leader is replaced after about this
         id = "controller-a"      # optional: this controller's name (default host:pid)
 
+        [ray]                    # engines hosted in Ray actors (rolloutcore fleet launch
+        address = "127.0.0.1:6379"   # --ray writes it): the cluster, and per engine
+        namespace = "rolloutcore"    # ray = "<actor name>" beside its url
+
         [adapter]                # optional: the policy is a LoRA adapter (engines started
         name = "pol"             # with --enable-lora); its name on every engine
         base = "models/v1"       # the base checkpoint the engines serve (relative to the file)
@@ -106,7 +122,7 @@ def load_fleet_file(path: str | Path) -> FleetConfig:
         raise FleetFileError(unreadable(p, err)) from None
     except tomllib.TOMLDecodeError as err:
         raise FleetFileError(f"{p}: not TOML: {err}") from None
-    unknown = set(data) - {"fleet", "engine", "control", "adapter"}
+    unknown = set(data) - {"fleet", "engine", "control", "adapter", "ray"}
     if unknown:
         raise FleetFileError(f"{p}: unknown table(s) {sorted(unknown)}")
     raw = data.get("engine")
@@ -117,20 +133,23 @@ def load_fleet_file(path: str | Path) -> FleetConfig:
         where = f"{p}: engine {n}"
         if not isinstance(e, dict):
             raise FleetFileError(f"{where}: not a table")
-        extra = set(e) - {"name", "url", "model", "token", "transfer"}
+        extra = set(e) - {"name", "url", "model", "token", "transfer", "ray"}
         if extra:
             raise FleetFileError(f"{where}: unknown key(s) {sorted(extra)}")
         for key in ("name", "url"):
             if not isinstance(e.get(key), str) or not e[key]:
                 raise FleetFileError(f"{where}: {key} must be a non-empty string")
-        for key in ("model", "token", "transfer"):
+        for key in ("model", "token", "transfer", "ray"):
             if key in e and not isinstance(e[key], str):
                 raise FleetFileError(f"{where}: {key} must be a string")
         transfer = e.get("transfer", "reload")
         if transfer not in TRANSFERS:
             raise FleetFileError(f"{where}: transfer must be one of {', '.join(TRANSFERS)}")
+        if "ray" in e and (not e["ray"] or transfer != "reload"):
+            raise FleetFileError(f"{where}: ray names the engine's actor (non-empty), and a "
+                                 "Ray-hosted engine updates by reload")
         engines.append(EngineConfig(e["name"], e["url"], e.get("model", "tiny"),
-                                    e.get("token"), transfer))
+                                    e.get("token"), transfer, e.get("ray")))
     names = [e.name for e in engines]
     if len(set(names)) != len(names):
         raise FleetFileError(f"{p}: engine names must be distinct: {names}")
@@ -162,9 +181,32 @@ def load_fleet_file(path: str | Path) -> FleetConfig:
     if adapter is not None and any(e.transfer != "reload" for e in engines):
         raise FleetFileError(f"{p}: [adapter]: adapters are loaded by the engines "
                              "(transfer = \"reload\"), not sent by a weight transfer")
+    ray = _ray(p, data.get("ray"))
+    hosted = [e.name for e in engines if e.ray is not None]
+    if hosted and ray is None:
+        raise FleetFileError(f"{p}: engine(s) {hosted} name a Ray actor but there is no [ray] "
+                             "table (the cluster's address)")
+    if hosted and adapter is not None:
+        raise FleetFileError(f"{p}: [adapter]: LoRA adapters are updated over HTTP; a "
+                             "Ray-hosted engine updates its base weights")
     return FleetConfig(tuple(engines), k, (p.parent / journal) if journal else None,
                        None if watchdog is None else float(watchdog), max_live=rolling[0],
-                       min_admitting=rolling[1], control=control, adapter=adapter)
+                       min_admitting=rolling[1], control=control, adapter=adapter, ray=ray)
+
+
+def _ray(p: Path, raw: object) -> RayConfig | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or "address" not in raw or set(raw) - {"address",
+                                                                        "namespace"}:
+        raise FleetFileError(f"{p}: [ray] takes address (required) and namespace")
+    address, namespace = raw["address"], raw.get("namespace", "rolloutcore")
+    host, sep, port = address.rpartition(":") if isinstance(address, str) else ("", "", "")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise FleetFileError(f"{p}: [ray] address must be host:port, not {address!r:.60}")
+    if not isinstance(namespace, str) or not namespace:
+        raise FleetFileError(f"{p}: [ray] namespace must be a non-empty string")
+    return RayConfig(address, namespace)
 
 
 def _adapter(p: Path, raw: object) -> AdapterConfig | None:

@@ -115,6 +115,8 @@ def serve(args: argparse.Namespace) -> int:
             return _serve_controlled(args, cfg, config, sock)
         try:
             fleet = open_fleet(cfg, args.fleet)
+        except ConnectionError as e:  # the Ray cluster hosting the engines
+            return _cannot_run(str(e))
         except (FleetError, ValueError) as e:
             return _fail(str(e))
         return _run_gateway(args, cfg, config, fleet, sock)
@@ -351,6 +353,8 @@ def _serve_controlled(args: argparse.Namespace, cfg: FleetConfig, config: Gatewa
             fleet = open_fleet(cfg, args.fleet, journal=EtcdJournalStore(store, lead, cid))
         except (JournalError, StoreError) as e:  # deposed during the takeover
             return _cannot_run(deposed_line(e))
+        except ConnectionError as e:  # the Ray cluster hosting the engines
+            return _cannot_run(str(e))
         except (FleetError, ValueError) as e:
             return _fail(str(e))
         try:
