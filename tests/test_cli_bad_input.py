@@ -148,8 +148,19 @@ CASES: list[Case] = [
         ("status", ""), ("update", "--checkpoint {dir} --label v2"),
         ("readmit", "--engine a"), ("audit", "")) for f in (
         "notjson", "empty", "binary", "dir", "missing", "fleet_dup", "fleet_bad_k",
-        "fleet_bad_transfer", "fleet_unknown_key")),
+        "fleet_bad_transfer", "fleet_unknown_key", "fleet_ray_no_table",
+        "fleet_ray_bad_address", "fleet_ray_transfer")),
     C("fleet status", "", 2, "no fleet file"),
+    # fleet launch: every argument checked before a Ray cluster is touched
+    C("fleet launch", "--engines 1 --model {dir} --out {new}", 2, "without --ray"),
+    C("fleet launch", "--ray --engines 0 --model {dir} --out {new}", 2, "no engines"),
+    C("fleet launch", "--ray --engines 1 --model {missing} --out {new}", 2, "model missing"),
+    C("fleet launch", "--ray --engines 1 --model {dir} --out {new}", 2, "model not a checkpoint"),
+    C("fleet launch", "--ray --engines 1 --model {ckpt} --out {notjson}", 2, "out exists"),
+    C("fleet launch", "--ray --engines 1 --model {ckpt} --out {missing}/x.toml", 2,
+      "out in no directory"),
+    C("fleet launch", "--ray --engines 1 --model {ckpt}", 2, "no --out"),
+
     *(C(f"fleet {cmd}", f"--fleet {{{f}}} {extra}", 2, f) for cmd, extra in (
         ("status", ""), ("update", "--checkpoint {dir} --label v2")) for f in (
         "fleet_c_without_k", "fleet_c_every_member", "fleet_k_string")),
@@ -224,6 +235,8 @@ def _record_line(rollout: str, seq: int) -> str:
 
 def _make_corpus(root: Path) -> dict[str, str]:
     (root / "dir").mkdir()
+    (root / "ckpt").mkdir()  # a checkpoint directory as far as a launch checks one
+    (root / "ckpt" / "model.safetensors").write_bytes(b"")
     files: dict[str, bytes] = {
         "notjson": b"hello, this is not JSON\n",
         "empty": b"",
@@ -267,9 +280,14 @@ def _make_corpus(root: Path) -> dict[str, str]:
     files["fleet_k_string"] = b'[fleet]\nmax_live = "2"\n' + two
     files["fleet_rolling"] = b'[fleet]\nmax_live = 2\nmin_admitting = 1\n' + two
     files["fleet_good"] = b'[[engine]]\nname = "a"\nurl = "http://127.0.0.1:1"\n'
+    ray_engine = b'[[engine]]\nname = "a"\nurl = "http://127.0.0.1:1"\nray = "e-a"\n'
+    files["fleet_ray_no_table"] = ray_engine
+    files["fleet_ray_bad_address"] = b'[ray]\naddress = "nowhere"\n' + ray_engine
+    files["fleet_ray_transfer"] = b'[ray]\naddress = "127.0.0.1:1"\n' + ray_engine + \
+        b'transfer = "gloo"\n'
     files["fleet_bad_store"] = (b'[control]\nstore = "etcd://127.0.0.1:99999"\n'
                                 b'[[engine]]\nname = "a"\nurl = "http://127.0.0.1:1"\n')
-    out = {"journal": str(journal), "dir": str(root / "dir"),
+    out = {"journal": str(journal), "dir": str(root / "dir"), "ckpt": str(root / "ckpt"),
            "missing": str(root / "missing"), "new": str(root / "new.jsonl")}
     for name, data in files.items():
         (root / name).write_bytes(data)
@@ -286,6 +304,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dic
         s.bind(("127.0.0.1", 0))
         paths["engine"] = f"http://127.0.0.1:{s.getsockname()[1]}"
         paths["engine_opt"] = "--engine " + paths["engine"]
+        paths["dead_gcs"] = f"127.0.0.1:{s.getsockname()[1]}"
         yield root, paths
 
 
@@ -387,6 +406,17 @@ def test_every_command_has_bad_input_cases() -> None:
     covered = {c.command for c in CASES}
     assert commands <= covered, f"commands without bad-input cases: {commands - covered}"
     assert covered <= commands, f"cases for unknown commands: {covered - commands}"
+
+
+def test_fleet_launch_without_a_cluster_is_exit_3_and_writes_nothing(
+        sandbox: tuple[Path, dict[str, str]], capsys: pytest.CaptureFixture[str]) -> None:
+    root, paths = sandbox
+    before = _snapshot(root)
+    rc = cli.main(["fleet", "launch", "--ray", "--engines", "1", "--model", paths["ckpt"],
+                   "--out", paths["new"], "--address", paths["dead_gcs"]])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 3 and len(err) == 1 and "no Ray cluster at" in err[0], err
+    assert _snapshot(root) == before
 
 
 def test_specific_messages(sandbox: tuple[Path, dict[str, str]],
