@@ -23,9 +23,9 @@ What differs from the HTTP routes, read from vLLM 0.32's ``AsyncLLM``:
   worker extension's count, as over HTTP.
 * The running count is the engine front end's unfinished requests (queued ones too),
   not the ``vllm:num_requests_running`` gauge: stricter, and no metric lags behind it.
-* ``pause_generation(mode="wait")`` is refused by an engine core that runs in this
-  process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` for the engine core, which ``AsyncLLM``
-  never uses): it raises, and the evidence says 500, never paused.
+* ``AsyncLLM`` always runs its engine core in a child process, so every pause mode of the
+  HTTP route exists here too (the scenario corpus's ``pause_semantics`` shows abort, wait
+  and keep as over HTTP).
 * A probe's prefix-cache hits are its own ``num_cached_tokens``.
 """
 
