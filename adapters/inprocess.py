@@ -37,7 +37,7 @@ import itertools
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -88,14 +88,99 @@ class NoAnswer(AdapterError):
     running, or nothing was sent (a deposed controller)."""
 
 
-class InProcessEngine:
+class EngineHost:
+    """An ``AsyncLLM`` and the event loop it runs on, seen from other threads: what
+    :class:`InProcessAdapter` drives. :meth:`call` runs one of the engine's coroutines on
+    its loop and waits for it at most ``seconds``; a call that outlives that keeps
+    running there (as a request a server still works on would), and the caller is told it
+    has no answer."""
+
+    engine: Any  # vllm.v1.engine.async_llm.AsyncLLM once running
+    url: str | None  # its OpenAI routes, where they are served
+    #: Tests' controlled causes: ``(method, args, kwargs) -> fault kind or None``
+    #: (``conformance.inprocess_engine``; the in-process twin of the fault proxy).
+    interceptor: Callable[[str, tuple[Any, ...], dict[str, Any]], str | None] | None
+    _ids: Iterator[int]
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        raise NotImplementedError
+
+    def alive(self) -> bool:
+        loop = self.loop
+        return loop is not None and not loop.is_closed() and self.engine is not None and \
+            not bool(getattr(self.engine, "errored", False))
+
+    def call(self, method: str, seconds: float, *args: Any, **kwargs: Any) -> Any:
+        """``await engine.<method>(*args, **kwargs)`` on the engine's loop, within
+        ``seconds``: its result or its exception; :class:`TimeoutError` when it did not end
+        in time. Two names are not ``AsyncLLM`` coroutines: ``generate`` returns a
+        request's final output, ``unfinished`` the front end's unfinished requests."""
+        loop = self.loop
+        if loop is None or self.engine is None or not self.alive():
+            raise NoAnswer("the in-process engine is not running", proven_no_effect=True)
+        fault = self.interceptor(method, args, kwargs) if self.interceptor else None
+        if fault in ("http_500", "refuse", "hang"):  # not run: nothing reaches the engine
+            if fault == "hang":
+                time.sleep(seconds + HELD_PAST_S)
+                raise TimeoutError(f"no answer within {seconds:.2f} s")
+            if fault == "refuse":
+                raise NoAnswer("the call was lost before it reached the engine")
+            raise RuntimeError(f"{method} failed (an injected engine error)")
+        engine = self.engine
+
+        async def run() -> Any:
+            if method == "generate":
+                final = None
+                async for out in engine.generate(*args, **kwargs):
+                    final = out
+                return final
+            if method == "unfinished":
+                return int(engine.get_num_unfinished_requests())
+            return await getattr(engine, method)(*args, **kwargs)
+
+        t0 = time.monotonic()
+        fut = asyncio.run_coroutine_threadsafe(run(), loop)
+        try:
+            out = fut.result(timeout=max(seconds, 0.001))
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"no answer within {seconds:.2f} s") from None
+        if fault == "late":  # done, but the answer comes after the caller gave up
+            time.sleep(max(seconds - (time.monotonic() - t0), 0.0) + HELD_PAST_S)
+            raise TimeoutError(f"no answer within {seconds:.2f} s")
+        if fault == "drop":
+            raise NoAnswer("the engine's answer was lost")
+        if fault in ("empty_body", "fail_body"):
+            return None if fault == "empty_body" else False
+        return out
+
+    def request_id(self, op: str) -> str:
+        return f"rolloutcore-{op}-{os.getpid()}-{next(self._ids)}"
+
+
+
+class HostedEngine(EngineHost):
+    """An ``AsyncLLM`` someone else built and runs on ``loop`` (a framework's own engine
+    actor: :class:`~rolloutcore.adapters.ray_engine.AdoptedEngineActor`); calls come from
+    other threads than the loop's."""
+
+    def __init__(self, engine: Any, loop: asyncio.AbstractEventLoop, url: str | None = None
+                 ) -> None:
+        self.engine = engine
+        self._engine_loop = loop
+        self.url = url
+        self.interceptor = None
+        self._ids = itertools.count()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        return self._engine_loop
+
+
+class InProcessEngine(EngineHost):
     """``AsyncLLM`` on a private event loop thread of this process, built from ``args`` (a
     ``vllm serve`` command line without the program: ``--model DIR ...``); with
-    ``serve_http`` also vLLM's OpenAI routes on ``host:port`` over the same engine.
-
-    :meth:`call` runs one coroutine of the engine on its loop and waits for it at most
-    ``seconds``; a call that outlives that keeps running there (as a request the server
-    still works on would), and the caller is told it has no answer."""
+    ``serve_http`` also vLLM's OpenAI routes on ``host:port`` over the same engine."""
 
     def __init__(self, args: Sequence[str], *, serve_http: bool = False) -> None:
         self.args = list(args)
@@ -108,10 +193,14 @@ class InProcessEngine:
         self._stop: asyncio.Event | None = None
         self._error: BaseException | None = None
         self._ids = itertools.count()
-        #: Tests' controlled causes: ``(method, args, kwargs) -> fault kind or None``
-        #: (``conformance.inprocess_faults``; the in-process twin of the fault proxy).
-        self.interceptor: Callable[[str, tuple[Any, ...], dict[str, Any]], str | None] | None \
-            = None
+        self.interceptor = None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        return self._loop
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and super().alive()
 
     def start(self, timeout: float = 300.0) -> InProcessEngine:
         for k, v in ENGINE_ENV.items():  # read by vLLM at import and by its engine core
@@ -170,55 +259,6 @@ class InProcessEngine:
                 server.should_exit = True
                 await serving
 
-    def call(self, method: str, seconds: float, *args: Any, **kwargs: Any) -> Any:
-        """``await engine.<method>(*args, **kwargs)`` on the engine's loop, within
-        ``seconds``: its result or its exception; :class:`TimeoutError` when it did not end
-        in time. Two names are not ``AsyncLLM`` coroutines: ``generate`` returns a
-        request's final output, ``unfinished`` the front end's unfinished requests."""
-        if self._loop is None or self.engine is None or not self.alive():
-            raise NoAnswer("the in-process engine is not running", proven_no_effect=True)
-        fault = self.interceptor(method, args, kwargs) if self.interceptor else None
-        if fault in ("http_500", "refuse", "hang"):  # not run: nothing reaches the engine
-            if fault == "hang":
-                time.sleep(seconds + HELD_PAST_S)
-                raise TimeoutError(f"no answer within {seconds:.2f} s")
-            if fault == "refuse":
-                raise NoAnswer("the call was lost before it reached the engine")
-            raise RuntimeError(f"{method} failed (an injected engine error)")
-        engine = self.engine
-
-        async def run() -> Any:
-            if method == "generate":
-                final = None
-                async for out in engine.generate(*args, **kwargs):
-                    final = out
-                return final
-            if method == "unfinished":
-                return int(engine.get_num_unfinished_requests())
-            return await getattr(engine, method)(*args, **kwargs)
-
-        t0 = time.monotonic()
-        fut = asyncio.run_coroutine_threadsafe(run(), self._loop)
-        try:
-            out = fut.result(timeout=max(seconds, 0.001))
-        except concurrent.futures.TimeoutError:
-            raise TimeoutError(f"no answer within {seconds:.2f} s") from None
-        if fault == "late":  # done, but the answer comes after the caller gave up
-            time.sleep(max(seconds - (time.monotonic() - t0), 0.0) + HELD_PAST_S)
-            raise TimeoutError(f"no answer within {seconds:.2f} s")
-        if fault == "drop":
-            raise NoAnswer("the engine's answer was lost")
-        if fault in ("empty_body", "fail_body"):
-            return None if fault == "empty_body" else False
-        return out
-
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and \
-            self.engine is not None and not bool(getattr(self.engine, "errored", False))
-
-    def request_id(self, op: str) -> str:
-        return f"rolloutcore-{op}-{os.getpid()}-{next(self._ids)}"
-
     def stop(self, timeout: float = 60.0) -> None:
         if self._loop is not None and self._stop is not None and self._thread is not None \
                 and self._thread.is_alive():
@@ -240,10 +280,10 @@ def engine_args(model: str | Path, *, served_model_name: str = "tiny", port: int
 
 
 class InProcessAdapter:
-    """The lifecycle adapter for an :class:`InProcessEngine` (the worker extension loaded:
+    """The lifecycle adapter for an :class:`EngineHost` (the worker extension loaded:
     ``rc_reload_weights``, ``rc_identity``, ``rc_cache_info``, ``rc_fence``)."""
 
-    def __init__(self, engine: InProcessEngine, *, check_source_exists: bool = True,
+    def __init__(self, engine: EngineHost, *, check_source_exists: bool = True,
                  mutation_method: str = "rc_reload_weights") -> None:
         from rolloutcore.adapters.http import MUTATION_METHODS
 
@@ -537,5 +577,5 @@ def _prompt_scores(entries: Any, prompt: tuple[int, ...]) -> tuple[float | None,
     return tuple(out)
 
 
-__all__ = ["ENGINE_ENV", "EngineStartError", "InProcessAdapter", "InProcessEngine", "NoAnswer",
-           "engine_args"]
+__all__ = ["ENGINE_ENV", "EngineHost", "EngineStartError", "HostedEngine", "InProcessAdapter",
+           "InProcessEngine", "NoAnswer", "engine_args"]

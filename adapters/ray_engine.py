@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rolloutcore.adapters.contract import (
     AdapterError,
@@ -53,6 +53,9 @@ from rolloutcore.adapters.contract import (
     remaining,
 )
 
+if TYPE_CHECKING:
+    from rolloutcore.adapters.inprocess import EngineHost, InProcessAdapter
+
 #: The adapter operations an actor runs for its controller (each takes ``deadline``).
 OPERATIONS = frozenset({"read_state", "pause", "resume", "mutate", "reset_cache", "probe",
                         "fence", "fence_epoch"})
@@ -61,18 +64,26 @@ REPLY_MARGIN_S = 0.05
 NAMESPACE = "rolloutcore"
 
 
-class EngineActor:
-    """The body of a Ray engine actor (``ray.remote(EngineActor)``, see :func:`actor_class`):
-    an in-process engine started from ``args`` (a ``vllm serve`` command line) in the
-    constructor, so a restart by Ray is a fresh engine on the same command line."""
+class LifecycleEndpoint:
+    """The methods a :class:`RayAdapter` calls on an engine actor (``info``, ``call``),
+    over the actor's engine host (:meth:`attach`). Both are
+    synchronous: an actor whose engine runs on its own loop (:class:`EngineActor`) runs
+    them in Ray's threads; an async actor whose engine runs on the actor's loop uses
+    :class:`AdoptedEngineActor`, which runs them off that loop."""
 
-    def __init__(self, args: Sequence[str], serve_http: bool = True) -> None:
-        from rolloutcore.adapters.inprocess import InProcessAdapter, InProcessEngine
+    host: EngineHost
+    adapter: InProcessAdapter
+    incarnation: str
+    reconstructed: bool
+
+    def attach(self, host: EngineHost) -> None:
+        """Serve RolloutCore's lifecycle over ``host`` from now on (a new incarnation)."""
+        from rolloutcore.adapters.inprocess import InProcessAdapter
 
         self.incarnation = f"{os.getpid()}-{time.time_ns()}"
         self.reconstructed = _reconstructed()
-        self.host = InProcessEngine(args, serve_http=serve_http).start()
-        self.adapter = InProcessAdapter(self.host)
+        self.host = host
+        self.adapter = InProcessAdapter(host)
         self._holds: dict[str, threading.Event] = {}
         self._waiting: dict[str, int] = {}
 
@@ -97,6 +108,16 @@ class EngineActor:
         except AdapterError as e:
             return self.incarnation, "error", (str(e), e.proven_no_effect)
         return self.incarnation, "ok", out
+
+class EngineActor(LifecycleEndpoint):
+    """The body of a Ray engine actor (``ray.remote(EngineActor)``, see :func:`actor_class`):
+    an in-process engine started from ``args`` (a ``vllm serve`` command line) in the
+    constructor, so a restart by Ray is a fresh engine on the same command line."""
+
+    def __init__(self, args: Sequence[str], serve_http: bool = True) -> None:
+        from rolloutcore.adapters.inprocess import InProcessEngine
+
+        self.attach(InProcessEngine(args, serve_http=serve_http).start())
 
     def generate(self, prompt: tuple[int, ...], max_tokens: int) -> GenerationResult:
         return self.adapter.generate(prompt, max_tokens)
@@ -135,6 +156,34 @@ class EngineActor:
         deadline = time.monotonic() + 30.0
         self.adapter.host.call("update_weight_version", 30.0, label)
         return self.adapter.read_label(deadline)
+
+
+class AdoptedEngineActor(LifecycleEndpoint):
+    """Mixed into a framework's own async engine actor (its ``AsyncLLM`` on the actor's
+    event loop, as verl's and SkyRL's server actors hold it): once its engine runs, the
+    actor calls ``self.adopt(self.engine)`` from the loop, and a :class:`RayAdapter` over
+    its handle drives it like an :class:`EngineActor`. The engine needs the worker
+    extension and loader (:data:`~rolloutcore.adapters.vllm_worker.ENGINE_ARGS`). Each
+    call runs in a thread of its own, so the loop the engine needs stays free."""
+
+    def adopt(self, engine: Any, url: str | None = None) -> None:
+        import asyncio
+
+        from rolloutcore.adapters.inprocess import HostedEngine
+
+        self.attach(HostedEngine(engine, asyncio.get_running_loop(), url))
+
+    async def info(self) -> dict[str, Any]:  # type: ignore[override]
+        import asyncio
+
+        return await asyncio.to_thread(LifecycleEndpoint.info, self)
+
+    async def call(self, op: str, seconds: float,  # type: ignore[override]
+                   args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+                   ) -> tuple[str, str, Any]:
+        import asyncio
+
+        return await asyncio.to_thread(LifecycleEndpoint.call, self, op, seconds, args, kwargs)
 
 
 def _reconstructed() -> bool:
@@ -362,5 +411,6 @@ def launch(model: str | Path, names: Sequence[str], *, prefix: str = "rolloutcor
                 for (name, _port, h), info in zip(handles, infos, strict=True)]
 
 
-__all__ = ["NAMESPACE", "OPERATIONS", "EngineActor", "LaunchedEngine", "RayAdapter",
+__all__ = ["NAMESPACE", "OPERATIONS", "AdoptedEngineActor", "EngineActor", "LaunchedEngine",
+           "LifecycleEndpoint", "RayAdapter",
            "RayUnavailable", "actor_class", "connect", "engine_handle", "launch"]

@@ -65,6 +65,9 @@ LOAD_FORMAT = "rolloutcore"  # = rolloutcore.adapters.vllm_loader.LOAD_FORMAT (n
 SERVER_ARGS: tuple[str, ...] = ("--worker-extension-cls", EXTENSION_CLS,
                                 "--load-format", LOAD_FORMAT,
                                 "--enable-prompt-tokens-details")
+#: The same for an engine built in Python (``AsyncEngineArgs(**ENGINE_ARGS, ...)``: a
+#: framework's own engine actor adopting RolloutCore).
+ENGINE_ARGS: dict[str, str] = {"worker_extension_cls": EXTENSION_CLS, "load_format": LOAD_FORMAT}
 
 
 def _register_loader() -> None:

@@ -291,6 +291,40 @@ def test_a_restarted_actor_relabelled_as_committed_is_caught_by_identity(
     assert ma.adapter.read_state(time.monotonic() + 30).identity == _target("v2", 2).identity
 
 
+def test_a_framework_actor_adopts_rolloutcore(tmp_path: Path,
+                                              engines: dict[str, LaunchedEngine]) -> None:
+    """A framework's own async engine actor (shaped like verl's and SkyRL's server actors,
+    :mod:`rolloutcore.conformance.framework_actor`) with the adoption mixin: a fleet of
+    it alone bootstraps, publishes a verified update through its handle, and the
+    framework's own ``generate`` then answers with the new weights' reference."""
+    from rolloutcore.adapters.inprocess import ENGINE_ENV
+    from rolloutcore.conformance.framework_actor import RolloutCoreFrameworkServer
+
+    models = build_models()
+    cls = ray.remote(num_cpus=1, max_concurrency=16,
+                     runtime_env={"env_vars": dict(ENGINE_ENV)})(RolloutCoreFrameworkServer)
+    actor = cls.remote(str(models["v1"].resolve()))
+    try:
+        ray.get(actor.launch_server.remote(), timeout=BOUND)
+        adapter = RayAdapter(actor)
+        f = Fleet([("fw", adapter, "")], journal=tmp_path / "fleet.jsonl", policy=POLICY)
+        try:
+            boot = f.bootstrap(checkpoint_target(models["v1"], 1, INITIAL_LABEL))
+            assert boot["fw"].trigger == "bootstrap_ok", boot
+            rep = f.update(_target("v2", 2))
+            assert rep.published, [(s.step, s.outcome, s.reason)
+                                   for s in rep.members["fw"].steps]
+        finally:
+            f.close()
+        ref = _target("v2", 2)
+        tokens = ray.get(actor.generate.remote(list(ref.probe_prompt), 8, "trainer-1"),
+                         timeout=BOUND)
+        assert tokens == list(ref.probe_tokens[:8])
+        assert check_fleet_file(tmp_path / "fleet.jsonl").accepted
+    finally:
+        ray.kill(actor)
+
+
 def test_the_ray_launch_in_two_commands(engines: dict[str, LaunchedEngine],
                                         tmp_path: Path) -> None:
     """``rolloutcore fleet launch --ray`` places an engine actor on the cluster (here this
