@@ -78,7 +78,8 @@ from rolloutcore.runner import RunnerPolicy  # noqa: E402
 from rolloutcore.spec.lifecycle import TIERS, Phase  # noqa: E402
 
 BOUND = 240.0  # a bound against a broken test, never a measurement
-POLICY = RunnerPolicy(step_timeout_s=60.0, pause_timeout_s=60.0, drain_timeout_s=60.0)
+POLICY = RunnerPolicy(step_timeout_s=60.0, pause_timeout_s=60.0, drain_timeout_s=60.0,
+                      mutation_base_s=5.0)
 
 
 @pytest.fixture(scope="module")
@@ -232,12 +233,48 @@ def test_an_actor_killed_mid_mutation_is_quarantined_and_readmitted(
     assert rep.published and fleet.committed == 2, rep
     assert ma.controller.phase is Phase.TAINTED, ma.controller.phase
     assert mb.controller.phase is Phase.READY and mb.controller.control.committed == 2
+    mutate = [s for s in rep.members["a"].steps if s.step == "mutate"]
+    assert [str(s.outcome) for s in mutate] == ["mutate_ambiguous"], mutate
     info = _restarted(a, old)
     assert info["reconstructed"] is True
     out = fleet.readmit("a", who="test")
     assert out.trigger == "readmit_ok", out.reason
+    print(f"evidence: {mutate[0].reason[:160]}; published on {rep.committed_on}; Ray "
+          f"restarted the actor (reconstructed={info['reconstructed']}); {out.reason}")
     assert ma.controller.phase is Phase.READY and ma.controller.control.committed == 2
     assert ma.adapter.read_state(time.monotonic() + 30).identity == _target("v2", 2).identity
+
+
+def test_a_mutation_that_never_answers_is_ambiguous_within_its_deadline(
+        fleet: Fleet, engines: dict[str, LaunchedEngine]) -> None:
+    """The actor lives but its load does not answer (held inside the actor, as a hung
+    collective would be): the call times out at the mutation's deadline, so the load may
+    or may not land: ambiguous, TAINTED within that deadline, fenced; the other member
+    publishes. Released, the load does land late: the member stays out until re-admitted."""
+    a, target = engines["a"], _target("v2", 2)
+    ray.get(a.handle.hold.remote("mutate"))
+    try:
+        rep = fleet.update(target)
+    finally:
+        ray.get(a.handle.release.remote("mutate"))
+    ra = rep.members["a"]
+    mutate = [s for s in ra.steps if s.step == "mutate"]
+    assert [str(s.outcome) for s in mutate] == ["mutate_ambiguous"], mutate
+    assert "no answer by the step's deadline" in mutate[0].reason, mutate[0].reason
+    deadline = POLICY.mutation_deadline(target)
+    assert ra.tainted_after_s is not None and ra.tainted_after_s < deadline + 10.0
+    print(f"evidence: {mutate[0].reason}; TAINTED {ra.tainted_after_s:.2f} s after the "
+          f"cycle began (mutation deadline {deadline:.2f} s)")
+    assert rep.published and rep.committed_on == ["b"] and rep.quarantined == ["a"], rep
+    ma = fleet.members["a"]
+    assert ma.controller.phase is Phase.TAINTED
+    # The load that timed out lands now (it may have: it did), on a fenced engine.
+    assert wait_until(lambda: ma.adapter.read_state(time.monotonic() + 30).identity
+                      == target.identity, BOUND, interval=0.1)
+    assert ma.controller.phase is Phase.TAINTED and "a" not in [
+        m.name for m in fleet._serving_now()]
+    out = fleet.readmit("a", who="test")
+    assert out.trigger == "readmit_ok", out.reason
 
 
 def test_an_actor_killed_between_validation_and_publish(
@@ -264,6 +301,7 @@ def test_an_actor_killed_between_validation_and_publish(
     after = steps[[st for st, _o, _r in steps].index("validate") + 1:]
     assert after and all("engine actor is gone" in r or "restarted" in r or
                          "mismatch" in o for _s, o, r in after), after
+    print("evidence:", [(st, o, r[:90]) for st, o, r in after])
     _restarted(a, killed[0])
     out = fleet.readmit("a", who="test")
     assert out.trigger == "readmit_ok", out.reason
@@ -284,6 +322,7 @@ def test_a_restarted_actor_relabelled_as_committed_is_caught_by_identity(
     assert out.trigger == "audit_mismatch", out.reason
     assert "identity" in out.reason and "label" not in out.reason.split("identity")[0], \
         out.reason
+    print(f"evidence: {out.reason}")
     assert ma.controller.phase is Phase.TAINTED
     assert isinstance(ma.adapter, RayAdapter) and ma.adapter.replacements == 1
     out = fleet.readmit("a", who="test")
