@@ -45,6 +45,11 @@ if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("ray") i
 
 import httpx  # noqa: E402
 import ray  # noqa: E402
+from vllm_helpers import (  # noqa: E402
+    SCENARIO_ORDER,
+    check_real_vllm_tour,
+    check_scenario_against_simulator,
+)
 
 from rolloutcore.adapters.contract import MutationOutcome, PauseMode  # noqa: E402
 from rolloutcore.adapters.ray_engine import (  # noqa: E402
@@ -53,25 +58,15 @@ from rolloutcore.adapters.ray_engine import (  # noqa: E402
     RayAdapter,
     launch,
 )
-from rolloutcore.conformance.engines import (  # noqa: E402
-    INITIAL_LABEL,
-    SimHarnessEngine,
-    checkpoint_target,
-)
-from rolloutcore.conformance.harness import (  # noqa: E402
-    EnginePool,
-    compare,
-    run_scenario,
-    wait_until,
-)
+from rolloutcore.conformance.engines import INITIAL_LABEL, checkpoint_target  # noqa: E402
+from rolloutcore.conformance.harness import EnginePool, wait_until  # noqa: E402
 from rolloutcore.conformance.inprocess_engine import (  # noqa: E402
     ActorServer,
     InProcessHarnessEngine,
 )
-from rolloutcore.conformance.scenarios import SCENARIOS  # noqa: E402
 from rolloutcore.conformance.server import free_port  # noqa: E402
 from rolloutcore.conformance.tiny_model import build_models  # noqa: E402
-from rolloutcore.conformance.tour import Capability, TourGraph, class_name, plan, tour  # noqa: E402
+from rolloutcore.conformance.tour import TourGraph, tour  # noqa: E402
 from rolloutcore.fleet import Fleet  # noqa: E402
 from rolloutcore.fleet_check import check_fleet_file  # noqa: E402
 from rolloutcore.runner import RunnerPolicy  # noqa: E402
@@ -138,29 +133,13 @@ def test_tour_on_an_in_process_engine_in_a_ray_actor(harness: EnginePool,
     in-process engine cannot realise is exactly what the plan says of a real vLLM."""
     graph = TourGraph()
     report = tour(harness.get(), tmp_path, graph=graph, walks=4, seed=0, printer=print)
-    failed = [(r.schedule.labels(), r.message) for r in report.schedules if not r.passed]
-    assert failed == []
-    assert report.walk_failure is None
-    _, reasons = plan(graph, Capability("vllm"))
-    assert report.unrealisable == reasons
-    assert {class_name(c) for c in reasons} == {
-        "mutate_ok_unlabelled@UPDATING", "mutate_ok_broken@UPDATING"}
-    assert report.realised == set(graph.classes()) - set(reasons)
-    assert report.passed
+    check_real_vllm_tour(report, graph)
 
 
-# Non-destructive first, in corpus order; the destructive ones last.
-ORDER = sorted(SCENARIOS, key=lambda n: SCENARIOS[n].destructive)
-
-
-@pytest.mark.parametrize("name", ORDER)
+@pytest.mark.parametrize("name", SCENARIO_ORDER)
 def test_scenario_on_an_in_process_engine_matches_the_simulator(
         name: str, harness: EnginePool, tmp_path: Path) -> None:
-    real = run_scenario(SCENARIOS[name], harness.get(), tmp_path, printer=print)
-    sim = run_scenario(SCENARIOS[name], SimHarnessEngine(), tmp_path)
-    assert compare([sim], [real]) == [], "simulator and the in-process engine disagree"
-    assert real.passed, real.failures()
-    assert real.trace is not None and real.trace["accepted"] and real.trace["chain_ok"]
+    check_scenario_against_simulator(name, harness.get(), tmp_path)
 
 
 @pytest.fixture

@@ -27,24 +27,20 @@ pytestmark = pytest.mark.vllm
 if importlib.util.find_spec("vllm") is None:  # pragma: no cover - depends on the env
     pytest.skip("vllm is not installed (pip install -e '.[vllm]')", allow_module_level=True)
 
-from rolloutcore.conformance.engines import (  # noqa: E402
-    MultimodalHarnessEngine,
-    SimHarnessEngine,
+from vllm_helpers import (  # noqa: E402
+    SCENARIO_ORDER,
+    check_real_vllm_tour,
+    check_scenario_against_simulator,
 )
-from rolloutcore.conformance.harness import EnginePool, compare, run_scenario  # noqa: E402
-from rolloutcore.conformance.scenarios import SCENARIOS  # noqa: E402
+
+from rolloutcore.conformance.engines import MultimodalHarnessEngine  # noqa: E402
+from rolloutcore.conformance.harness import EnginePool  # noqa: E402
 from rolloutcore.conformance.tiny_mm_model import (  # noqa: E402
     DEFAULT_OUT,
     build_mm_models,
     harness_models,
 )
-from rolloutcore.conformance.tour import (  # noqa: E402
-    Capability,
-    TourGraph,
-    class_name,
-    plan,
-    tour,
-)
+from rolloutcore.conformance.tour import TourGraph, tour  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -76,14 +72,7 @@ def test_tour_on_a_multimodal_server_resets_a_non_empty_encoder_cache(
     graph = TourGraph()
     report = tour(engine, tmp_path, graph=graph, walks=4, seed=0, printer=print)
     print(f"multimodal tour: {time.monotonic() - t0:.1f} s")
-    failed = [(r.schedule.labels(), r.message) for r in report.schedules if not r.passed]
-    assert failed == []
-    _, reasons = plan(graph, Capability("vllm"))
-    assert report.unrealisable == reasons
-    assert {class_name(c) for c in reasons} == {
-        "mutate_ok_unlabelled@UPDATING", "mutate_ok_broken@UPDATING"}
-    assert report.realised == set(graph.classes()) - set(reasons)
-    assert report.passed
+    check_real_vllm_tour(report, graph)
 
     # Every warming chat was served (none skipped: the halves always agreed at a pause).
     assert engine.chats and all(c.get("status") == 200 for c in engine.chats), [
@@ -117,20 +106,12 @@ def test_tour_on_a_multimodal_server_resets_a_non_empty_encoder_cache(
     assert mm and all(r.verified_empty for r in mm), [r.as_json() for r in mm]
 
 
-# Non-destructive first, in corpus order; the destructive ones last.
-ORDER = sorted(SCENARIOS, key=lambda n: SCENARIOS[n].destructive)
-
-
-@pytest.mark.parametrize("name", ORDER)
+@pytest.mark.parametrize("name", SCENARIO_ORDER)
 def test_scenario_on_a_multimodal_server_matches_the_simulator(name: str, pool: EnginePool,
                                                                tmp_path: Path) -> None:
     engine = _mm(pool)
     seen = len(engine.resets)
-    real = run_scenario(SCENARIOS[name], engine, tmp_path, printer=print)
-    sim = run_scenario(SCENARIOS[name], SimHarnessEngine(), tmp_path)
-    assert compare([sim], [real]) == [], "simulator and the multimodal server disagree"
-    assert real.passed, real.failures()
-    assert real.trace is not None and real.trace["accepted"] and real.trace["chain_ok"]
+    check_scenario_against_simulator(name, engine, tmp_path)
     # Every encoder reset the scenario's cycles made met a filled cache and, where the
     # engine carried it out, was verified down to zero entries.
     encoder = [r for r in engine.resets[seen:] if r.tier == "encoder"]
