@@ -239,7 +239,9 @@ def test_a_mutation_that_never_answers_is_ambiguous_within_its_deadline(
     ra = rep.members["a"]
     mutate = [s for s in ra.steps if s.step == "mutate"]
     assert [str(s.outcome) for s in mutate] == ["mutate_ambiguous"], mutate
-    assert "no answer by the step's deadline" in mutate[0].reason, mutate[0].reason
+    # Whichever notices first at the one deadline: the adapter's Ray call or the runner.
+    assert any(why in mutate[0].reason for why in (
+        "no answer by the step's deadline", "did not return within")), mutate[0].reason
     deadline = POLICY.mutation_deadline(target)
     assert ra.tainted_after_s is not None and ra.tainted_after_s < deadline + 10.0
     print(f"evidence: {mutate[0].reason}; TAINTED {ra.tainted_after_s:.2f} s after the "
