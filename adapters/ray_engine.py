@@ -23,11 +23,14 @@ Ray's failure signals become the spec's evidence, never a decision of their own:
   as its constructor's weights and label, so no check of the old one's passes on it).
 * the fencing token lives in the engine process (the worker extension's epoch gate), so
   a restarted actor starts unfenced; a controller with a store fences it again before it
-  re-admits it (the takeover's fence).
+  re-admits it (the takeover's fence). Every call carries its own controller's epoch
+  (never one the actor remembers from whoever fenced last), so the gate refuses a
+  deposed controller's load.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import threading
 import time
@@ -92,9 +95,12 @@ class LifecycleEndpoint:
                 "reconstructed": self.reconstructed, "alive": self.host.alive()}
 
     def call(self, op: str, seconds: float, args: tuple[Any, ...] = (),
-             kwargs: dict[str, Any] | None = None) -> tuple[str, str, Any]:
+             kwargs: dict[str, Any] | None = None, epoch: int | None = None
+             ) -> tuple[str, str, Any]:
         """``(incarnation, "ok" | "error", evidence | (message, proven_no_effect))`` of the
-        adapter's ``op(*args, deadline=..., **kwargs)`` within ``seconds``."""
+        adapter's ``op(*args, deadline=..., **kwargs)`` within ``seconds``, sent with the
+        calling controller's ``epoch`` (every controller's calls carry their own: the
+        engine's gate then refuses a deposed one's load, whoever fenced last)."""
         if op not in OPERATIONS:
             return self.incarnation, "error", (f"no such operation {op!r}", True)
         hold = self._holds.get(op)
@@ -103,8 +109,10 @@ class LifecycleEndpoint:
             hold.wait()
             self._waiting[op] -= 1
         deadline = time.monotonic() + max(seconds - REPLY_MARGIN_S, 0.001)
+        adapter = copy.copy(self.adapter)  # this call's epoch, beside concurrent ones
+        adapter.epoch = epoch
         try:
-            out = getattr(self.adapter, op)(*args, deadline=deadline, **(kwargs or {}))
+            out = getattr(adapter, op)(*args, deadline=deadline, **(kwargs or {}))
         except AdapterError as e:
             return self.incarnation, "error", (str(e), e.proven_no_effect)
         return self.incarnation, "ok", out
@@ -179,17 +187,19 @@ class AdoptedEngineActor(LifecycleEndpoint):
         return await asyncio.to_thread(LifecycleEndpoint.info, self)
 
     async def call(self, op: str, seconds: float,  # type: ignore[override]
-                   args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
-                   ) -> tuple[str, str, Any]:
+                   args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None,
+                   epoch: int | None = None) -> tuple[str, str, Any]:
         import asyncio
 
-        return await asyncio.to_thread(LifecycleEndpoint.call, self, op, seconds, args, kwargs)
+        return await asyncio.to_thread(LifecycleEndpoint.call, self, op, seconds, args, kwargs,
+                                       epoch)
 
 
 def _reconstructed() -> bool:
     import ray
 
-    return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+    return ray.is_initialized() and bool(
+        ray.get_runtime_context().was_current_actor_reconstructed)
 
 
 def actor_class(**options: Any) -> Any:
@@ -233,7 +243,7 @@ class RayAdapter:
                 and not self.lease_check():
             raise AdapterError(f"{op}: not sent: this controller no longer holds the fleet's "
                                "leadership", proven_no_effect=True)
-        ref = self.handle.call.remote(op, remaining(deadline), args, kwargs or None)
+        ref = self.handle.call.remote(op, remaining(deadline), args, kwargs or None, self.epoch)
         incarnation, kind, value = self._get(op, ref, deadline)
         self._seen(incarnation, op)
         if kind == "error":

@@ -1,0 +1,114 @@
+"""The Ray engine actor's lifecycle endpoint without Ray or vLLM: an engine host that
+records what reaches the engine stands in for ``AsyncLLM``, and the handle's remote
+calls are made directly.
+
+Every call carries its own controller's epoch to the engine: two controllers driving one
+actor (a deposed one still sending) never borrow each other's fencing token, so the
+engine's gate can refuse the deposed one's load."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rolloutcore.adapters.contract import MutationOutcome, WeightTarget
+from rolloutcore.adapters.inprocess import EngineHost
+from rolloutcore.adapters.ray_engine import LifecycleEndpoint, RayAdapter
+
+
+def a_target(tmp_path: Path) -> WeightTarget:
+    (tmp_path / "model.safetensors").write_bytes(b"")  # a checkpoint as far as mutate checks
+    return WeightTarget(2, "v2", "identity-of-v2", str(tmp_path), (1, 2, 3), (4, 5))
+
+
+class RecordingHost(EngineHost):
+    """Answers as an engine with the worker extension does; records every load's epoch."""
+
+    def __init__(self) -> None:
+        self.engine = object()
+        self.url = None
+        self.interceptor = None
+        self._ids = itertools.count()
+        self.label = "default"
+        self.loads: list[int | None] = []
+
+    def alive(self) -> bool:
+        return True
+
+    def call(self, method: str, seconds: float, *args: Any, **kwargs: Any) -> Any:
+        if method == "collective_rpc" and args[0] == "rc_fence":
+            return [{"accepted": True, "seen": kwargs["kwargs"]["epoch"]}]
+        if method == "collective_rpc" and args[0] == "rc_reload_weights":
+            self.loads.append(kwargs["kwargs"].get("epoch"))
+            return [{"loaded": True, "identity": kwargs["kwargs"]["expected_identity"],
+                     "bytes": 8}]
+        if method == "update_weight_version":
+            self.label = args[0]
+            return None
+        if method == "get_weight_version":
+            return self.label
+        raise AssertionError(f"unexpected engine call {method}{args}")
+
+
+class Handle:
+    """A handle whose remote calls run at once (what Ray would run in the actor)."""
+
+    class _Method:
+        def __init__(self, fn: Any) -> None:
+            self.remote = fn
+
+    def __init__(self, endpoint: LifecycleEndpoint) -> None:
+        self.call = self._Method(endpoint.call)
+        self.info = self._Method(endpoint.info)
+
+
+@pytest.fixture
+def endpoint() -> LifecycleEndpoint:
+    e = LifecycleEndpoint()
+    e.attach(RecordingHost())
+    return e
+
+
+def _direct(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(RayAdapter, "_get", lambda self, op, ref, deadline: ref)
+
+
+def test_each_controller_loads_with_its_own_epoch(endpoint: LifecycleEndpoint,
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  tmp_path: Path) -> None:
+    _direct(monkeypatch)
+    target: WeightTarget = a_target(tmp_path)
+    old, new = RayAdapter(Handle(endpoint)), RayAdapter(Handle(endpoint))
+    assert old.fence_epoch(5, 1e12).accepted and new.fence_epoch(7, 1e12).accepted
+    # The new leader's load, then the deposed one's (the engine's gate refuses it: 5 < 7).
+    assert new.mutate(target, 1e12).outcome is MutationOutcome.COMPLETED
+    assert old.mutate(target, 1e12).outcome is MutationOutcome.COMPLETED
+    host = endpoint.host
+    assert isinstance(host, RecordingHost)
+    assert host.loads == [7, 5]
+    assert endpoint.adapter.epoch is None  # the actor remembers nobody's token
+    # A controller without a store sends none.
+    RayAdapter(Handle(endpoint)).mutate(target, 1e12)
+    assert host.loads == [7, 5, None]
+
+
+def test_an_answer_from_a_new_incarnation_is_reported_once(endpoint: LifecycleEndpoint,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    _direct(monkeypatch)
+    seen: list[str] = []
+    adapter = RayAdapter(Handle(endpoint), on_replaced=seen.append)
+    adapter.info()
+    adapter.epoch = 3
+    endpoint.attach(RecordingHost())  # the actor's constructor ran again (Ray's restart)
+    adapter.info()
+    adapter.info()
+    deadline = time.monotonic() + 5
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(seen) == 1 and "restarted engine actor" in seen[0], seen
+    assert adapter.replacements == 1 and adapter.epoch is None
