@@ -276,12 +276,18 @@ def test_an_actor_killed_between_validation_and_publish(
     assert ma.controller.phase is Phase.TAINTED
     assert mb.controller.phase is Phase.READY and mb.controller.control.committed == 2
     steps = [(s.step, str(s.outcome), s.reason) for s in rep.members["a"].steps]
-    # Every step up to validation on the engine that was there, then no answer: the
-    # resume (and the fence after it) reached an actor that was gone or restarting.
-    assert [st for st, outcome, _ in steps if outcome.endswith("_ok")][-1:] == ["validate"]
-    after = steps[[st for st, _o, _r in steps].index("validate") + 1:]
-    assert after and all("engine actor is gone" in r or "restarted" in r or
-                         "mismatch" in o for _s, o, r in after), after
+    # Every step up to validation verified on the engine that was there; the first step
+    # after it that did not succeed is the resume (the actor gone) or the probe (answered
+    # by the fresh engine Ray restarted, on its constructor's weights). The fence after it
+    # may reach either (how soon Ray restarts the actor is not this test's cause).
+    names = [st for st, _o, _r in steps]
+    i = names.index("validate")
+    assert all(o.endswith("_ok") or st == "drain" for st, o, _r in steps[:i + 1]), steps
+    after = steps[i + 1:]
+    failed = [(st, o) for st, o, _r in after if not o.endswith("_ok")]
+    assert after and after[0][0] == "resume" and failed and failed[0] in (
+        ("resume", "resume_failed"), ("probe", "probe_mismatch"), ("probe", "probe_failed")
+    ), after
     print("evidence:", [(st, o, r[:90]) for st, o, r in after])
     _restarted(a, killed[0])
     out = fleet.readmit("a", who="test")
