@@ -34,7 +34,7 @@ import copy
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -384,17 +384,48 @@ def engine_handle(actor: str, namespace: str = NAMESPACE) -> Any:
                              f"{namespace!r}") from None
 
 
+def placement_bundles(engines: int, *, cpus_per_engine: float = 1.0,
+                      gpus_per_engine: float = 0.0,
+                      trainer: Mapping[str, float] | None = None) -> list[dict[str, float]]:
+    """The placement group's bundles for ``engines`` engine actors, then the trainer's
+    (its index is ``engines``; None: no trainer bundle). An engine's bundle is what its
+    actor holds: ``cpus_per_engine`` CPUs and, on GPU, ``gpus_per_engine`` GPUs (its
+    tensor-parallel size: :func:`launch` runs vLLM's workers as the actor's child
+    processes, on the GPUs Ray gave the actor).
+    ValueError on a size a placement group cannot hold."""
+    if engines < 1:
+        raise ValueError(f"engines must be at least 1, not {engines}")
+    if not cpus_per_engine > 0:
+        raise ValueError(f"cpus per engine must be above 0, not {cpus_per_engine:g}")
+    if gpus_per_engine < 0 or gpus_per_engine % 1:
+        raise ValueError(f"GPUs per engine must be 0 or a whole number, not "
+                         f"{gpus_per_engine:g} (an engine does not share a GPU)")
+    engine = {"CPU": float(cpus_per_engine)}
+    if gpus_per_engine:
+        engine["GPU"] = float(gpus_per_engine)
+    bundles = [dict(engine) for _ in range(engines)]
+    if trainer is not None:
+        if not trainer or any(not v > 0 for v in trainer.values()):
+            raise ValueError(f"the trainer's bundle needs resources above 0, not "
+                             f"{dict(trainer)}")
+        bundles.append({k: float(v) for k, v in trainer.items()})
+    return bundles
+
+
 def launch(model: str | Path, names: Sequence[str], *, prefix: str = "rolloutcore-engine-",
-           max_restarts: int = 1, cpus_per_engine: float = 1.0, strategy: str = "PACK",
+           max_restarts: int = 1, cpus_per_engine: float = 1.0, gpus_per_engine: float = 0.0,
+           trainer: Mapping[str, float] | None = None, strategy: str = "PACK",
            extra_args: Sequence[str] = (), startup_timeout: float = 300.0,
            detached: bool = False) -> tuple[Any, list[LaunchedEngine]]:
-    """Place one engine actor per name on ``model`` with a placement group (one bundle
-    of ``cpus_per_engine`` CPUs each; ``strategy`` PACK or SPREAD over the nodes), named
-    ``{prefix}{name}`` in :data:`NAMESPACE`, restarted by Ray up to ``max_restarts``
-    times, each serving its OpenAI routes on a port fixed at launch (a restart comes back
-    on the same URL). Returns the placement group and the engines once every one
-    answers. ``detached``: the actors and their placement group outlive this driver
-    (``rolloutcore fleet launch``; ``ray stop`` ends them)."""
+    """Place one engine actor per name on ``model`` with a placement group (the bundles
+    of :func:`placement_bundles`, in the order of ``names``, then the trainer's when
+    ``trainer`` is given: schedule the trainer with bundle index ``len(names)``;
+    ``strategy`` PACK or SPREAD over the nodes), named ``{prefix}{name}`` in
+    :data:`NAMESPACE`, restarted by Ray up to ``max_restarts`` times, each serving its
+    OpenAI routes on a port fixed at launch (a restart comes back on the same URL).
+    Returns the placement group and the engines once every one answers. ``detached``:
+    the actors and their placement group outlive this driver (``rolloutcore fleet
+    launch``; ``ray stop`` ends them)."""
     import ray
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -402,12 +433,23 @@ def launch(model: str | Path, names: Sequence[str], *, prefix: str = "rolloutcor
     from rolloutcore.adapters.inprocess import ENGINE_ENV, engine_args
     from rolloutcore.conformance.server import free_port
 
+    bundles = placement_bundles(len(names), cpus_per_engine=cpus_per_engine,
+                                gpus_per_engine=gpus_per_engine, trainer=trainer)
+    have: dict[str, float] = ray.cluster_resources()  # type: ignore[no-untyped-call]
+    for resource in sorted({k for b in bundles for k in b}):
+        need = sum(b.get(resource, 0.0) for b in bundles)
+        if need > have.get(resource, 0.0):  # else pg.ready() would wait out the timeout
+            raise RuntimeError(f"the placement group needs {need:g} {resource} and the Ray "
+                               f"cluster has {have.get(resource, 0.0):g}")
     lifetime = {"lifetime": "detached"} if detached else {}
-    pg = placement_group([{"CPU": cpus_per_engine} for _ in names], strategy=strategy,
-                         **lifetime)
+    pg = placement_group(bundles, strategy=strategy, **lifetime)
     ray.get(pg.ready(), timeout=startup_timeout)
-    cls = actor_class(num_cpus=cpus_per_engine, max_restarts=max_restarts,
+    cls = actor_class(num_cpus=cpus_per_engine, num_gpus=gpus_per_engine,
+                      max_restarts=max_restarts,
                       runtime_env={"env_vars": dict(ENGINE_ENV)}, **lifetime)
+    if gpus_per_engine > 1:  # TP inside the actor: vLLM's workers as its child processes
+        extra_args = ["--tensor-parallel-size", f"{gpus_per_engine:.0f}",
+                      "--distributed-executor-backend", "mp", *extra_args]
     handles = []
     for i, name in enumerate(names):
         port = free_port()
@@ -423,4 +465,5 @@ def launch(model: str | Path, names: Sequence[str], *, prefix: str = "rolloutcor
 
 __all__ = ["NAMESPACE", "OPERATIONS", "AdoptedEngineActor", "EngineActor", "LaunchedEngine",
            "LifecycleEndpoint", "RayAdapter",
-           "RayUnavailable", "actor_class", "connect", "engine_handle", "launch"]
+           "RayUnavailable", "actor_class", "connect", "engine_handle", "launch",
+           "placement_bundles"]

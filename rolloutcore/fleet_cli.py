@@ -485,6 +485,13 @@ def fleet_launch(args: argparse.Namespace) -> int:
         return _fail(args, f"--out {out}: " + ("exists (a fleet file is never overwritten)"
                                                if out.exists() else
                                                f"no such directory {out.parent}"))
+    from rolloutcore.adapters.ray_engine import placement_bundles
+
+    try:  # pure: the sizes are checked before a Ray cluster is touched
+        placement_bundles(args.engines, cpus_per_engine=args.cpus_per_engine,
+                          gpus_per_engine=args.gpus_per_engine)
+    except ValueError as e:
+        return _fail(args, str(e))
     if importlib.util.find_spec("ray") is None:
         return _stop(args, CANNOT_RUN, "ray is not installed (pip install -e '.[ray]')")
     from rolloutcore.adapters.ray_engine import NAMESPACE, RayUnavailable, connect, launch
@@ -495,7 +502,8 @@ def fleet_launch(args: argparse.Namespace) -> int:
         connect(address, NAMESPACE)
         _pg, engines = launch(Path(args.model), names, detached=True,
                               max_restarts=args.max_restarts,
-                              cpus_per_engine=args.cpus_per_engine)
+                              cpus_per_engine=args.cpus_per_engine,
+                              gpus_per_engine=args.gpus_per_engine)
     except (RayUnavailable, RuntimeError) as e:
         return _stop(args, CANNOT_RUN, str(e))
     except Exception as e:  # Ray's own (a placement group that cannot be placed, ...)
@@ -583,5 +591,8 @@ def add_fleet_parsers(sub: Any, int_at_least: Any) -> None:
                     help="how often Ray restarts a dead engine actor (default 1)")
     la.add_argument("--cpus-per-engine", type=float, default=1.0,
                     help="CPUs of each engine's placement-group bundle (default 1)")
+    la.add_argument("--gpus-per-engine", type=float, default=0.0,
+                    help="GPUs of each engine's bundle, its tensor-parallel size (default 0: "
+                    "the CPU build)")
     la.add_argument("--json", action="store_true")
     la.set_defaults(func=fleet_launch)

@@ -160,6 +160,10 @@ CASES: list[Case] = [
     C("fleet launch", "--ray --engines 1 --model {ckpt} --out {missing}/x.toml", 2,
       "out in no directory"),
     C("fleet launch", "--ray --engines 1 --model {ckpt}", 2, "no --out"),
+    C("fleet launch", "--ray --engines 1 --model {ckpt} --out {new} --cpus-per-engine 0", 2,
+      "no CPUs"),
+    C("fleet launch", "--ray --engines 1 --model {ckpt} --out {new} --gpus-per-engine 0.5", 2,
+      "half a GPU"),
 
     *(C(f"fleet {cmd}", f"--fleet {{{f}}} {extra}", 2, f) for cmd, extra in (
         ("status", ""), ("update", "--checkpoint {dir} --label v2")) for f in (

@@ -4,7 +4,8 @@ calls are made directly.
 
 Every call carries its own controller's epoch to the engine: two controllers driving one
 actor (a deposed one still sending) never borrow each other's fencing token, so the
-engine's gate can refuse the deposed one's load."""
+engine's gate can refuse the deposed one's load. And the placement group's bundles for
+engines (on GPU too) and a trainer."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 
 from rolloutcore.adapters.contract import MutationOutcome, WeightTarget
 from rolloutcore.adapters.inprocess import EngineHost
-from rolloutcore.adapters.ray_engine import LifecycleEndpoint, RayAdapter
+from rolloutcore.adapters.ray_engine import LifecycleEndpoint, RayAdapter, placement_bundles
 
 
 def a_target(tmp_path: Path) -> WeightTarget:
@@ -112,3 +113,25 @@ def test_an_answer_from_a_new_incarnation_is_reported_once(endpoint: LifecycleEn
         time.sleep(0.01)
     assert len(seen) == 1 and "restarted engine actor" in seen[0], seen
     assert adapter.replacements == 1 and adapter.epoch is None
+
+
+def test_placement_bundles_for_engines_and_a_trainer() -> None:
+    assert placement_bundles(2) == [{"CPU": 1.0}, {"CPU": 1.0}]
+    # On GPU: one bundle per engine with its tensor-parallel GPUs, then the trainer's.
+    assert placement_bundles(2, cpus_per_engine=8, gpus_per_engine=2,
+                             trainer={"GPU": 4, "CPU": 16}) == [
+        {"CPU": 8.0, "GPU": 2.0}, {"CPU": 8.0, "GPU": 2.0}, {"GPU": 4.0, "CPU": 16.0}]
+
+
+@pytest.mark.parametrize("kwargs, why", [
+    ({"engines": 0}, "engines must be at least 1"),
+    ({"engines": 1, "cpus_per_engine": 0}, "cpus per engine must be above 0"),
+    ({"engines": 1, "gpus_per_engine": 0.5}, "a whole number"),
+    ({"engines": 1, "gpus_per_engine": -1}, "a whole number"),
+    ({"engines": 1, "trainer": {}}, "the trainer's bundle"),
+    ({"engines": 1, "trainer": {"GPU": 0}}, "the trainer's bundle"),
+])
+def test_placement_bundles_refuse_sizes_a_group_cannot_hold(kwargs: dict[str, Any],
+                                                           why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        placement_bundles(**kwargs)

@@ -57,6 +57,7 @@ from rolloutcore.adapters.ray_engine import (  # noqa: E402
     LaunchedEngine,
     RayAdapter,
     launch,
+    placement_bundles,
 )
 from rolloutcore.conformance.engines import INITIAL_LABEL, checkpoint_target  # noqa: E402
 from rolloutcore.conformance.harness import EnginePool, wait_until  # noqa: E402
@@ -349,6 +350,23 @@ def test_a_framework_actor_adopts_rolloutcore(tmp_path: Path,
         assert check_fleet_file(tmp_path / "fleet.jsonl").accepted
     finally:
         ray.kill(actor)
+
+
+def test_the_placement_group_holds_one_bundle_per_engine(
+        engines: dict[str, LaunchedEngine]) -> None:
+    """The engines' placement group is :func:`placement_bundles`' (one CPU each here); a
+    placement the cluster cannot hold (a GPU per engine on this CPU cluster) is refused
+    at once, naming what is missing, and places nothing."""
+    from ray.util import placement_group_table
+
+    before = placement_group_table()
+    groups = [g for g in before.values() if g["state"] == "CREATED"]
+    assert [list(g["bundles"].values()) for g in groups] == [placement_bundles(2)], groups
+    with pytest.raises(RuntimeError, match="needs 2 GPU and the Ray cluster has 0"):
+        launch(build_models()["v1"], ["x", "y"], gpus_per_engine=1, prefix="never-")
+    assert placement_group_table().keys() == before.keys()
+    with pytest.raises(ValueError):
+        ray.get_actor("never-x", namespace=NAMESPACE)
 
 
 def test_the_ray_launch_in_two_commands(engines: dict[str, LaunchedEngine],
