@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rolloutcore.fleet import (
+    EngineConfig,
     Fleet,
     FleetConfig,
     FleetError,
@@ -195,9 +196,8 @@ def _load(args: argparse.Namespace) -> FleetConfig:
 
 def fleet_status(args: argparse.Namespace) -> int:
     """Each member's phase, generation, identity, serving or quarantined, from the
-    journal (read only), beside what each engine itself reports now."""
-    from rolloutcore.adapters.contract import AdapterError
-    from rolloutcore.adapters.http import HttpAdapter
+    journal (read only), beside what each engine itself reports now (see
+    :func:`_engine_now`)."""
     from rolloutcore.fleet_check import fleet_state
     from rolloutcore.trace_check import TraceInputError
 
@@ -216,6 +216,7 @@ def fleet_status(args: argparse.Namespace) -> int:
                 return _stop(args, stop.code, stop.message)
     except (FleetFileError, TraceInputError) as err:
         return _fail(args, str(err))
+    ray_error = _join_ray(cfg)
     rows: list[dict[str, Any]] = []
     for e in cfg.engines:
         row: dict[str, Any] = {"name": e.name, "url": e.url}
@@ -227,15 +228,7 @@ def fleet_status(args: argparse.Namespace) -> int:
         else:
             row.update(phase="UNINITIALIZED", committed=0, serving=False, quarantined=False,
                        last_audit=None)
-        try:
-            with HttpAdapter(e.url, model=e.model, token=e.token,
-                             lora=cfg.adapter.name if cfg.adapter else None,
-                             timeouts=_short_timeouts()) as http:
-                report = http.read_state(time.monotonic() + 5.0)
-            row.update(engine_label=report.label, engine_identity=report.identity,
-                       engine_paused=report.paused)
-        except (AdapterError, ValueError) as err:
-            row.update(engine_error=str(err)[:200])
+        row.update(_engine_now(cfg, e, ray_error))
         rows.append(row)
     fleet: dict[str, Any] = {"phase": state.fphase if state else "UNINITIALIZED",
                              "committed": state.fcommitted if state else 0,  # the frontier
@@ -259,6 +252,8 @@ def fleet_status(args: argparse.Namespace) -> int:
         live = (f"engine says label {r.get('engine_label')!r}, identity "
                 f"{str(r.get('engine_identity'))[:12]}, paused {r.get('engine_paused')}"
                 if "engine_error" not in r else f"engine unreachable: {r['engine_error']}")
+        if r["engine_via"] == "ray":
+            live += f" (Ray actor, incarnation {r.get('engine_incarnation', '?')})"
         role = "serving" if r["serving"] else ("QUARANTINED" if r["quarantined"] else "-")
         audited = r["last_audit"]
         last = (f"; last audit {audited['outcome']} at {_when(audited.get('at'))}"
@@ -267,6 +262,60 @@ def fleet_status(args: argparse.Namespace) -> int:
                     f"{live}{last}")
     _emit(args, {"fleet": fleet, "members": rows, **extra}, text)
     return OK
+
+
+def _join_ray(cfg: FleetConfig) -> str | None:
+    """Join the cluster that hosts the fleet's Ray engines, once for every member; what
+    stands in the way (None: joined, or no engine is in Ray)."""
+    if cfg.ray is None or not any(e.ray for e in cfg.engines):
+        return None
+    try:
+        from rolloutcore.adapters.ray_engine import connect
+
+        connect(cfg.ray.address, cfg.ray.namespace)
+    except ImportError:
+        return "ray is not installed (pip install -e '.[ray]')"
+    except ConnectionError as e:  # RayUnavailable
+        return str(e)
+    return None
+
+
+def _engine_now(cfg: FleetConfig, e: EngineConfig, ray_error: str | None
+                ) -> dict[str, Any]:
+    """What the engine reports now, read the way the controller drives it: an engine in a
+    Ray actor through its handle (with the actor's incarnation, which changes when Ray
+    restarts it), any other over HTTP. Never the other way as a fallback: an actor that
+    cannot be reached is reported so, though its HTTP routes might answer."""
+    from rolloutcore.adapters.contract import AdapterError, EngineReport
+
+    deadline = time.monotonic() + 5.0
+    in_ray = cfg.ray if e.ray else None
+    out: dict[str, Any] = {"engine_via": "ray" if in_ray else "http"}
+    try:
+        report: EngineReport
+        if in_ray is not None and e.ray is not None:
+            if ray_error is not None:
+                raise AdapterError(ray_error)
+            from rolloutcore.adapters.ray_engine import RayAdapter, engine_handle
+
+            try:
+                actor = RayAdapter(engine_handle(e.ray, in_ray.namespace))
+            except ConnectionError as err:  # RayUnavailable: no such actor
+                raise AdapterError(str(err)) from None
+            out["engine_incarnation"] = actor.info(deadline)["incarnation"]
+            report = actor.read_state(deadline)
+        else:
+            from rolloutcore.adapters.http import HttpAdapter
+
+            with HttpAdapter(e.url, model=e.model, token=e.token,
+                             lora=cfg.adapter.name if cfg.adapter else None,
+                             timeouts=_short_timeouts()) as http:
+                report = http.read_state(deadline)
+        out.update(engine_label=report.label, engine_identity=report.identity,
+                   engine_paused=report.paused)
+    except (AdapterError, ValueError) as err:
+        out["engine_error"] = str(err)[:200]
+    return out
 
 
 def _store_state(cfg: FleetConfig) -> tuple[Any, dict[str, Any] | None]:

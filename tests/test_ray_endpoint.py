@@ -5,11 +5,17 @@ calls are made directly.
 Every call carries its own controller's epoch to the engine: two controllers driving one
 actor (a deposed one still sending) never borrow each other's fencing token, so the
 engine's gate can refuse the deposed one's load. And the placement group's bundles for
-engines (on GPU too) and a trainer."""
+engines (on GPU too) and a trainer. ``fleet status`` reads a Ray-hosted engine through
+its actor only."""
 
 from __future__ import annotations
 
 import itertools
+import json
+import socket
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -135,3 +141,53 @@ def test_placement_bundles_refuse_sizes_a_group_cannot_hold(kwargs: dict[str, An
                                                            why: str) -> None:
     with pytest.raises(ValueError, match=why):
         placement_bundles(**kwargs)
+
+
+class Listener:
+    """A TCP port that accepts and closes every connection, counting them."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.accepted = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _addr = self.sock.accept()
+            except OSError:  # closed
+                return
+            self.accepted += 1
+            conn.close()
+
+
+def test_status_reads_a_ray_engine_through_its_actor_never_over_http(tmp_path: Path) -> None:
+    """``fleet status`` reads an engine hosted in Ray the way the controller drives it,
+    through its actor. With no Ray cluster at the fleet's address, that engine's row says
+    so, and its HTTP URL is never tried in its place. The HTTP member beside it is read at
+    its URL."""
+    pytest.importorskip("ray")
+    refusing = socket.socket()  # bound, not listening: a Ray address that refuses
+    refusing.bind(("127.0.0.1", 0))
+    ray_address = f"127.0.0.1:{refusing.getsockname()[1]}"
+    in_ray, over_http = Listener(), Listener()
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(f'[ray]\naddress = "{ray_address}"\nnamespace = "rolloutcore"\n\n'
+                     f'[[engine]]\nname = "a"\nurl = "{in_ray.url}"\nray = "engine-a"\n\n'
+                     f'[[engine]]\nname = "b"\nurl = "{over_http.url}"\n')
+    try:
+        out = subprocess.run([sys.executable, "-m", "rolloutcore.cli", "fleet", "status",
+                              "--fleet", str(fleet), "--json"],
+                             capture_output=True, text=True, timeout=60)
+    finally:
+        refusing.close()
+        in_ray.sock.close()
+        over_http.sock.close()
+    assert out.returncode == 0, out.stderr
+    rows = {r["name"]: r for r in json.loads(out.stdout)["members"]}
+    assert rows["a"]["engine_via"] == "ray"
+    assert rows["a"]["engine_error"].startswith(f"no Ray cluster at {ray_address}"), rows["a"]
+    assert in_ray.accepted == 0
+    assert rows["b"]["engine_via"] == "http" and "engine_error" in rows["b"], rows["b"]
+    assert over_http.accepted >= 1

@@ -374,7 +374,8 @@ def test_the_ray_launch_in_two_commands(engines: dict[str, LaunchedEngine],
     """``rolloutcore fleet launch --ray`` places an engine actor on the cluster (here this
     module's) and writes the fleet file; ``rolloutcore serve`` drives it through its Ray
     handle: a verified update through the admin API, then a completion through the
-    gateway bound to the new generation; the journal checks."""
+    gateway bound to the new generation; the journal checks. ``fleet status`` then reads
+    the engine through its actor: the new generation, served, with its identity."""
     models = build_models()
     fleet_file = tmp_path / "fleet.toml"
     address = ray.get_runtime_context().gcs_address
@@ -416,3 +417,12 @@ def test_the_ray_launch_in_two_commands(engines: dict[str, LaunchedEngine],
         out, err = proc.communicate(timeout=BOUND)
     assert proc.returncode == 0, (out, err[-3000:])
     assert check_fleet_file(fleet_file.with_suffix(".journal.jsonl")).accepted
+    status = subprocess.run(
+        [sys.executable, "-m", "rolloutcore.cli", "fleet", "status", "--fleet",
+         str(fleet_file), "--json"], capture_output=True, text=True, timeout=BOUND)
+    assert status.returncode == 0, status.stderr[-2000:]
+    (row,) = json.loads(status.stdout)["members"]
+    assert row["engine_via"] == "ray" and row["engine_incarnation"], row
+    assert (row["committed"], row["serving"]) == (2, True), row
+    assert (row["engine_label"], row["engine_identity"], row["engine_paused"]) == (
+        "v2", ref.identity, False), row
