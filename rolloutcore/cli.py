@@ -157,7 +157,8 @@ def _spec_check(args: argparse.Namespace) -> int:
     ex = explore(SPEC.with_bounds(bounds))
     props = [(i.name, "invariant") for i in SPEC.invariants] + [
         (p.name, "action property") for p in SPEC.action_properties
-    ] + [("Deadlock", "terminal states only in " + ", ".join(sorted(SPEC.terminal_phases)))]
+    ] + [("Deadlock", "every reachable state has a successor" if not SPEC.terminal_phases
+          else "terminal states only in " + ", ".join(sorted(SPEC.terminal_phases)))]
     verdicts = {name: ("violated" if name in ex.violations else "holds") for name, _ in props}
     if args.json:
         _print_json({

@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -180,6 +180,10 @@ class Controller:
     bindings: dict[str, Binding] = field(default_factory=dict)
     identity: str | None = None  # identity of the committed generation's weights
     machine_class: type[Machine] = Machine
+    #: Held, outside the controller's own lock, across every machine step (not the hot
+    #: path): a fleet's lock, so that its decisions, which read every member's state, and
+    #: the members' steps are journalled in one order (no step lands inside a group).
+    step_lock: AbstractContextManager[Any] = field(default_factory=nullcontext)
     _last_seq: int = 0  # sequence number of the last accepted step
 
     def __post_init__(self) -> None:
@@ -314,7 +318,7 @@ class Controller:
         return out
 
     def _fire(self, trigger: str, param: Any, detail: Mapping[str, Any] | None) -> ControlState:
-        with self._lock:
+        with self.step_lock, self._lock:
             reason = self._refusal(trigger, param, guard=False)
             if reason is not None:
                 raise IllegalTransition(trigger, self.control.phase, reason)

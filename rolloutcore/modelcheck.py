@@ -184,7 +184,10 @@ def _tlc_on(spec: Spec, *, dump_graph: bool, timeout_s: float) -> tlc.TlcResult:
         cfg = Path(tmp) / f"{spec.name}.cfg"
         module.write_text(spec_tla.module(spec))
         cfg.write_text(spec_tla.config(spec))
-        return tlc.run_tlc(module, cfg, workers=1, dump_graph=dump_graph, timeout_s=timeout_s)
+        # A state without a successor is a deadlock unless the spec names its phase an
+        # end (the explorer's rule): TLC checks deadlocks only when no phase is.
+        return tlc.run_tlc(module, cfg, workers=1, dump_graph=dump_graph, timeout_s=timeout_s,
+                           deadlock_check=not spec.terminal_phases)
 
 
 def run_tlc(spec: Spec = SPEC, *, exploration: Exploration | None = None,
@@ -241,7 +244,8 @@ def run_fleet_tlc(spec: FleetSpec = FLEET, *, exploration: FleetExploration | No
         cfg = Path(tmp) / f"{spec.name}.cfg"
         module.write_text(fleet_module(spec))
         cfg.write_text(fleet_config(spec))
-        result = tlc.run_tlc(module, cfg, workers=1, dump_graph=True, timeout_s=timeout_s)
+        result = tlc.run_tlc(module, cfg, workers=1, dump_graph=True, timeout_s=timeout_s,
+                             deadlock_check=True)  # no fleet state is an intended end
     run = TlcRun(result, ex.states, ex.edges, result.distinct_states, None, None)
     if result.graph is None or result.exit_code != 0:
         return run
@@ -326,6 +330,9 @@ def run_failover_tlc(spec: FailoverSpec = FAILOVER, *,
 
 # ------------------------------------------------------------------------------ mutants
 
+#: TLC's verdicts that catch a mutant (a deadlock is named as the explorer names it).
+CAUGHT = ("invariant", "property", "deadlock")
+
 
 @dataclass
 class MutantVerdict:
@@ -359,7 +366,7 @@ def check_mutant(m: Mutant, base: Spec = SPEC, *, with_tlc: bool) -> MutantVerdi
         # TLC stops at its first violation: no graph is dumped or compared here.
         r = _tlc_on(mutated, dump_graph=False, timeout_s=600)
         verdict.tlc_ran = True
-        if r.violation in ("invariant", "property"):
+        if r.violation in CAUGHT:
             verdict.tlc_violated = r.violated_name
             verdict.tlc_trace_length = max(len(r.trace) - 1, 0)
     return verdict
@@ -401,9 +408,10 @@ def check_fleet_mutant(m: FleetMutant, base: FleetSpec = FLEET, *,
             cfg = Path(tmp) / f"{mutated.name}.cfg"
             module.write_text(fleet_module(mutated))
             cfg.write_text(fleet_config(mutated))
-            r = tlc.run_tlc(module, cfg, workers=1, dump_graph=False, timeout_s=900)
+            r = tlc.run_tlc(module, cfg, workers=1, dump_graph=False, timeout_s=900,
+                            deadlock_check=True)
         verdict.tlc_ran = True
-        if r.violation in ("invariant", "property"):
+        if r.violation in CAUGHT:
             verdict.tlc_violated = r.violated_name
             verdict.tlc_trace_length = max(len(r.trace) - 1, 0)
     return verdict
@@ -421,7 +429,7 @@ def check_failover_mutant(m: FailoverMutant, base: FailoverSpec = FAILOVER, *,
     if with_tlc:
         r = _failover_tlc(mutated, dump_graph=False, timeout_s=900)
         verdict.tlc_ran = True
-        if r.violation in ("invariant", "property"):
+        if r.violation in CAUGHT:
             verdict.tlc_violated = r.violated_name
             verdict.tlc_trace_length = max(len(r.trace) - 1, 0)
     return verdict

@@ -10,8 +10,9 @@ the policy's, not a transport default's:
   mutation's, or ``step_timeout_s`` for an idempotent step after the mutation) plus the
   runner's own bookkeeping (milliseconds), whatever the engine does after;
 * a frozen engine before the mutation (the pause) costs at most ``pause_timeout_s`` plus
-  ``step_timeout_s`` for the resume attempts, and leaves admissions closed if the engine
-  cannot be shown to run again (fail closed, reported).
+  ``step_timeout_s`` for the resume attempts, then gives up (TAINTED, fenced best
+  effort) if the engine cannot be shown to run again: every cycle ends in a phase a
+  fleet can decide on.
 
 Idempotent steps (pause, resume, reads, cache resets, probe) run on the caller's thread
 (the adapter honours the deadline) and are retried only while their outcome is
@@ -627,10 +628,10 @@ class LifecycleRunner:
     def _resume(self, report: CycleReport) -> bool:
         r = self._idempotent(report, Op.RESUME, None, self.attempt_of(Op.RESUME))
         if r.trigger != Trigger.RESUME_OK:
-            if self._in(Phase.RESUMING) and self.controller.control.target != 0:
-                self._fire(Trigger.GIVE_UP, reason=r.reason)
-            # Otherwise admissions stay closed (DRAINING, or RESUMING an abandoned update)
-            # with the engine's run state unknown: fail closed, report, let the caller retry.
+            # Every attempt within the step's deadline failed: the engine is not known to
+            # run (after a failed pause it may be paused, or gone). Fail closed now, so
+            # that the cycle ends in a phase a fleet can decide on (the spec's give_up).
+            self._fire(Trigger.GIVE_UP, reason=f"resume: {r.reason}")
             return False
         return True
 

@@ -656,10 +656,10 @@ Reopen ==
     /\ phase' = "READY"
     /\ UNCHANGED <<committed, target, pending, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, replaced, doubt, faults>>
 
-\* give_up [control]: Retries of an idempotent step after a mutation are exhausted: fail closed.
+\* give_up [control]: Retries of an idempotent step are exhausted after a mutation, or the engine is no longer known to run (a pause that failed and the resume after it failed too: the process may be gone): fail closed, so that a fleet waiting on this member always has a decision to take.
 GiveUp ==
-    /\ phase \in {"INVALIDATING", "RESUMING", "VALIDATING"}
-    /\ pending = "none" /\ target # 0
+    /\ phase \in {"DRAINING", "INVALIDATING", "RESUMING", "VALIDATING"}
+    /\ pending = "none" /\ ("resumed" \notin evidence \/ (target # 0 /\ phase # "DRAINING"))
     /\ phase' = "TAINTED"
     /\ UNCHANGED <<committed, target, pending, bind, cleared, evidence, weights, label, paused, req, caches, amb, stale, replaced, doubt, faults>>
 

@@ -390,8 +390,8 @@ MReopen(n) ==
 \* give_up [member, control]
 MGiveUp(n) ==
     LET e == eng[n] IN
-    /\ e.phase \in {"INVALIDATING", "VALIDATING", "RESUMING"}
-    /\ e.pending = "none" /\ e.target # 0
+    /\ e.phase \in {"DRAINING", "INVALIDATING", "VALIDATING", "RESUMING"}
+    /\ e.pending = "none" /\ ("resumed" \notin e.evidence \/ (e.target # 0 /\ e.phase # "DRAINING"))
     /\ Scheduled(n)
     /\ faults < MaxFaults
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "TAINTED"]]
@@ -432,6 +432,7 @@ MReadmitBegin(n) ==
     LET e == eng[n] IN
     /\ e.phase \in {"TAINTED"}
     /\ e.pending = "none"
+    /\ fphase \notin {"UPDATING", "ROLLING"}
     /\ \E w0 \in {e.committed, MIXED, BROKEN} : \E w1 \in {e.committed, e.label} : eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = {}, !.pending = "readmit", !.weights = w0, !.label = w1, !.paused = TRUE, !.req = [i \in Slots |-> 0], !.caches = [t \in Tiers |-> {}], !.amb = FALSE]]
     /\ faults' = faults
     /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>

@@ -186,8 +186,8 @@ def document(spec: Spec, *, states: int, edges: int, fleet: FleetSpec | None = N
         "## Bounds and size",
         "",
         f"Default bounds: {b.rollouts} rollout slots, {b.generations} generations (the "
-        f"initial one included), at most {b.faults} fault outcomes per behaviour. Terminal "
-        f"phases allowed: {', '.join(sorted(p.value for p in spec.terminal_phases))}.",
+        f"initial one included), at most {b.faults} fault outcomes per behaviour. "
+        + _terminal_words(spec),
         "",
         f"Reachable at these bounds: **{states} states, {edges} edges** (the Python explorer "
         "and TLC must agree edge for edge).",
@@ -204,3 +204,12 @@ def document(spec: Spec, *, states: int, edges: int, fleet: FleetSpec | None = N
     if failover is not None:
         out += failover_section(failover, states=failover_states, edges=failover_edges)
     return "\n".join(out) + "\n"
+
+
+def _terminal_words(spec: Spec) -> str:
+    """What the deadlock check (explorer and TLC) allows as an end state."""
+    if not spec.terminal_phases:
+        return ("No terminal phase: every reachable state has a successor (the explorer and "
+                "TLC both check for deadlocks).")
+    return ("Terminal phases allowed: "
+            f"{', '.join(sorted(p.value for p in spec.terminal_phases))}.")

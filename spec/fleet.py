@@ -261,6 +261,12 @@ MEMBER_GUARDS: Mapping[str, MemberGuard] = {
     "reset_begin": _TRUE,
     # Audits outside the fleet's update (its own verification reads every member anew).
     "audit_begin": (lambda f, _s, _b: f.fphase != FleetPhase.UPDATING, 'fphase # "UPDATING"'),
+    # Re-admission outside the fleet's update and rolling wave (the runtime orders them
+    # behind one lock): the update's decision never waits for one, it counts a
+    # quarantined member as settled instead.
+    "readmit_begin": (lambda f, _s, _b: f.fphase not in (FleetPhase.UPDATING,
+                                                          FleetPhase.ROLLING),
+                      'fphase \\notin {"UPDATING", "ROLLING"}'),
 }
 #: Member steps that spend the fleet's fault budget although the single-engine spec does
 #: not count them: giving up follows exhausted retries, that is, failures.
@@ -816,7 +822,12 @@ def explore_fleet(spec: FleetSpec = FLEET, *, max_states: int = 3_000_000,
     memo: dict[tuple[str, State, Param], list[State]] = {}
     while queue and not (stop_at_violation and violations):
         f = queue.popleft()
-        for name, p, g in spec.successors(f, memo):
+        succ = spec.successors(f, memo)
+        if not succ and "Deadlock" not in violations:
+            # No step at all, the fleet's own decisions included: a fleet that can never
+            # decide (every fleet state has a successor; none is an intended end).
+            violations["Deadlock"] = path(f)
+        for name, p, g in succ:
             fired.add(name)
             edges.add((f, name, g))
             for prop in spec.action_properties:

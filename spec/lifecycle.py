@@ -415,6 +415,17 @@ def _ready_on_restart(c: Any, _p: Param) -> bool:
         c.phase is Phase.READY or (c.phase is Phase.DRAINING and "resumed" in c.evidence)))
 
 
+def _gives_up(c: Any, _p: Param) -> bool:
+    """Nothing in flight, and either the engine is not known to run (its pause or resume
+    failed: "resumed" is not in hand) or a mutation is under way (past DRAINING)."""
+    return bool(c.pending == NO_OP and (
+        "resumed" not in c.evidence or (c.target != 0 and c.phase is not Phase.DRAINING)))
+
+
+_GIVES_UP_TLA = (r'pending = "none" /\ ("resumed" \notin evidence '
+                 r'\/ (target # 0 /\ phase # "DRAINING"))')
+
+
 def _serves_committed(s: State, _p: Param) -> bool:
     return s.weights == s.committed and s.label == s.committed and not s.paused
 
@@ -699,10 +710,13 @@ ACTIONS: tuple[Action, ...] = (
     ),
     Action(
         name="give_up", kind=Kind.CONTROL,
-        sources=frozenset({P.INVALIDATING, P.VALIDATING, P.RESUMING}), dest=P.TAINTED,
-        doc="Retries of an idempotent step after a mutation are exhausted: fail closed.",
-        when=lambda c, _p: c.pending == NO_OP and c.target != 0,
-        when_tla=r'pending = "none" /\ target # 0',
+        sources=frozenset({P.DRAINING, P.INVALIDATING, P.VALIDATING, P.RESUMING}),
+        dest=P.TAINTED,
+        doc="Retries of an idempotent step are exhausted after a mutation, or the engine is "
+        "no longer known to run (a pause that failed and the resume after it failed too: "
+        "the process may be gone): fail closed, so that a fleet waiting on this member "
+        "always has a decision to take.",
+        when=_gives_up, when_tla=_GIVES_UP_TLA,
     ),
     # ---- TAINTED: fence the engine (best effort), nothing else ---------------------------
     *operation(
@@ -1128,8 +1142,10 @@ class Spec:
     invariants: tuple[Invariant, ...] = INVARIANTS
     action_properties: tuple[ActionProperty, ...] = ACTION_PROPERTIES
     bounds: Bounds = Bounds()
-    #: Phases in which the system may legitimately stop for good.
-    terminal_phases: frozenset[Phase] = frozenset({Phase.TAINTED})
+    #: Phases in which the system may legitimately stop for good: none (a TAINTED engine
+    #: can always be fenced or re-admitted), so every state without a successor is a
+    #: deadlock, for the explorer and for TLC alike.
+    terminal_phases: frozenset[Phase] = frozenset()
 
     def with_bounds(self, bounds: Bounds) -> Spec:
         return replace(self, bounds=bounds)

@@ -16,6 +16,7 @@ from rolloutcore.spec.failover import FailoverSpec
 from rolloutcore.spec.failover import _campaign as _failover_campaign
 from rolloutcore.spec.fleet import (
     FLEET,
+    FLEET_ABORT_WHEN_TLA,
     FLEET_PUBLISH_WHEN_TLA,
     FLEET_REOPEN_WHEN_TLA,
     N_VALIDATED_TLA,
@@ -23,6 +24,7 @@ from rolloutcore.spec.fleet import (
     FleetSpec,
     FleetState,
     MemberGuard,
+    held_back,
     quorum,
     serving,
     settled,
@@ -290,7 +292,34 @@ def _migration_target(spec: FleetSpec, target: Callable[..., bool], target_tla: 
                                            when_tla=f"{head}\n    /\\ {target_tla}"))
 
 
+def _decision_waits_on_quarantined(spec: FleetSpec) -> FleetSpec:
+    """The fleet's decision waits until no member is TAINTED (a member that failed must
+    "finish" first), while a quarantined member is re-admitted only outside the update."""
+    def done(f: FleetState, m: State) -> bool:
+        return settled(f, m) and m.phase is not Phase.TAINTED
+
+    spec = _fleet_action(
+        spec, "fleet_publish",
+        when=lambda f, b: all(done(f, m) for m in f.eng)
+        and sum(validated(f, m) for m in f.eng) >= b.min_serving,
+        when_tla=FLEET_PUBLISH_WHEN_TLA.replace(' \\/ e.phase = "TAINTED"', ""))
+    return _fleet_action(
+        spec, "fleet_abort",
+        when=lambda f, b: all(done(f, m) or held_back(f, m) for m in f.eng)
+        and (sum(validated(f, m) for m in f.eng) < b.min_serving
+             or any(held_back(f, m) for m in f.eng)),
+        when_tla=FLEET_ABORT_WHEN_TLA.replace(
+            "Settled(eng[n])", '(Settled(eng[n]) /\\ eng[n].phase # "TAINTED")'))
+
+
 FLEET_MUTANTS: tuple[FleetMutant, ...] = (
+    FleetMutant(
+        "decision_waits_on_quarantined",
+        "The fleet decides an update only once no member is TAINTED (\"every member must "
+        "finish its cycle\"), as the runtime did for a member that could neither pause nor "
+        "resume: a quarantined member cannot move during the update, so the fleet never "
+        "decides and admissions stay closed for good (a deadlock).",
+        _decision_waits_on_quarantined),
     FleetMutant(
         "publish_without_quorum",
         "Publish the target as soon as one member validated it, whatever min_serving says.",

@@ -37,8 +37,11 @@ Locks, and the one order they are taken in (never the other way round, so no dea
 1. ``Fleet._update_lock``: one update, re-admission or audit at a time; held across
    engine calls (it orders fleet operations, it guards no data read elsewhere);
 2. ``Fleet._lock`` (``_changed`` is its condition): the fleet's phase, generations,
-   members' ``outstanding`` counts and every fleet journal step (a publish group among
-   them);
+   members' ``outstanding`` counts, every fleet journal step (a publish group among
+   them) and every member step but a release (each member ``Controller`` takes it as its
+   ``step_lock`` before its own lock): a fleet decision reads every member's state and
+   journals its step with no member step in between, and no member step lands inside a
+   publish group (a release may: it commutes with one, as the fleet checker says);
 3. a member ``Controller``'s lock: its control state and bindings. Everything that reads
    a member's state for a decision reads it once, with its bindings, under that lock
    (:meth:`Member.view`, i.e. :meth:`Controller.snapshot`): a release on another thread

@@ -97,13 +97,13 @@ class Audits(FleetBase):
 
     def _suspect(self, name: str, detail: dict[str, str], audit_why: str | None) -> bool:
         m = self.members[name]
-        if m.controller.enabled(Trigger.SUSPECT) is not None:
-            return False
-        try:
-            m.controller.fire(Trigger.SUSPECT, None, detail)
-        except IllegalTransition:  # lost a race with another report or an audit
-            return False
-        with self._lock:
+        with self._lock:  # the suspicion and the decision it may cause, in one order
+            if m.controller.enabled(Trigger.SUSPECT) is not None:
+                return False
+            try:
+                m.controller.fire(Trigger.SUSPECT, None, detail)
+            except IllegalTransition:  # lost a race with another report or an audit
+                return False
             self._close_if_no_quorum()
             self._changed.notify_all()
         if audit_why is not None:

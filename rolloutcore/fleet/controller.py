@@ -62,8 +62,12 @@ class Fleet(Admission, Readmission, Updates, Recovery):
         self.on_step = on_step
         self.drain_listeners = []
         self.members = {}
+        # Every member step is taken under the fleet's lock (see the lock order in
+        # rolloutcore.fleet): a decision reads all members at once, and journals in order.
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
         for name, adapter, url in members:
-            ctl = Controller()
+            ctl = Controller(step_lock=self._lock)
             runner = LifecycleRunner(ctl, adapter, policy, on_step=self._hook(name))
             self.members[name] = Member(name, adapter, url, ctl, runner)
         self.phase = UNINITIALIZED
@@ -79,8 +83,6 @@ class Fleet(Admission, Readmission, Updates, Recovery):
         self._deciding = None
         for m in self.members.values():
             m.controller.trace = self._member_sink(m.name)
-        self._lock = threading.RLock()
-        self._changed = threading.Condition(self._lock)
         self._pool = ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="fleet")
         self._update_lock = threading.Lock()
         self._quorum = None

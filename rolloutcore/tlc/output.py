@@ -184,7 +184,7 @@ def parse_tlc_output(
         elif line.startswith("Error: Temporal properties were violated"):
             kind = "property"
         elif line.startswith("Error: Deadlock reached"):
-            kind = "deadlock"
+            kind, name = "deadlock", "Deadlock"  # the explorer's name for it
         if kind is not None:
             break
     if kind is None and exit_code != 0:
