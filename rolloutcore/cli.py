@@ -866,6 +866,13 @@ def _report(args: argparse.Namespace) -> int:
                                   records=Path(args.records) if args.records else None)
     except report.ReportInputError as e:
         return _bad_input(args, str(e), file=args.journal)
+    except report.JournalFailsVerification as e:  # a verdict, as journal verify gives it
+        if args.json:
+            _print_json({"out": None, "chain_ok": False, "first_bad_line":
+                         e.chain.first_bad_line, "reason": e.chain.reason})
+        else:
+            print(f"not drawn: {e}")
+        return NEGATIVE
     except OSError as e:  # the inputs were read (their errors are ReportInputError): out
         return _bad_input(args, f"{e.filename or out}: cannot write: {e.strerror or e}",
                           file=args.journal)
@@ -883,7 +890,8 @@ def _add_report_parser(sub: Any) -> None:
     rp = sub.add_parser("report", help="pictures of a run: the journal's timeline (a lane "
                         "per engine, its phases, every rollout from admission to release); "
                         "with RECORDS their staleness, with --steps the reward; PNGs and one "
-                        "self-contained index.html (exit 2 unreadable, 3 without matplotlib)")
+                        "self-contained index.html (exit 1, nothing drawn, if the journal's chain "
+                        "breaks before a torn final record; 2 unreadable; 3 without matplotlib)")
     rp.add_argument("journal", help="an engine or fleet journal")
     rp.add_argument("records", nargs="?", help="trajectory records (JSON lines or Parquet) "
                     "of rollouts the journal bound")

@@ -50,6 +50,7 @@ from rolloutcore.spec.fleet import (
     fleet_half,
     held_back,
     serving,
+    update_policy_error,
     validated,
 )
 from rolloutcore.spec.lifecycle import SPEC, Kind, Phase
@@ -272,10 +273,11 @@ class FleetTraceChecker:
                 return "Schema", "fleet_open once, with min_serving"
             self.min_serving = k
             kk, c = detail.get("max_live", 1), detail.get("min_admitting", 0)
-            if not (isinstance(kk, int) and isinstance(c, int) and kk >= 1
-                    and 0 <= c < len(self.members) and (kk > 1 or c == 0)):
-                return "Schema", (f"fleet_open with max_live {kk!r}, min_admitting {c!r}: "
-                                  f"K >= 1, C in 0..{len(self.members) - 1}, C = 0 if K = 1")
+            bad_policy = (update_policy_error(kk, c, len(self.members))
+                          if isinstance(kk, int) and isinstance(c, int)
+                          else f"max_live {kk!r}, min_admitting {c!r}: not integers")
+            if bad_policy:
+                return "Schema", f"fleet_open with {bad_policy}"
             self.max_live, self.min_admitting = kk, c
             self._quorum_origin = line if self.on_unused is not None else None
             ready = [n for n in self.members if self.members[n].control.phase is Phase.READY]

@@ -107,6 +107,16 @@ class ReportInputError(ValueError):
     ``path:line: what``)."""
 
 
+class JournalFailsVerification(Exception):
+    """The journal's chain breaks before its end (anything but a torn final record, which
+    recovery and the trace checker ignore as well): nothing is drawn, a negative verdict
+    as ``journal verify`` gives."""
+
+    def __init__(self, journal: Path, chain: ChainReport) -> None:
+        super().__init__(f"{journal}: broken at line {chain.first_bad_line}: {chain.reason}")
+        self.chain = chain
+
+
 class DrawingUnavailable(RuntimeError):
     """matplotlib is not installed: nothing can be drawn (not bad input)."""
 
@@ -990,6 +1000,8 @@ def build_report(journal: Path, out_dir: Path, *, records: Path | None = None,
     if lags is not None:
         _check_lags(lags)
     tl = read_timeline(journal)
+    if not (tl.chain.ok or tl.chain.truncated):
+        raise JournalFailsVerification(Path(journal), tl.chain)
     stats = attach_records(tl, records) if records is not None else None
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -1025,8 +1037,9 @@ def write_report(journal: Path, out_dir: Path, *, records: Path | None = None,
 
 
 __all__ = ["ENGINE_LANE", "FLEET_COLOURS", "MUTATION_PHASES", "PHASE_COLOURS", "Bar",
-           "DrawingUnavailable", "Mark", "RecordStats", "Report", "ReportInputError", "Span",
-           "Timeline", "attach_records", "build_report", "crossing_rollouts", "crossings",
-           "default_out_dir", "draw_timeline", "drawing_unavailable", "generation_colours",
-           "html_page", "lag_png", "overlaps", "phase_colour", "read_steps", "read_timeline",
-           "reward_png", "timeline_png", "write_report"]
+           "DrawingUnavailable", "JournalFailsVerification", "Mark", "RecordStats", "Report",
+           "ReportInputError", "Span", "Timeline", "attach_records", "build_report",
+           "crossing_rollouts", "crossings", "default_out_dir", "draw_timeline",
+           "drawing_unavailable", "generation_colours", "html_page", "lag_png", "overlaps",
+           "phase_colour", "read_steps", "read_timeline", "reward_png", "timeline_png",
+           "write_report"]

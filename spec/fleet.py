@@ -130,6 +130,19 @@ class FleetPhase:
 CATCH_UP_PHASES = frozenset({FleetPhase.READY, FleetPhase.ABORTING})
 
 
+def update_policy_error(max_live: int, min_admitting: int, members: int) -> str | None:
+    """Why (``max_live`` K, ``min_admitting`` C) is not an update policy for a fleet of
+    ``members``, or None: K in 1..members (more live generations than members cannot be
+    served), C in 0..members-1 (a wave needs a member to leave), and C = 0 with K = 1 (the
+    strict update closes every member). The one statement of the rule: the fleet file,
+    the fleet and the fleet checker all ask it."""
+    if not 1 <= max_live <= members or not 0 <= min_admitting < members \
+            or (max_live == 1 and min_admitting):
+        return (f"max_live {max_live} and min_admitting {min_admitting} with {members} "
+                f"members: K in 1..{members}, C in 0..{members - 1}, and C = 0 with K = 1")
+    return None
+
+
 @dataclass(frozen=True)
 class FleetBounds:
     engines: int = 2
@@ -142,12 +155,11 @@ class FleetBounds:
 
     def __post_init__(self) -> None:
         if not (1 <= self.min_serving <= self.engines) or self.rollouts < 0 \
-                or self.generations < 1 or self.faults < 0 or self.max_live < 1 \
-                or not 0 <= self.min_admitting < self.engines:
+                or self.generations < 1 or self.faults < 0:
             raise ValueError(f"fleet bounds out of range: {self}")
-        if self.max_live == 1 and self.min_admitting:
-            raise ValueError("a strict update (max_live 1) closes every member: "
-                             "min_admitting must be 0")
+        bad = update_policy_error(self.max_live, self.min_admitting, self.engines)
+        if bad:
+            raise ValueError(bad)
 
 
 class FleetState(NamedTuple):
@@ -868,6 +880,7 @@ __all__ = [
     "quorum",
     "serving",
     "settled",
+    "update_policy_error",
     "validated",
     "wave_settled",
 ]

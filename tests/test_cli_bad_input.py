@@ -135,6 +135,8 @@ CASES: list[Case] = [
         "notjson", "empty", "binary", "dir", "missing", "deep", "long_line",
         "journal_header_seq_list")),
     C("report", "{notjson} --json", 2, "notjson json"),
+    C("report", "{journal_seq_list}", 1, "seq is a list on line 3: nothing drawn"),
+    C("report", "{journal_seq_list} --json", 1, "broken json"),
     C("report", "", 2, "no journal"),
     *(C("report", f"{{journal}} {{{f}}}", 2, f"records {f}") for f in (
         "notjson", "empty", "binary", "dir", "missing", "records_torn", "records_tokens_str",
@@ -167,7 +169,8 @@ CASES: list[Case] = [
 
     *(C(f"fleet {cmd}", f"--fleet {{{f}}} {extra}", 2, f) for cmd, extra in (
         ("status", ""), ("update", "--checkpoint {dir} --label v2")) for f in (
-        "fleet_c_without_k", "fleet_c_every_member", "fleet_k_string")),
+        "fleet_c_without_k", "fleet_c_every_member", "fleet_k_string",
+        "fleet_k_above_members")),
     C("fleet update", "--fleet {fleet_rolling} --checkpoint {dir} --label v2 --min-serving 1",
       2, "min serving on a rolling fleet"),
     C("fleet update", "--fleet {fleet_good} --label v2", 2, "no checkpoint"),
@@ -282,6 +285,7 @@ def _make_corpus(root: Path) -> dict[str, str]:
     files["fleet_c_without_k"] = b'[fleet]\nmin_admitting = 1\n' + two
     files["fleet_c_every_member"] = b'[fleet]\nmax_live = 2\nmin_admitting = 2\n' + two
     files["fleet_k_string"] = b'[fleet]\nmax_live = "2"\n' + two
+    files["fleet_k_above_members"] = b'[fleet]\nmax_live = 3\nmin_admitting = 1\n' + two
     files["fleet_rolling"] = b'[fleet]\nmax_live = 2\nmin_admitting = 1\n' + two
     files["fleet_good"] = b'[[engine]]\nname = "a"\nurl = "http://127.0.0.1:1"\n'
     ray_engine = b'[[engine]]\nname = "a"\nurl = "http://127.0.0.1:1"\nray = "e-a"\n'

@@ -182,7 +182,7 @@ def test_the_checker_rejects_a_migration_across_generations_and_a_wrong_floor(
 def test_rolling_bounds_are_checked() -> None:
     ad = [("a", SimAdapter(SimEngine(ckpt(1), label="rc-1")), None),
           ("b", SimAdapter(SimEngine(ckpt(1), label="rc-1")), None)]
-    for k, c in ((0, 0), (1, 1), (2, 2)):
+    for k, c in ((0, 0), (1, 1), (2, 2), (3, 1)):  # K above the members: never servable
         with pytest.raises(ValueError, match="max_live"):
             Fleet(ad, journal="/nonexistent/never-written.jsonl", max_live=k, min_admitting=c)
 

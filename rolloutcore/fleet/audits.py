@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from rolloutcore.adapters.contract import WeightTarget
 from rolloutcore.controller import IllegalTransition
 from rolloutcore.fleet.base import FleetBase, FleetError, Lease, Member, log
+from rolloutcore.journal import JournalError
 from rolloutcore.postconditions import Outcome
 from rolloutcore.spec.lifecycle import Phase
 from rolloutcore.spec.triggers import Trigger
@@ -116,6 +117,8 @@ class Audits(FleetBase):
             self.audit(names, why=why)
         except FleetError as e:  # the member moved on (an update, a re-admission)
             log.info("audit (%s) skipped: %s", why, e)
+        except JournalError as e:  # deposed, or the store failed: said once, by its owner
+            log.warning("audit (%s) not journalled: %s", why, e)
         except Exception:  # a background audit must not die silently
             log.exception("audit (%s) failed", why)
 
@@ -133,6 +136,9 @@ class Audits(FleetBase):
             while not stop.wait(period_s):
                 try:
                     self.audit(why="watchdog", blocking=False)
+                except JournalError as e:  # nothing more can be journalled (deposed, or
+                    log.warning("watchdog stopped: %s", e)  # its store failed): stop
+                    return
                 except Exception:  # keep watching: the next round may succeed
                     log.exception("watchdog audit failed")
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rolloutcore.inputs import unreadable
+from rolloutcore.spec.fleet import update_policy_error
 
 TRANSFERS = ("reload", "gloo", "nccl")
 
@@ -73,16 +74,6 @@ class FleetConfig:
             return self.adapter.name
         models = {e.model for e in self.engines}
         return models.pop() if len(models) == 1 else None
-
-
-def rolling_bounds_error(max_live: int, min_admitting: int, members: int) -> str | None:
-    """Why (``max_live``, ``min_admitting``) is not a fleet update policy for ``members``
-    engines, or None: K >= 1, C in 0..members-1 (a wave needs a member to leave), and
-    C = 0 with K = 1 (the strict update closes every member)."""
-    if max_live < 1 or not 0 <= min_admitting < members or (max_live == 1 and min_admitting):
-        return (f"max_live {max_live} and min_admitting {min_admitting}: K >= 1, C in "
-                f"0..{members - 1}, and C = 0 with K = 1")
-    return None
 
 
 def load_fleet_file(path: str | Path) -> FleetConfig:
@@ -170,7 +161,7 @@ def load_fleet_file(path: str | Path) -> FleetConfig:
     rolling = [fleet.get("max_live", 1), fleet.get("min_admitting", 0)]
     if any(isinstance(v, bool) or not isinstance(v, int) for v in rolling):
         raise FleetFileError(f"{p}: max_live and min_admitting must be integers")
-    bad = rolling_bounds_error(rolling[0], rolling[1], len(engines))
+    bad = update_policy_error(rolling[0], rolling[1], len(engines))
     if bad:
         raise FleetFileError(f"{p}: {bad}")
     control = _control(p, data.get("control"))
@@ -245,4 +236,4 @@ def _control(p: Path, raw: object) -> ControlConfig | None:
 
 
 __all__ = ["TRANSFERS", "ControlConfig", "EngineConfig", "FleetConfig", "FleetFileError",
-           "load_fleet_file", "rolling_bounds_error"]
+           "load_fleet_file"]

@@ -12,13 +12,12 @@ from rolloutcore.adapters.contract import LifecycleAdapter
 from rolloutcore.controller import Controller
 from rolloutcore.fleet.admission import Admission
 from rolloutcore.fleet.base import UNINITIALIZED, Member, StepHook, TargetFactory
-from rolloutcore.fleet.config import rolling_bounds_error
 from rolloutcore.fleet.readmission import Readmission
 from rolloutcore.fleet.recovery import Recovery
 from rolloutcore.fleet.store import JournalStore, as_store
 from rolloutcore.fleet.updates import Updates
 from rolloutcore.runner import LifecycleRunner, RunnerPolicy
-from rolloutcore.spec.fleet import FLEET
+from rolloutcore.spec.fleet import FLEET, update_policy_error
 
 
 class Fleet(Admission, Readmission, Updates, Recovery):
@@ -48,7 +47,7 @@ class Fleet(Admission, Readmission, Updates, Recovery):
         self.min_serving = len(names) if min_serving is None else min_serving
         if not 1 <= self.min_serving <= len(names):
             raise ValueError(f"min_serving must be in 1..{len(names)}")
-        bad = rolling_bounds_error(max_live, min_admitting, len(names))
+        bad = update_policy_error(max_live, min_admitting, len(names))
         if bad:
             raise ValueError(bad)
         self.max_live, self.min_admitting = max_live, min_admitting

@@ -13,6 +13,7 @@ returns only once its record is durable, and nothing is forwarded or answered be
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
@@ -23,13 +24,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rolloutcore.adapters.contract import WeightTarget
 from rolloutcore.controller import AdmissionCancelled, AdmissionTimeout, Binding
 from rolloutcore.fleet import Fleet, FleetCycleReport, FleetError, Lease, TargetFactory
 from rolloutcore.gateway.metrics import GatewayMetrics
 from rolloutcore.gateway.records import RecordWriter
+from rolloutcore.journal import JournalError
 from rolloutcore.postconditions import Outcome
 from rolloutcore.spec.lifecycle import Phase
 
@@ -103,6 +105,11 @@ class Queued:
     max_staleness: int | None = None  # generations behind the frontier it accepts
 
 
+T = TypeVar("T")
+#: How many failed admin jobs ``/admin/status`` keeps (the newest).
+FAILED_JOBS_KEPT = 20
+
+
 class Busy(Exception):
     """An admin operation is already running (one at a time)."""
 
@@ -143,7 +150,8 @@ class Gateway:
         self._tokens = itertools.count(1)
         fleet.drain_listeners.append(self._draining)
         self.last_report: FleetCycleReport | None = None
-        self.last_error: str | None = None
+        self.last_error: str | None = None  # the last admin job's failure, until one succeeds
+        self.failed_jobs: list[dict[str, Any]] = []  # the latest FAILED_JOBS_KEPT failures
 
     # ------------------------------------------------------------------ admission
 
@@ -335,23 +343,49 @@ class Gateway:
         self._claim(f"update to {target.label}")
         return self._admin.submit(self._update, target, None)
 
-    def _update(self, target: WeightTarget, min_serving: int | None) -> FleetCycleReport:
-        fleet = self.fleet
-        t0 = time.perf_counter()
+    def _job(self, what: str, fn: Callable[[], T]) -> T:
+        """Run admin job ``what`` on the admin worker (its slot claimed by the caller):
+        whatever it raises is logged and kept for ``/admin/status`` (``last_error`` and
+        ``failed_jobs``), even when nobody waits for its result (``wait: false``)."""
         try:
-            report = fleet.advance(target, min_serving=min_serving)  # journalled with it
-        except FleetError as e:
-            self.metrics.cycle.labels("refused").observe(time.perf_counter() - t0)
-            self.last_error = str(e)
+            out = fn()
+        except FleetError as e:  # refused: nothing was changed
+            self._failed(what, str(e))
+            log.warning("%s refused: %s", what, e)
+            raise
+        except JournalError as e:  # deposed, or the store failed: the owner says it once
+            self._failed(what, str(e))
+            log.warning("%s stopped: %s", what, e)
+            raise
+        except Exception as e:  # a bug or an I/O error: never silent
+            self._failed(what, f"{type(e).__name__}: {e}")
+            log.exception("%s failed", what)
             raise
         finally:
             self._free()
+        self.last_error = None
+        return out
+
+    def _failed(self, what: str, error: str) -> None:
+        self.last_error = f"{what}: {error}"
+        self.failed_jobs.append({"job": what, "error": error[:500], "at": time.time()})
+        del self.failed_jobs[:-FAILED_JOBS_KEPT]
+        self.metrics.admin_failures.labels(what.split(" ", 1)[0]).inc()
+
+    def _update(self, target: WeightTarget, min_serving: int | None) -> FleetCycleReport:
+        t0 = time.perf_counter()
+        try:
+            report = self._job(f"update to {target.label}", functools.partial(
+                self.fleet.advance, target, min_serving=min_serving))  # journalled with it
+        except FleetError:
+            self.metrics.cycle.labels("refused").observe(time.perf_counter() - t0)
+            raise
         outcome = ("published" if report.published else "aborted" if report.aborted
                    else "not_published")
         self.metrics.cycle.labels(outcome).observe(report.total_s)
         for name in report.quarantined:
             self.metrics.quarantines.labels(name).inc()
-        self.last_report, self.last_error = report, None
+        self.last_report = report
         log.info("update to %s (generation %d): %s on %s, quarantined %s, %.2f s",
                  target.label, target.generation, outcome, report.committed_on,
                  report.quarantined, report.total_s)
@@ -364,10 +398,8 @@ class Gateway:
         return self._admin.submit(self._readmit, engine, who)
 
     def _readmit(self, engine: str, who: str) -> Outcome:
-        try:
-            out = self.fleet.readmit(engine, who=who)
-        finally:
-            self._free()
+        out = self._job(f"readmission of {engine}",
+                        functools.partial(self.fleet.readmit, engine, who=who))
         self.metrics.readmissions.labels(engine, out.trigger).inc()
         log.info("readmission of %s: %s (%s)", engine, out.trigger, out.reason)
         return out
@@ -385,10 +417,8 @@ class Gateway:
         return self._admin.submit(self._audit, engines)
 
     def _audit(self, engines: list[str] | None) -> dict[str, Outcome]:
-        try:
-            out = self.fleet.audit(engines, why="gateway admin API")
-        finally:
-            self._free()
+        out = self._job("audit", functools.partial(self.fleet.audit, engines,
+                                                   why="gateway admin API"))
         for name, o in out.items():
             self.metrics.audits.labels(name, o.trigger).inc()
             log.info("audit of %s: %s (%s)", name, o.trigger, o.reason)
@@ -422,6 +452,7 @@ class Gateway:
             "queue": {"depth": self._queued, "max_depth": self.config.queue_depth,
                       "max_wait_s": self.config.queue_wait_s, "stale": self.config.stale},
             "admin": {"running": self._busy, "last_error": self.last_error,
+                      "failed_jobs": list(self.failed_jobs),
                       "last_cycle": report.as_json() if report else None},
             "journal": {"path": str(f.journal.path), "last_seq": f.journal.last_seq,
                         "group_commit": f.journal.group_commit,

@@ -86,6 +86,9 @@ class GatewayMetrics:
             ["engine", "retried"], registry=r)
         self.audits = Counter("rolloutcore_audits", "Audits asked through the admin API, by "
                               "engine and outcome", ["engine", "outcome"], registry=r)
+        self.admin_failures = Counter(
+            "rolloutcore_gateway_admin_failures", "Admin jobs (update, readmission, audit) "
+            "that were refused or failed, waited for or not", ["job"], registry=r)
         self._paused_since: dict[str, float] = {}
         self._lock = threading.Lock()
         r.register(_FleetCollector(self, floor))
