@@ -38,8 +38,9 @@ if TYPE_CHECKING:
     from rolloutcore.runner import LifecycleRunner
 
 #: 2: the binding says whether the drain aborted the rollout; 3: a migrated rollout's
-#: segments; 4: the sample's index in its admission's group, and which logprobs these are.
-SCHEMA_VERSION = 4
+#: segments; 4: the sample's index in its admission's group, and which logprobs these are;
+#: 5: whether the rollout broke off (its engine failed mid-stream: a partial response).
+SCHEMA_VERSION = 5
 SCHEMA_NAME = "rolloutcore.trajectory"
 _PARQUET_META_KEY = b"rolloutcore.trajectory.schema_version"
 
@@ -220,7 +221,7 @@ _SEGMENT_KEYS = ("engine", "seq", "generation", "start", "end")
 _BINDING_KEYS = ("rollout_id", "generation", "identity", "seq", "aborted")
 _RECORD_KEYS = ("schema", "schema_version", "binding", "label", "prompt_token_ids",
                 "response_token_ids", "logprobs", "logprobs_mode", "decoding", "finish_reason",
-                "stop_reason", "timing", "segments", "sample")
+                "stop_reason", "timing", "segments", "sample", "broken")
 #: vLLM's ``logprobs_mode`` values: ``raw_*`` before any processing (temperature, top-k,
 #: top-p, penalties, the min_tokens mask), ``processed_*`` after it.
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits")
@@ -248,6 +249,9 @@ class TrajectoryRecord:
     #: Which values ``logprobs`` holds, as the writer observed it on the engine (one of
     #: :data:`LOGPROBS_MODES`); None: not observed (vLLM's default is raw_logprobs).
     logprobs_mode: str | None = None
+    #: Its engine failed mid-stream: the response is what came before the break (never a
+    #: finished rollout; a trainer leaves it out or treats it as truncated).
+    broken: bool = False
     schema_version: int = field(default=SCHEMA_VERSION)
 
     def __post_init__(self) -> None:
@@ -286,6 +290,8 @@ class TrajectoryRecord:
             raise RecordError("timing: expected a Timing")
         _opt_str(self.finish_reason, "finish_reason")
         _int(self.sample, "sample", minimum=0)
+        if not isinstance(self.broken, bool):
+            raise RecordError(f"broken: expected a boolean, got {self.broken!r}")
         if self.logprobs_mode is not None and self.logprobs_mode not in LOGPROBS_MODES:
             raise RecordError(f"logprobs_mode: must be one of {', '.join(LOGPROBS_MODES)} or "
                               f"null, got {self.logprobs_mode!r}")
@@ -353,6 +359,7 @@ class TrajectoryRecord:
             "timing": self.timing.to_dict(),
             "segments": [x.to_dict() for x in self.segments],
             "sample": self.sample,
+            "broken": self.broken,
         }
 
     @classmethod
@@ -385,7 +392,8 @@ class TrajectoryRecord:
                    segments=tuple(Segment.from_dict(x)
                                   for x in _seq(d["segments"], "segments")),
                    sample=_int(d["sample"], "sample", minimum=0),
-                   logprobs_mode=_opt_str(d["logprobs_mode"], "logprobs_mode"))
+                   logprobs_mode=_opt_str(d["logprobs_mode"], "logprobs_mode"),
+                   broken=d["broken"])
 
 
 def record_from(binding: Binding, label: str, prompt: Sequence[int], result: GenerationResult,
@@ -502,7 +510,7 @@ def _arrow_schema() -> Any:
          ("segments", pa.list_(pa.struct([
              ("engine", pa.string()), ("seq", pa.int64()), ("generation", pa.int64()),
              ("start", pa.int64()), ("end", pa.int64())]))),
-         ("sample", pa.int64())],
+         ("sample", pa.int64()), ("broken", pa.bool_())],
         metadata={_PARQUET_META_KEY: str(SCHEMA_VERSION).encode()},
     )
 

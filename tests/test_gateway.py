@@ -111,11 +111,16 @@ class FakeEngine:
                 self.violations.append("a request crossed a mutation")
 
 
+class EngineDied(Exception):
+    """Raised inside a fake engine's stream: the server cuts the connection mid-body."""
+
+
 class FakeUpstream:
     """Engines at ``/e/<name>/v1/...``. ``x-test-hold: KEY`` holds an answer (after the
     first stream chunk) until the test opens gate KEY, ``x-test-hold-end: KEY`` a stream
     after its last event; ``x-test-fail: STATUS`` answers that status with an OpenAI
-    error."""
+    error; ``x-test-die-longer-than: N`` cuts the connection after the first event of a
+    prompt longer than N tokens (a migrated stream's continuation: its member died)."""
 
     def __init__(self) -> None:
         self.engines: dict[str, FakeEngine] = {}
@@ -199,6 +204,9 @@ class FakeUpstream:
                     chunk = top({"object": kind + ".chunk" if chat else kind, "model": MODEL,
                                  "choices": [choice(k, [t], k == n - 1)]}, k == 0)
                     yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
+                    if k == 0 and len(prompt) > int(request.headers.get(
+                            "x-test-die-longer-than", 10**9)):
+                        raise EngineDied("the engine died mid-stream")  # connection cut
                     if k == 0:
                         await self._hold(request)
                 yield b"data: [DONE]\n\n"
@@ -415,15 +423,17 @@ def test_openai_client_streaming_and_not_bound_and_released(
         r.check()
 
 
-def _stream_tokens(url: str, prompt: list[int], n: int, gate: str) -> dict[str, Any]:
+def _stream_tokens(url: str, prompt: list[int], n: int, gate: str,
+                   headers: dict[str, str] | None = None) -> dict[str, Any]:
     """A streamed completion held by the engine after each part's first chunk (gate);
     its headers, events and the tokens its text spells."""
-    with httpx.stream("POST", f"{url}/v1/completions", headers={"x-test-hold": gate},
+    with httpx.stream("POST", f"{url}/v1/completions",
+                      headers={"x-test-hold": gate, **(headers or {})},
                       json={"model": MODEL, "prompt": prompt, "max_tokens": n,
                             "temperature": 0, "stream": True}, timeout=3 * BOUND) as resp:
         events = [json.loads(line[6:]) for line in resp.iter_lines()
                   if line.startswith("data: {")]
-        text = "".join(e["choices"][0]["text"] for e in events)
+        text = "".join(e["choices"][0]["text"] for e in events if "choices" in e)
         return {"status": resp.status_code, "headers": dict(resp.headers), "events": events,
                 "tokens": [int(t[1:]) for t in text.split()]}
 
@@ -487,6 +497,48 @@ def test_a_stream_moves_off_a_draining_member_and_goes_on_without_a_seam(
         assert [x["detail"]["members"] for x in moves] == [["a", "b"], ["c", "b"]]
         assert r.fakes["a"].aborted == r.fakes["c"].aborted == 1  # the parts left behind
         r.check()  # the journal checks; records verify accepts every segment
+
+
+def test_a_moved_stream_whose_new_member_dies_ends_with_an_error_event_and_a_record(
+        tmp_path: Path, upstream: FakeUpstream) -> None:
+    """The stream on a moves to b when a drains (as above); b dies after the
+    continuation's first event. The client's stream still ends cleanly: the tokens of
+    both parts, then an SSE error event (never a cut connection); its trajectory record
+    is marked broken, holds both segments and verifies against the journal; b is
+    suspected, and the update goes on around it."""
+    n = 6
+    prompts = {k: [k + 1, *PROMPT] for k in range(3)}
+    with rig(tmp_path, upstream, names=("a", "b", "c"), min_serving=2, max_live=2,
+             min_admitting=2) as r:
+        threads = []
+        for k in range(3):
+            die = {"x-test-die-longer-than": str(len(prompts[k]))} if k == 0 else None
+            threads.append(in_thread(functools.partial(_stream_tokens, r.url, prompts[k], n,
+                                                       "g", die)))
+            wait_until(lambda k=k: r.bound() == k + 1, "the stream to be admitted")
+        wait_until(lambda: all(fe.running == 1 for fe in r.fakes.values()),
+                   "one held stream on every member")
+        upd, box = in_thread(lambda: r.update("ckpt-2", "v2"))
+        threads[0][0].join(3 * BOUND)
+        out = threads[0][1]["value"]
+        assert out["status"] == 200 and out["headers"]["x-rolloutcore-engine"] == "a"
+        assert out["tokens"] == r.reference(1, prompts[0], n)[:2], out  # one from each
+        assert out["events"][-1]["error"]["code"] == "engine_error", out["events"][-1]
+        assert "failed mid-stream" in out["events"][-1]["error"]["message"]
+        upstream.gates["g"].set()
+        for t, _ in threads[1:]:
+            t.join(3 * BOUND)
+        upd.join(3 * BOUND)
+        assert box["value"].status_code == 200, box
+        rec = next(x for x in map(json.loads, r.records.read_text().splitlines())
+                   if x["binding"]["rollout_id"] == out["headers"]["x-rolloutcore-rollout-id"])
+        assert rec["broken"] is True and rec["finish_reason"] is None
+        assert [(x["engine"], x["start"], x["end"]) for x in rec["segments"]] == [
+            ("a", 0, 1), ("b", 1, 2)]
+        assert rec["response_token_ids"] == r.reference(1, prompts[0], n)[:2]
+        assert r.metric("rolloutcore_gateway_engine_failures_total", engine="b",
+                        retried="false") == 1
+        r.check()
 
 
 def test_stream_headers_come_before_the_first_chunk(tmp_path: Path,

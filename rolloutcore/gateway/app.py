@@ -479,6 +479,7 @@ class _Exchange:
         self.status: int | None = None  # what the client is sent
         self.outcome = "ok"
         self.done = False  # the engine's answer was read to its end
+        self.cut = False  # the stream broke off mid-way (its engine failed, or its move)
         self.started = False  # the response's status and headers were sent
         self.complete = False  # the last message to the client is (being) sent
         self.gone = False  # the client went away before that
@@ -527,12 +528,17 @@ class _Exchange:
                     await self._finish_shielded(count=False)
                     self.outcome, self.status, self.upstream = "ok", None, None
                     continue
-                if not self.started:  # nothing sent yet: say so (else the stream breaks off)
+                if not self.started:  # nothing sent yet: say so
                     self.status = 502
                     await self._finish_shielded()
                     await self._send_refusal(send, Refusal(
                         502, f"engine {lease.engine} failed: {type(e).__name__}",
                         type="server_error", code="engine_error"))
+                else:  # mid-stream: the record (marked broken) first, then the error event
+                    self.cut = True
+                    await self._finish_shielded()
+                    await self._break_off(send, f"engine {lease.engine} failed mid-stream: "
+                                                f"{type(e).__name__}")
                 return
             finally:
                 if self.gone and not self.done:  # (after the last event, nothing was lost)
@@ -613,7 +619,10 @@ class _Exchange:
         buf = bytearray()
         if self.movable:
             if not await self._stream_movable(up, send, buf):
-                return  # broken off mid-way (said in the outcome)
+                self.cut = True  # broken off mid-way (the outcome says why)
+                await self._finish_shielded()
+                await self._break_off(send, self.outcome)
+                return
         else:
             tail = b""
             async for chunk in up.content.iter_any():
@@ -628,6 +637,18 @@ class _Exchange:
         await self._finish_shielded()
         self.complete = True
         await send({"type": "http.response.body", "body": bytes(buf), "more_body": False})
+
+    async def _break_off(self, send: Send, why: str) -> None:
+        """End a stream that broke off mid-way with an error event (the form vLLM and
+        OpenAI use for an error inside a stream), never a connection cut."""
+        if self.complete or self.gone:
+            return
+        self.complete = True
+        event = json.dumps({"error": {"message": why, "type": "server_error",
+                                      "code": "engine_error"}})
+        with contextlib.suppress(OSError):
+            await send({"type": "http.response.body",
+                        "body": f"data: {event}\n\n".encode(), "more_body": False})
 
     async def _send_chunk(self, send: Send, chunk: bytes, tail: bytes) -> None:
         await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -862,7 +883,9 @@ class _Exchange:
             detail["outcome"] = self.outcome
         if gone:
             gw.metrics.client_disconnects.inc()
-        collector = self.collector if self.done and self.status == 200 else None
+        collector = self.collector if (self.done or self.cut) and self.status == 200 \
+            else None
+        cut = self.cut and not self.done
         seconds = time.perf_counter() - self.t0
         started_at = self.started_at
 
@@ -879,7 +902,8 @@ class _Exchange:
                                             segments[-1].end, len(collector.tokens)))
                 binding = Binding(binding.rollout_id, binding.generation, binding.identity,
                                   first.seq, aborted=binding.aborted)
-            rec = collector.record(binding, lease.label, started_at, seconds, parts)
+            rec = collector.record(binding, lease.label, started_at, seconds, parts,
+                                   broken=cut)
             if isinstance(rec, str):
                 gw.metrics.records.labels("skipped").inc()
                 log.info("no record for %s: %s", lease.rollout_id, rec)

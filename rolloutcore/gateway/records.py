@@ -120,8 +120,10 @@ class Collector:
             else None)
 
     def record(self, binding: Binding, label: str, started_at: float, seconds: float,
-               segments: tuple[Segment, ...] = ()) -> TrajectoryRecord | str:
-        """The record, or why there is none."""
+               segments: tuple[Segment, ...] = (), *, broken: bool = False
+               ) -> TrajectoryRecord | str:
+        """The record, or why there is none (``broken``: the stream broke off mid-way,
+        the record holds what came before the break)."""
         if self.multi:
             return "more than one choice"
         if self.broken:
@@ -142,7 +144,7 @@ class Collector:
                 logprobs=None if logprobs is None else tuple(logprobs),
                 decoding=self.decoding(), finish_reason=self.finish_reason,
                 stop_reason=self.stop_reason, timing=Timing(started_at, max(0.0, seconds)),
-                segments=segments)
+                segments=segments, broken=broken)
         except (RecordError, TypeError, ValueError) as e:
             return f"not a valid record: {e}"
 
