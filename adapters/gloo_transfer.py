@@ -342,6 +342,23 @@ class GlooWeightTransferEngine(
                 group.shutdown()
 
 
+def abort_layerwise_reload(model: torch.nn.Module, model_config: Any) -> int:
+    """Drop the tensors a failed load buffered in vLLM's layerwise reload and end it:
+    each layer still waiting is given back its previous tensors (vLLM's own finalise
+    does that for a layer that loaded nothing). Returns how many layers were waiting."""
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+    from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
+
+    waiting = [info for layer in model.modules()
+               if (info := LAYERWISE_INFO.get(layer)) is not None and info.can_load()]
+    for info in waiting:
+        info.loaded_weights.clear()
+        info.load_numel = 0
+    if waiting:
+        finalize_layerwise_reload(model, model_config)  # type: ignore[no-untyped-call]
+    return len(waiting)
+
+
 class TransferWorkerExtension(RolloutCoreWorkerExtension):
     """The RolloutCore worker extension, aware of weights received by the gloo engine.
 
@@ -366,6 +383,24 @@ class TransferWorkerExtension(RolloutCoreWorkerExtension):
         if rec["session"] != "complete":
             return {"identity": None, "reason": "a weight-transfer session did not finish"}
         return {"identity": None, "reason": "transfer not in sorted name order: no digest"}
+
+    def rc_end_weight_update(self) -> dict[str, Any]:
+        """Close what a failed transfer left open, before a re-admission reloads: the
+        worker's session (vLLM refuses to start another while one is active) and vLLM's
+        layerwise reload state (layers still on the meta device with the failed load's
+        tensors buffered: the next session would replay them, and a tensor of the wrong
+        shape fails every later load). Layers waiting for weights get their previous
+        tensors back; what the model then holds is unknown (the identity vouches for
+        none): the verified re-admission follows."""
+        engine = getattr(self, "weight_transfer_engine", None)
+        was = bool(getattr(self, "_weight_update_active", False))
+        if was:
+            if engine is not None:
+                engine.reset_weight_update_target()
+            self._weight_update_active = False
+        stale = 0 if engine is None else abort_layerwise_reload(engine.model,
+                                                                engine.model_config)
+        return {"closed": was or stale > 0, "session": was, "stale_layers": stale}
 
     def rc_transfer_headroom(self) -> dict[str, Any]:
         """Bytes the worker can still allocate for receive buffers (None: unknown)."""

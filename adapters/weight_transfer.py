@@ -63,8 +63,11 @@ from rolloutcore.adapters.epoch_gate import EPOCH_KEY
 from rolloutcore.identity import (
     CheckpointError,
     IdentityHasher,
+    Manifest,
     checkpoint_entries,
+    checkpoint_manifest,
     iter_tensor_bytes,
+    manifest_difference,
 )
 
 _ST_TO_TORCH = {
@@ -149,28 +152,9 @@ class TensorSource(WeightSource):
         return None
 
 
-def source_manifest(meta: list[ParamMeta]) -> list[tuple[str, str, tuple[int, ...]]]:
+def source_manifest(meta: list[ParamMeta]) -> Manifest:
     return [(m.name, _TORCH_TO_ST.get(m.dtype, str(m.dtype)), tuple(int(d) for d in m.shape))
             for m in meta]
-
-
-def checkpoint_manifest(directory: str | Path) -> list[tuple[str, str, tuple[int, ...]]]:
-    return [(e.name, e.dtype, tuple(e.shape)) for e in checkpoint_entries(directory)]
-
-
-def manifest_difference(declared: list[tuple[str, str, tuple[int, ...]]],
-                        actual: list[tuple[str, str, tuple[int, ...]]]) -> str | None:
-    """The first disagreement between two manifests, in words (None: they agree)."""
-    d, a = {n: (t, s) for n, t, s in declared}, {n: (t, s) for n, t, s in actual}
-    missing, extra = sorted(d.keys() - a.keys()), sorted(a.keys() - d.keys())
-    if missing:
-        return f"source lacks {len(missing)} tensor(s), e.g. {missing[0]!r}"
-    if extra:
-        return f"source has {len(extra)} undeclared tensor(s), e.g. {extra[0]!r}"
-    for name in sorted(d):
-        if d[name] != a[name]:
-            return f"{name!r}: declared {d[name][0]} {d[name][1]}, source {a[name][0]} {a[name][1]}"
-    return None
 
 
 # ---------------------------------------------------------------- the sync client
@@ -404,6 +388,20 @@ class TransferAdapter:
         if name == "inner":
             raise AttributeError(name)
         return getattr(self.inner, name)
+
+    def close_transfer_session(self, deadline: float) -> bool:
+        """Close a transfer session an earlier, failed update left open on the engine (the
+        re-admission's first step after its abort-mode pause). True if one was open;
+        AdapterError if the engine cannot say."""
+        rpc = getattr(self.inner, "rpc", None)
+        if rpc is None:  # an inner adapter without worker calls: nothing to close there
+            return False
+        reply = rpc("rc_end_weight_update", op="end_weight_update", deadline=deadline)
+        results = reply.body.get("results") if isinstance(reply.body, dict) else None
+        if reply.status != 200 or not isinstance(results, list) or not all(
+                isinstance(r, dict) for r in results):
+            raise AdapterError(f"end_weight_update: HTTP {reply.status}: {reply.text[:200]!r}")
+        return any(r.get("closed") is True for r in results)
 
     # ---------------------------------------------------------------- pre-flight checks
 

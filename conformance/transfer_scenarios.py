@@ -15,6 +15,9 @@ Scenarios (``run_all``):
 * ``full_cycle``       the target's tensors move from this (trainer) process into the live
   server: greedy output equals the target's reference, label and identity equal the
   target's, same server PID.
+* ``wrong_model``      a model of another shape (one embedding row more) sent without the
+  publisher's check: ambiguous mid-transfer, TAINTED; the verified re-admission (which
+  closes the session the failure left open) brings back the committed weights.
 * ``frozen``           the server is SIGSTOPped midway through the broadcast: TAINTED
   within the transfer deadline plus a margin, not published, no admission; then the
   server is killed and the journal confirms nothing was published.
@@ -36,6 +39,8 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from vllm.distributed.weight_transfer.base import WeightSource
 
 from rolloutcore.adapters.contract import WeightTarget
 from rolloutcore.adapters.http import HttpAdapter
@@ -140,7 +145,7 @@ class Session:
                                    .floor_bytes_per_s)
         self.journal_path = workdir / f"journal-{initial}-{time.monotonic_ns()}.jsonl"
         self.init_world = 2
-        self.source_override: Callable[[WeightTarget], CheckpointSource] | None = None
+        self.source_override: Callable[[WeightTarget], WeightSource] | None = None
         self.taint_at: float | None = None
         self.http: HttpAdapter | None = None
         self.adapter: TransferAdapter | None = None
@@ -175,7 +180,7 @@ class Session:
                 self.runner.controller.phase is Phase.TAINTED:
             self.taint_at = time.monotonic()
 
-    def _source(self, target: WeightTarget) -> CheckpointSource:
+    def _source(self, target: WeightTarget) -> WeightSource:
         if self.source_override is not None:
             return self.source_override(target)
         return CheckpointSource.of(target)
@@ -295,6 +300,59 @@ def s_full_cycle(s: Session, gen: int, version: str) -> Row:
     return row
 
 
+def s_wrong_model(s: Session, gen: int, committed: str) -> Row:
+    """A trainer (without the publisher's manifest check) sends a model of another shape:
+    the embedding has one extra row. The transfer fails inside the engine after the
+    session started: ambiguous, TAINTED. A bare transfer of the committed weights fails
+    next (the control: vLLM's layerwise reload replays the buffered wrong tensor); the
+    verified re-admission onto the committed generation, which closes what the failure
+    left first, succeeds and the engine serves the committed weights again."""
+    import torch
+
+    from rolloutcore.adapters.weight_transfer import TensorSource
+    from rolloutcore.rl.weights import snapshot, state_identity
+
+    row = Row("wrong_model", s.backend.name)
+    assert s.runner is not None and s.adapter is not None
+    good = s.target(committed, gen - 1)
+    tensors = dict(CheckpointSource(s.models[committed]))
+    name = next(n for n in sorted(tensors) if n.endswith("embed_tokens.weight"))
+    emb = tensors[name]
+    tensors[name] = torch.cat([emb, emb[:1]])  # one row more than the served model has
+    wrong = snapshot(tensors)
+    identity = state_identity(wrong)
+    target = WeightTarget(gen, f"wrong-gen{gen}", identity, "trainer:wrong-shape",
+                          good.probe_prompt, good.probe_tokens,
+                          nbytes=sum(t.numel() * t.element_size() for t in wrong.values()),
+                          probe_logprobs=good.probe_logprobs)
+    s.source_override = lambda _t: TensorSource(wrong, provenance=identity)
+    try:
+        rep = s.runner.update(target)
+    finally:
+        s.source_override = None
+    mut = next((st for st in rep.steps if st.step == "mutate"), None)
+    row.evidence.update(mutate=None if mut is None else mut.reason[:200],
+                        tensor=name, calls=s.adapter.client.log.calls)
+    row.check("the transfer failed after the session started: ambiguous, TAINTED",
+              rep.final_phase is Phase.TAINTED and mut is not None
+              and mut.outcome == "mutate_ambiguous", mut)
+    # The negative control: the committed weights sent again as they are, without
+    # closing what the failure left, fail too (vLLM replays the buffered wrong tensor).
+    bare = s.adapter.mutate(good, time.monotonic() + 30.0)
+    row.evidence.update(bare=f"{bare.outcome.value}: {bare.observed[:160]}")
+    row.check("control: a bare transfer after the failure fails as well",
+              bare.outcome.value != "completed", bare.observed[:160])
+    out = s.runner.readmit(good, who="transfer scenario: wrong model")
+    row.evidence.update(readmit=out.reason[:200])
+    row.check("the verified re-admission onto the committed generation succeeds",
+              out.trigger == "readmit_ok", out)
+    view = s.engine_view()
+    row.check("the engine holds the committed weights again (identity)",
+              view["identity"] == good.identity, view)
+    row.check("greedy output is the committed generation's reference", s.probe_ok(good))
+    return row
+
+
 def _interrupt_midway(s: Session, action: Callable[[], None], box: dict[str, float]) -> None:
     """Wait until the trainer has broadcast some bytes (or the update call was sent),
     then act."""
@@ -400,6 +458,7 @@ def run_all(backend: Backend, models: dict[str, Path], workdir: Path,
         guarded("refuse_identity", lambda: s_refuse_identity(s, 2, b, c, a))
         guarded("init_refused", lambda: s_init_refused(s, 2, b, a))
         guarded("full_cycle", lambda: s_full_cycle(s, 2, b))
+        guarded("wrong_model", lambda: s_wrong_model(s, 3, b))
         guarded("frozen", lambda: s_frozen(s, 3, c if c != a else a))
     if killed:
         with source() as srv2, session(backend, models, a, workdir, *srv2) as s2:

@@ -148,6 +148,30 @@ def checkpoint_entries(directory: str | os.PathLike[str]) -> list[TensorEntry]:
     return [entries[k] for k in sorted(entries)]
 
 
+#: What a set of tensors is, bytes apart: (name, safetensors dtype code, shape), by name.
+Manifest = list[tuple[str, str, tuple[int, ...]]]
+
+
+def checkpoint_manifest(directory: str | os.PathLike[str]) -> Manifest:
+    return [(e.name, e.dtype, tuple(e.shape)) for e in checkpoint_entries(directory)]
+
+
+def manifest_difference(declared: Manifest, actual: Manifest) -> str | None:
+    """The first disagreement between two manifests, in words (None: they agree):
+    a tensor ``actual`` lacks, one it has that ``declared`` does not, or the first by name
+    whose dtype or shape differs."""
+    d, a = {n: (t, s) for n, t, s in declared}, {n: (t, s) for n, t, s in actual}
+    missing, extra = sorted(d.keys() - a.keys()), sorted(a.keys() - d.keys())
+    if missing:
+        return f"source lacks {len(missing)} tensor(s), e.g. {missing[0]!r}"
+    if extra:
+        return f"source has {len(extra)} undeclared tensor(s), e.g. {extra[0]!r}"
+    for name in sorted(d):
+        if d[name] != a[name]:
+            return f"{name!r}: declared {d[name][0]} {d[name][1]}, source {a[name][0]} {a[name][1]}"
+    return None
+
+
 def iter_tensor_bytes(entries: Iterable[TensorEntry]) -> Iterator[tuple[TensorEntry, bytes]]:
     """Each entry with its raw bytes, read from disk (one open file at a time)."""
     current: Path | None = None

@@ -578,7 +578,8 @@ class LifecycleRunner:
     def readmit(self, target: WeightTarget, *, who: str) -> Outcome:
         """Verified re-admission of a TAINTED engine onto the committed generation
         (``target`` describes it: label, identity, checkpoint, probe): pause in abort mode,
-        reload, reset every tier, read label and identity, resume, probe. Only if every
+        close any transfer session a failed update left open, reload, reset every tier,
+        read label and identity, resume, probe. Only if every
         piece of evidence holds does the engine serve again. One attempt, never automatic:
         ``who`` asked for it, and the journal says so."""
         c = self.controller
@@ -593,6 +594,10 @@ class LifecycleRunner:
         error: str | None = None
         try:
             evidence.append(self.adapter.pause(PauseMode.ABORT, deadline))
+            # A transfer session a failed update left open would refuse the reload.
+            close = getattr(self.adapter, "close_transfer_session", None)
+            if close is not None:
+                close(deadline)
             evidence.append(self._collective.call(
                 lambda: self.adapter.mutate(target, deadline), remaining(deadline),
                 "readmit_reload", self.stuck_calls))

@@ -309,3 +309,44 @@ def test_a_record_names_a_known_logprobs_mode_or_none() -> None:
     d["sample"] = -1
     with pytest.raises(RecordError, match="sample"):
         TrajectoryRecord.from_dict(d)
+
+
+# ----------------------------------------------------------------------------- publish
+
+
+def test_a_snapshot_of_another_shape_is_refused_before_anything_is_sent(
+        tmp_path: Path) -> None:
+    """A trainer publishing a model whose embedding has extra rows: the publisher compares
+    the snapshot's manifest with the served generation's (its checkpoint here) and raises
+    PublishError naming the tensor; the fleet's journal gains nothing, nobody is
+    quarantined, no snapshot is kept."""
+    from safetensors.torch import save_file
+
+    from rolloutcore.adapters.sim import SimAdapter, SimEngine, sim_target
+    from rolloutcore.fleet import Fleet
+    from rolloutcore.journal import read_journal
+    from rolloutcore.rl.publish import Publisher, PublishError
+
+    gen = torch.Generator().manual_seed(1)
+    served = {"embed.weight": torch.randn(8, 4, generator=gen),
+              "head.weight": torch.randn(8, 4, generator=gen)}
+    save_file(served, str(tmp_path / "model.safetensors"))
+    ckpt = str(tmp_path)
+    engines = {n: SimEngine(ckpt, label="v1") for n in ("a", "b")}
+    fleet = Fleet([(n, SimAdapter(e), None) for n, e in engines.items()],
+                  journal=tmp_path / "f.jsonl", fsync=False)
+    fleet.bootstrap(sim_target(1, ckpt, label="v1"))
+    before = read_journal(tmp_path / "f.jsonl")[1]
+    pub = Publisher(fleet, LiveSources(), probe_prompt=(1, 2, 3), probe_tokens=2, eos_id=None,
+                    reference_model=lambda: torch.nn.Module())
+    wider = {**served, "embed.weight": torch.randn(9, 4, generator=gen)}
+    with pytest.raises(PublishError, match=r"'embed\.weight': declared F32 \(8, 4\), "
+                                           r"source F32 \(9, 4\): nothing was sent"):
+        pub.publish(wider, "step-1")
+    fewer = {"embed.weight": served["embed.weight"]}
+    with pytest.raises(PublishError, match=r"source lacks 1 tensor.*'head\.weight'"):
+        pub.publish(fewer, "step-1")
+    assert read_journal(tmp_path / "f.jsonl")[1] == before  # nothing journalled or sent
+    assert all(s.serving and not s.quarantined for s in fleet.status())
+    assert len(pub.sources) == 0
+    fleet.close()

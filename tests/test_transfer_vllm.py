@@ -1,5 +1,6 @@
 """Weight transfer into a real vLLM CPU server over the gloo backend (two servers, a few
-minutes): full cycle, identity refusal, init refusal, SIGSTOP and SIGKILL midway."""
+minutes): full cycle, identity refusal, init refusal, a model of the wrong shape (and the
+re-admission after it), SIGSTOP and SIGKILL midway."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ pytest.importorskip("vllm.distributed.weight_transfer")
 from rolloutcore.conformance.server_pool import ServerPool  # noqa: E402
 from rolloutcore.conformance.transfer_scenarios import GLOO, Row, run_all  # noqa: E402
 
-SCENARIOS = ("refuse_identity", "init_refused", "full_cycle", "frozen", "killed")
+SCENARIOS = ("refuse_identity", "init_refused", "full_cycle", "wrong_model", "frozen",
+             "killed")
 
 
 @pytest.fixture(scope="module")

@@ -19,12 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rolloutcore.identity import CheckpointError, manifest_difference
 from rolloutcore.rl.weights import (
     LiveSources,
     LiveWeights,
+    LiveWeightsError,
     probe_reference,
     snapshot,
     state_identity,
+    state_manifest,
 )
 
 if TYPE_CHECKING:
@@ -77,12 +80,33 @@ class Publisher:
         with torch.no_grad():
             return probe_reference(model, self.probe_prompt, self.probe_tokens, self.eos_id)
 
+    def _check_manifest(self, tensors: Mapping[str, torch.Tensor], label: str) -> None:
+        """The snapshot must have the served model's tensors, each with its dtype and
+        shape: a model of another shape (an embedding with extra rows) would fail in the
+        middle of the transfer on every member (ambiguous: all quarantined). Compared with
+        the committed generation's weights, which the engines serve."""
+        served = self.fleet.committed_target()
+        if served is None:
+            raise PublishError(f"{label}: the fleet knows no committed generation to compare "
+                               "the snapshot with: nothing was sent")
+        try:
+            expected = self.sources.manifest_of(served)
+        except (LiveWeightsError, CheckpointError) as e:
+            raise PublishError(f"{label}: cannot read the served generation's manifest "
+                               f"({e}): nothing was sent") from None
+        diff = manifest_difference(expected, state_manifest(tensors))
+        if diff is not None:
+            raise PublishError(f"{label}: the snapshot does not match the served model "
+                               f"(generation {served.generation}, {served.label}): {diff}: "
+                               "nothing was sent")
+
     def publish(self, model_or_state: torch.nn.Module | Mapping[str, torch.Tensor],
                 label: str) -> Published:
         if not isinstance(label, str) or not label:
             raise ValueError("label must be a non-empty string")
         t0 = time.perf_counter()
         tensors = snapshot(model_or_state)
+        self._check_manifest(tensors, label)  # before anything is sent or journalled
         weights = LiveWeights(label, state_identity(tensors), tensors)
         tokens, logprobs = self._reference(model_or_state, tensors)
         target = weights.target(self.fleet.committed + 1, self.probe_prompt, tokens, logprobs)

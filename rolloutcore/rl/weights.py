@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from rolloutcore.adapters.contract import WeightTarget
-from rolloutcore.identity import IdentityHasher
+from rolloutcore.identity import IdentityHasher, Manifest, checkpoint_manifest
 
 #: torch dtype -> safetensors dtype code (what the identity hashes).
 ST_CODES = {
@@ -60,6 +60,12 @@ def state_identity(state: Mapping[str, torch.Tensor]) -> str:
         data = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
         h.add(name, ST_CODES[t.dtype], tuple(t.shape), data)
     return h.hexdigest()
+
+
+def state_manifest(state: Mapping[str, torch.Tensor]) -> Manifest:
+    """Names, dtypes and shapes of these tensors (what the identity frames, bytes apart)."""
+    return [(name, ST_CODES[state[name].dtype], tuple(state[name].shape))
+            for name in sorted(state)]
 
 
 def state_nbytes(state: Mapping[str, torch.Tensor]) -> int:
@@ -135,6 +141,18 @@ class LiveSources:
             raise LiveWeightsError(f"no snapshot held for identity {identity[:16]}")
         return held[1]
 
+    def manifest_of(self, target: WeightTarget) -> Manifest:
+        """The manifest of the weights ``target`` names: its snapshot's, or its checkpoint
+        directory's (the fleet's initial generation). LiveWeightsError if neither is held."""
+        with self._lock:
+            held = self._by_identity.get(target.identity)
+        if held is not None:
+            return state_manifest(held[1].tensors)
+        if Path(target.source).is_dir():
+            return checkpoint_manifest(target.source)
+        raise LiveWeightsError(f"no snapshot or checkpoint held for {target.label} "
+                               f"({target.identity[:16]})")
+
     def source_for(self, target: WeightTarget) -> Any:
         """A vLLM ``WeightSource`` over the snapshot the target names; a target that names
         a checkpoint directory (the fleet's initial generation) is read from it."""
@@ -149,4 +167,4 @@ class LiveSources:
 
 
 __all__ = ["LiveSources", "LiveWeights", "LiveWeightsError", "probe_reference", "snapshot",
-           "state_identity", "state_nbytes"]
+           "state_identity", "state_manifest", "state_nbytes"]
