@@ -70,6 +70,7 @@ from rolloutcore.adapters.contract import (
 from rolloutcore.adapters.vllm_worker import EXTENSION_CLS, SERVER_ARGS
 from rolloutcore.identity import (
     ADAPTER_JOIN,
+    UNSTAGED,
     CheckpointError,
     safetensors_files,
     with_adapter,
@@ -267,6 +268,10 @@ class HttpAdapter:
         self.lora = lora
         self.base_model = model
         self.model = lora or model
+        #: Whether this engine takes scored probes (prompt logprobs): not a LoRA engine,
+        #: whose audits run beside served requests and vLLM CPU's LoRA logits path cannot
+        #: batch prompt logprobs with others (the engine dies): it is probed greedily.
+        self.scored_probes = lora is None
         self.timeouts = timeouts
         self.retries = retries
         self.retry_backoff_s = retry_backoff_s
@@ -457,6 +462,15 @@ class HttpAdapter:
         if all(r.get("loaded") is False for r in results):
             self.model = self.base_model  # nothing under the name yet: the base serves
             return out
+        others = sorted({str(r.get("path")) for r in results
+                         if r.get("loaded") is True and r.get("identity") is None
+                         and r.get("basis") is None and r.get("path")})
+        if others:
+            # vLLM loaded an adapter under the name from a path RolloutCore did not stage
+            # (reloaded in place behind the controller's back): definitely not one it
+            # vouches for, so an identity that matches none (an audit's mismatch).
+            self.model = self.lora
+            return with_adapter(out, UNSTAGED + ",".join(others))
         adapters = {r.get("identity") for r in results}
         if len(adapters) != 1 or not isinstance(next(iter(adapters)), str):
             reasons = "; ".join(str(r.get("reason", r.get("identity"))) for r in results)

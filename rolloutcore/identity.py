@@ -212,6 +212,9 @@ def checkpoint_identity(directory: str | os.PathLike[str]) -> str:
 
 #: Joins the base weights' identity and a LoRA adapter's (both digests as above).
 ADAPTER_JOIN = "+lora:"
+#: The adapter part of an identity when vLLM serves an adapter RolloutCore did not stage
+#: (followed by the paths it was loaded from): it equals no target's identity.
+UNSTAGED = "unstaged:"
 
 
 def with_adapter(base: str, adapter: str) -> str:

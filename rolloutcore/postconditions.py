@@ -36,6 +36,7 @@ from rolloutcore.adapters.contract import (
     type_hints,
     type_name,
 )
+from rolloutcore.identity import ADAPTER_JOIN, UNSTAGED
 from rolloutcore.spec.lifecycle import TIERS, Result
 from rolloutcore.spec.triggers import OUTCOMES, Op, Trigger
 
@@ -143,14 +144,29 @@ def _reset(ev: ResetEvidence) -> Outcome:
     return _failed(Op.RESET, f"{ev.tier}: 200 with nothing to verify it by")
 
 
+def identity_difference(held: str, expected: str) -> str:
+    """Two identities that differ, in words: each part that differs (base, adapter), its
+    first 16 characters, the adapter's in full when it names no digest."""
+    def parts(identity: str) -> tuple[str, str | None]:
+        base, sep, adapter = identity.partition(ADAPTER_JOIN)
+        return base, adapter if sep else None
+
+    (hb, ha), (eb, ea) = parts(held), parts(expected)
+    out = [] if hb == eb else [f"base {hb[:16]} != {eb[:16]}"]
+    if ha != ea:
+        shown = ha if ha is None or ha.startswith(UNSTAGED) else ha[:16]
+        out.append(f"adapter {shown} != {ea if ea is None else ea[:16]}")
+    return "; ".join(out)
+
+
 def _validation(op: Op, report: EngineReport | None, expected: Expected) -> Outcome:
     if report is None or report.label is None or report.identity is None:
         return _failed(op, "label or identity could not be read")
     if report.label != expected.label:
         return _outcome(op, Result.MISMATCH, f"label {report.label!r} != {expected.label!r}")
     if report.identity != expected.identity:
-        return _outcome(op, Result.MISMATCH, f"identity {report.identity[:16]} != "
-                        f"{str(expected.identity)[:16]}")
+        return _outcome(op, Result.MISMATCH, "identity " + identity_difference(
+            report.identity, str(expected.identity)))
     return _outcome(op, Result.OK, f"label {expected.label}, identity "
                     f"{str(expected.identity)[:16]}")
 

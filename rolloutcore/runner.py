@@ -276,7 +276,7 @@ class LifecycleRunner:
             self.on_step(step, outcome, seconds)
 
     def _expected(self, target: WeightTarget, *, first_since_reset: bool = True) -> Expected:
-        scored = self.policy.probe_mode is ProbeMode.SCORED and target.probe_logprobs is not None
+        scored = self._scored(target)
         return Expected(label=target.label, identity=target.identity,
                         probe_tokens=None if scored else target.probe_tokens,
                         probe_logprobs=target.probe_logprobs if scored else None,
@@ -300,9 +300,17 @@ class LifecycleRunner:
         return {"target": target.label, "identity": target.identity}
 
     def _probe_call(self, target: WeightTarget, deadline: float) -> Any:
-        scored = self.policy.probe_mode is ProbeMode.SCORED and target.probe_logprobs is not None
+        scored = self._scored(target)
         return self.adapter.probe(target.probe_prompt, 1 if scored else len(target.probe_tokens),
                                   deadline, scored=scored)
+
+    def _scored(self, target: WeightTarget) -> bool:
+        """Whether ``target``'s probe is scored: the policy asks for it, the target has a
+        scored reference and the engine takes scored probes (an adapter that says
+        ``scored_probes = False``, a LoRA engine's, is probed greedily, every time: its
+        audits run beside served requests)."""
+        return (self.policy.probe_mode is ProbeMode.SCORED and target.probe_logprobs is not None
+                and bool(getattr(self.adapter, "scored_probes", True)))
 
     # ----------------------------------------------------------------------- bootstrap
 

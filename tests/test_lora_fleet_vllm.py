@@ -2,7 +2,10 @@
 file with an ``[adapter]`` table bootstraps on the base weights, installs adapter a1 and
 then a2 through the admin API (every member verified: base and adapter identity, a probe
 through the adapter), answers through the adapter with the generation that served it,
-and its journal and trajectory records check (each record bound to base + adapter)."""
+and its journal and trajectory records check (each record bound to base + adapter). Its
+watchdog audits throughout: under the load of four clients every audit passes and both
+engines live; an adapter reloaded in place behind its back is a mismatch (quarantined,
+fenced) and a verified re-admission brings the member back."""
 
 from __future__ import annotations
 
@@ -11,9 +14,11 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,6 +56,80 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[VllmServe
             s.stop()
 
 
+#: The watchdog's period here: the default watchdog (audits with a probe through the
+#: adapter), run often so that a few seconds of load meet several audits.
+WATCHDOG_S = 1.0
+CLIENTS = 4
+
+
+def _status(url: str) -> dict[str, Any]:
+    r = httpx.get(f"{url}/admin/status", timeout=BOUND)
+    assert r.status_code == 200, r.text
+    out: dict[str, Any] = r.json()
+    return out
+
+
+def _watchdog_under_load(url: str, servers: list[VllmServer]) -> None:
+    """Four clients keep both engines busy through the adapter while the watchdog audits
+    every member each second: every request is answered, both engines live, and each
+    member's audits pass (their probe decodes greedily: a scored probe through the
+    adapter beside other requests kills vLLM CPU's engine)."""
+    stop = time.monotonic() + 6 * WATCHDOG_S
+    codes: list[int] = []
+
+    def client(k: int) -> None:
+        while time.monotonic() < stop:
+            r = httpx.post(f"{url}/v1/completions", timeout=BOUND, json={
+                "model": "pol", "prompt": [k + 3] * 40, "max_tokens": 24,
+                "temperature": 1.0, "seed": k})
+            codes.append(r.status_code)
+
+    t0 = time.time()
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(CLIENTS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(BOUND)
+    assert codes and set(codes) == {200}, sorted(set(codes))
+    assert all(s.is_running() for s in servers)
+    for e in _status(url)["engines"]:
+        assert e["serving"], e
+        audit = e["last_audit"]
+        assert audit["outcome"] == "audit_ok" and audit["at"] > t0, e
+
+
+def _adapter_reloaded_in_place(url: str, a: VllmServer, adapters: dict[str, Path],
+                               a2_tokens: list[int]) -> None:
+    """An operator reloads the served adapter's name in place from a1's directory on
+    member a, behind the controller's back: the next audit finds an adapter RolloutCore
+    did not stage (a mismatch, not an unreadable engine): a is quarantined and fenced;
+    a verified re-admission stages a2 again and a serves it."""
+    r = httpx.post(f"{a.url}/v1/load_lora_adapter", timeout=BOUND, json={
+        "lora_name": "pol", "lora_path": str(adapters["a1"]), "load_inplace": True})
+    assert r.status_code == 200, r.text
+    deadline = time.monotonic() + 10 * WATCHDOG_S
+    while True:  # (the audit's outcome is kept once its fence has ended too)
+        row = next(e for e in _status(url)["engines"] if e["name"] == "a")
+        if row["quarantined"] and row["last_audit"]["outcome"] != "audit_ok":
+            break
+        assert time.monotonic() < deadline, row
+        time.sleep(0.1)
+    assert row["last_audit"]["outcome"] == "audit_mismatch", row
+    assert f"adapter unstaged:{adapters['a1']}" in row["last_audit"]["reason"], row
+    label = httpx.get(f"{a.url}/weight_info", timeout=BOUND).json()["weight_version"]
+    assert label.startswith("tainted:"), label  # fenced
+    r = httpx.post(f"{url}/admin/readmit", json={"engine": "a"}, timeout=BOUND)
+    assert r.status_code == 200 and r.json()["outcome"] == "readmit_ok", r.text
+    row = next(e for e in _status(url)["engines"] if e["name"] == "a")
+    assert row["serving"] and not row["quarantined"], row
+    ref = _reference(adapters["a2"])
+    for _ in range(4):  # least outstanding first: both members answer, a among them
+        c = httpx.post(f"{url}/v1/completions", timeout=BOUND, json={
+            "model": "pol", "prompt": ref["prompt_token_ids"], "max_tokens": 16,
+            "min_tokens": 16, "temperature": 0.0, "return_token_ids": True})
+        assert c.status_code == 200 and c.json()["choices"][0]["token_ids"] == a2_tokens
+
+
 def _reference(adapter: Path) -> dict[str, list[int]]:
     refs = json.loads((adapter / "references.json").read_text())
     return {p["name"]: p for p in refs["probes"]}["long"]
@@ -69,7 +148,8 @@ def test_a_lora_fleet_behind_the_gateway(servers: list[VllmServer], tmp_path: Pa
     proc = subprocess.Popen(
         [sys.executable, "-m", "rolloutcore.cli", "serve", "--fleet", str(fleet_file),
          "--port", str(port), "--initial", str(base), "--initial-label", "default",
-         "--records", str(records), "--no-watchdog"], cwd=REPO, stdout=subprocess.PIPE,
+         "--records", str(records), "--watchdog", str(WATCHDOG_S)], cwd=REPO,
+        stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -101,6 +181,8 @@ def test_a_lora_fleet_behind_the_gateway(servers: list[VllmServer], tmp_path: Pa
         wrong = httpx.post(f"{url}/v1/completions", timeout=BOUND, json={
             "model": "tiny", "prompt": [1, 2], "max_tokens": 1})
         assert wrong.status_code == 404  # the gateway serves the adapter's name only
+        _watchdog_under_load(url, servers)
+        _adapter_reloaded_in_place(url, servers[0], adapters, served["a2"])
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=BOUND)
@@ -110,5 +192,6 @@ def test_a_lora_fleet_behind_the_gateway(servers: list[VllmServer], tmp_path: Pa
     assert cli.main(["records", "verify", str(records), "--journal", str(journal)]) == 0
     bound = [json.loads(line) for line in records.read_text().splitlines()]
     a2 = checkpoint_identity(adapters["a2"])
-    assert [r["binding"]["generation"] for r in bound] == [2, 3]
+    gens = [r["binding"]["generation"] for r in bound]  # a1's, a2's, then the load's
+    assert gens[:2] == [2, 3] and set(gens[2:]) == {3} and len(gens) > 2 + CLIENTS, gens
     assert bound[-1]["binding"]["identity"] == f"{checkpoint_identity(base)}{ADAPTER_JOIN}{a2}"
