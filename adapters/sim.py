@@ -355,6 +355,12 @@ class SimAdapter:
         self.hang_seconds = hang_seconds
         self._release_hangs = threading.Event()
         self.epoch: int | None = None  # sent with every load (see fence_epoch)
+        #: The engine's process was killed: every call is refused (connection refused),
+        #: until :meth:`reconnect` to a new one.
+        self.gone = False
+        #: Kill the process as a call of this operation arrives (a kill mid-cycle).
+        self.kill_at: str | None = None
+        self.killed_at: float | None = None  # perf_counter of the kill
 
     def release_hangs(self) -> None:
         """Let calls stuck in an injected hang return (test clean-up)."""
@@ -367,6 +373,13 @@ class SimAdapter:
         self._release_hangs = threading.Event()
         self.engine = engine
         self.faults = FaultPlan()
+        self.gone, self.kill_at = False, None
+
+    def kill_process(self) -> None:
+        """SIGKILL the engine's process: nothing runs any more, every call is refused."""
+        self.gone = True
+        self.killed_at = time.perf_counter()
+        self.engine.kill()
 
     def _after(self, op: str, kind: str | None, deadline: float | None) -> None:
         """The engine has done it; the reply is lost (drop) or held past the deadline."""
@@ -379,6 +392,11 @@ class SimAdapter:
             raise TimeoutError(f"{op}: no reply within the deadline")
 
     def _transport_fault(self, op: str, deadline: float | None) -> str | None:
+        if self.kill_at == op and not self.gone:
+            self.kill_process()
+        if self.gone:
+            raise ConnectionRefusedError(f"{op}: connection refused (the engine's process "
+                                         "is gone)")
         kind = self.faults.take(op)
         if kind == "timeout":
             raise TimeoutError(f"{op}: read timed out")
@@ -523,6 +541,9 @@ class SimAdapter:
         return FenceEvidence(label, 200, 200, e.paused, e.label, len(e.running))
 
     def generate(self, prompt: tuple[int, ...], max_tokens: int) -> GenerationResult:
+        if self.gone:
+            raise ConnectionRefusedError("generate: connection refused (the engine's "
+                                         "process is gone)")
         return self.engine.generate(prompt, max_tokens)
 
 

@@ -184,6 +184,11 @@ class Controller:
     #: path): a fleet's lock, so that its decisions, which read every member's state, and
     #: the members' steps are journalled in one order (no step lands inside a group).
     step_lock: AbstractContextManager[Any] = field(default_factory=nullcontext)
+    #: An outer guard on every machine step, asked under ``step_lock`` with the step and
+    #: this controller's state: None allows it, a reason refuses it (IllegalTransition,
+    #: nothing changed). A fleet's member guards: checked where the step is taken, so no
+    #: other step can change what they read in between.
+    guard: Callable[[str, GuardView], str | None] | None = None
     _last_seq: int = 0  # sequence number of the last accepted step
 
     def __post_init__(self) -> None:
@@ -324,6 +329,10 @@ class Controller:
                 raise IllegalTransition(trigger, self.control.phase, reason)
             before = self.control
             self._step_view = self._view()
+            if self.guard is not None:
+                outer = self.guard(trigger, self._step_view)
+                if outer is not None:
+                    raise IllegalTransition(trigger, before.phase, outer)
             if not getattr(self._model, trigger)(param=param):  # the spec guard said no
                 raise IllegalTransition(trigger, before.phase, self._guard_refusal())
             if self._model.state != self.control.phase.value:

@@ -493,7 +493,13 @@ class LifecycleRunner:
         return drained
 
     def _cycle(self, target: WeightTarget, report: CycleReport) -> None:
-        self._fire(Trigger.REQUEST_UPDATE, **self.request_detail(target))
+        try:
+            self._fire(Trigger.REQUEST_UPDATE, **self.request_detail(target))
+        except IllegalTransition as e:  # not now (a fleet's guard, read as the step is
+            # taken: the member may not leave service): the update never began
+            self._record(report, "request_update", "refused", e.reason,
+                         time.perf_counter(), 1)
+            return
         if not self._drain(report):
             self._fire(Trigger.CANCEL_UPDATE, reason="drain timeout", **self.named(target))
             return

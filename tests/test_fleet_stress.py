@@ -1,7 +1,9 @@
-"""One lock discipline for fleet, member controllers and bindings (rolloutcore/fleet.py's
-header), under stress: admissions and releases, status reads, audits and updates from
-many threads at once with a tiny thread switch interval, on a simulated fleet. Zero
-errors, and the fleet journal passes the fleet checker."""
+"""One lock discipline for fleet, member controllers and bindings (rolloutcore/fleet's
+header), under stress: admissions and releases, status reads, audits, reports of an
+unreachable engine (each a suspicion and a background audit) and updates from many
+threads at once with a tiny thread switch interval, on a strict and on a rolling
+simulated fleet. Zero errors, and the fleet journal passes the fleet checker (no member
+step lands inside a publish group, no fleet step is taken on a state read twice)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import pytest
 
 from rolloutcore.adapters.sim import SimAdapter, SimEngine, sim_target
 from rolloutcore.controller import AdmissionTimeout, IllegalTransition
-from rolloutcore.fleet import Fleet
+from rolloutcore.fleet import Fleet, FleetError
 from rolloutcore.fleet_check import check_fleet_file
 from rolloutcore.runner import DrainPolicy, RunnerPolicy
 
@@ -40,17 +42,23 @@ def tiny_switch_interval() -> Iterator[None]:
         sys.setswitchinterval(old)
 
 
-def _fleet(tmp: Path) -> Fleet:
+def _fleet(tmp: Path, mode: str) -> Fleet:
     adapters = {n: SimAdapter(SimEngine("ckpt-1", label="v1")) for n in NAMES}
+    rolling = {"max_live": 2, "min_admitting": 1} if mode == "rolling" else {}
     fleet = Fleet([(n, a, None) for n, a in adapters.items()], journal=tmp / "f.jsonl",
-                  min_serving=2, policy=POLICY, fsync=False)
+                  min_serving=2, policy=POLICY, fsync=False, **rolling)
     fleet.bootstrap(sim_target(1, "ckpt-1", label="v1"))
     return fleet
 
 
-def test_many_threads_admit_release_read_audit_and_update(
-        tmp_path: Path, tiny_switch_interval: None) -> None:
-    fleet = _fleet(tmp_path)
+#: One unreachable report per this many rollouts done (paced by the count, not a clock).
+REPORT_EVERY = 400
+
+
+@pytest.mark.parametrize("mode", ("strict", "rolling"))
+def test_many_threads_admit_release_read_audit_report_and_update(
+        tmp_path: Path, tiny_switch_interval: None, mode: str) -> None:
+    fleet = _fleet(tmp_path, mode)
     errors: Counter[str] = Counter()
     done = Counter[str]()
     stop = threading.Event()
@@ -82,6 +90,20 @@ def test_many_threads_admit_release_read_audit_and_update(
     def audit() -> None:
         fleet.audit()
 
+    def report() -> None:
+        # A client's request failed to connect: the member is suspected and audited in
+        # the background (it serves again once that audit passes).
+        while not stop.is_set() and done["admit+release"] < REPORT_EVERY * (
+                done["report"] + 1):
+            stop.wait(0.005)
+        if stop.is_set():
+            return
+        lease = fleet.admit(f"rep-{done['report']}", wait=5.0)
+        try:
+            fleet.report_unreachable(lease, "connection refused (the test's report)")
+        finally:
+            fleet.release(lease)
+
     updates = iter(range(2, 6))
 
     def update() -> None:
@@ -92,12 +114,20 @@ def test_many_threads_admit_release_read_audit_and_update(
             stop.wait(0.01)
         if g is None or stop.is_set():
             return
-        report = fleet.update(sim_target(g, f"ckpt-{g}", label=f"v{g}"))
-        assert report.published, report.as_json()
+        while not stop.is_set():
+            try:  # suspicions may leave fewer than min_serving serving for a moment
+                rep = fleet.advance(sim_target(g, f"ckpt-{g}", label=f"v{g}"))
+            except FleetError:
+                done["update refused"] += 1
+                stop.wait(0.01)
+                continue
+            assert rep.published, rep.as_json()
+            return
 
     threads = [threading.Thread(target=rollouts, args=(i,)) for i in range(6)]
     threads += [threading.Thread(target=guarded, args=(k, f)) for k, f in (
-        ("status", status), ("status", status), ("audit", audit), ("update", update))]
+        ("status", status), ("status", status), ("audit", audit), ("report", report),
+        ("update", update))]
     for t in threads:
         t.start()
     # Stop once PAIRS rollouts were done and four updates published among them: the
@@ -111,6 +141,7 @@ def test_many_threads_admit_release_read_audit_and_update(
     print(f"\n{dict(done)}")
     assert not errors, errors.most_common(5)
     assert done["admit+release"] >= PAIRS and done["status"] > 100 and done["audit"] > 1
+    assert done["report"] >= PAIRS // REPORT_EVERY - 1
     assert fleet.committed == 5
     v = check_fleet_file(tmp_path / "f.jsonl")
     assert v.accepted, v.message

@@ -264,6 +264,21 @@ class FleetBase:
         guard = MEMBER_GUARDS.get(step)
         return guard is None or guard[0](self._fleet_state(), m.view(), self._bounds())
 
+    def _member_guard(self, name: str) -> Callable[[str, Any], str | None]:
+        """Member ``name``'s controller guard: the fleet spec's guard of each step, read
+        where the step is taken (under the fleet's lock, the controller's step lock, with
+        the member's own state as the step sees it), so nothing changes in between."""
+        def guard(step: str, view: Any) -> str | None:
+            g = MEMBER_GUARDS.get(step)
+            if g is None:
+                return None
+            f = self._fleet()
+            f.eng = tuple(view if n == name else m.view() for n, m in self.members.items())
+            if g[0](f, view, self._bounds()):
+                return None
+            return f"the fleet spec requires {' '.join(g[1].split())} (fleet {self.phase})"
+        return guard
+
     def _bounds(self) -> Any:
         """The fleet spec's bounds: the quorum of the update being decided, else the
         fleet's."""

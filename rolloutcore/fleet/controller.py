@@ -82,6 +82,7 @@ class Fleet(Admission, Readmission, Updates, Recovery):
         self._deciding = None
         for m in self.members.values():
             m.controller.trace = self._member_sink(m.name)
+            m.controller.guard = self._member_guard(m.name)
         self._pool = ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="fleet")
         self._update_lock = threading.Lock()
         self._quorum = None
