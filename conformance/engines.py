@@ -240,6 +240,11 @@ class HarnessEngine(abc.ABC):
     def disarm(self) -> None:  # noqa: B027 - engines without armed mutations
         """Mutations install what their target declares again (undo ``arm_*``)."""
 
+    def kill(self) -> None:
+        """SIGKILL the engine's process: every call is refused from now on (undone by
+        :meth:`restart_process`)."""
+        raise NotImplementedError(f"{self.kind}: this engine cannot be killed here")
+
     @abc.abstractmethod
     def freeze(self) -> None:
         """The engine stops answering anything (a SIGSTOP, a GC pause, a hung driver);
@@ -405,6 +410,9 @@ class SimHarnessEngine(HarnessEngine):
         self.engine = self._sim.SimEngine(initial, token_seconds=self.token_seconds,
                                           label=INITIAL_LABEL)
         self.sim_adapter.reconnect(self.engine)
+
+    def kill(self) -> None:
+        self.sim_adapter.kill_process()
 
     def freeze(self) -> None:
         for op in self._sim.OPS:
@@ -686,6 +694,9 @@ class VllmHarnessEngine(HarnessEngine):
 
     def disarm(self) -> None:
         self.http.mutation_method = "rc_reload_weights"
+
+    def kill(self) -> None:
+        self.server.kill()
 
     def freeze(self) -> None:
         self.server.freeze()

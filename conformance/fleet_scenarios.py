@@ -921,6 +921,85 @@ def s_recovered_tainted_fenced(ctx: FleetContext) -> None:
               _seen(after))
 
 
+def _killed_while_draining(ctx: FleetContext, *, rolling: bool) -> None:
+    """The last member's server is SIGKILLed while it drains for an update, its own
+    rollout still in flight (every engine holds its rollouts: paused in keep mode outside
+    the fleet, a cause the scenario controls). Its pause and the resume after it are
+    refused: it gives up (TAINTED, quarantined) and the fleet decides without it, on the
+    others; restarted, it is re-admitted and serves again. Rolling (max_live 2,
+    min_admitting 1): it drains in the first wave beside another member (the third,
+    holding two rollouts, serves on and catches up after the wave)."""
+    rig, v = ctx.rig, ctx.rig.victim
+    engines = rig.engines
+    fleet = ctx.open(min_serving=len(rig.names) - 1, max_live=2 if rolling else 1,
+                     min_admitting=1 if rolling else 0)
+    ctx.bootstrap(fleet)
+    killed: dict[str, float] = {}
+
+    def on_drain(name: str) -> None:
+        if name == v and not killed:
+            killed["at"] = time.monotonic()
+            engines[v].kill()  # a signal, sent from the step's journal write
+
+    fleet.drain_listeners.append(on_drain)
+    for e in engines.values():
+        e.pause_raw(PauseMode.KEEP)
+
+    def rollout(rid: str) -> tuple[Lease, bool] | str:
+        try:
+            return ctx.rollout(fleet, rid)
+        except Exception as err:  # the victim's request fails: its client lets go
+            return f"{type(err).__name__}: {err}"[:200]
+
+    n = len(rig.names) + (1 if rolling else 0)  # rolling: the first member holds two
+    with ThreadPoolExecutor(2 * n) as pool:
+        futs = [pool.submit(rollout, f"live-{i}") for i in range(n)]
+        ctx.check("a rollout in flight on every member when the update is requested",
+                  wait_until(lambda: sum(m.outstanding for m in fleet.members.values())
+                             == n, 60.0), {x: m.outstanding for x, m in fleet.members.items()})
+        update = pool.submit(fleet.advance, rig.targets(2))
+        try:
+            ctx.check(f"{v} drains with its rollout bound, and is killed",
+                      wait_until(lambda: "at" in killed, 60.0), killed)
+        finally:
+            for name, e in engines.items():
+                if name != v:
+                    e.resume_raw()
+        rep = update.result()
+        decided = time.monotonic()
+        live = [f.result() for f in futs]
+    ctx.report("update", rep)
+    ctx.result.evidence["kill_to_decision_s"] = round(decided - killed.get("at", decided), 3)
+    steps = [f"{s.step}:{s.outcome}" for s in rep.members[v].steps]
+    ctx.check(f"{v}: its pause and the resume after it refused: it gave up, quarantined",
+              v in rep.quarantined and rep.members[v].final_phase is Phase.TAINTED
+              and f"pause:{Trigger.PAUSE_FAILED}" in steps
+              and f"resume:{Trigger.RESUME_FAILED}" in steps, steps)
+    ctx.check(f"the fleet decided without {v}: published on {', '.join(rig.others)}",
+              rep.published and sorted(rep.committed_on) == sorted(rig.others)
+              and fleet.phase == FleetPhase.READY and fleet.committed == 2,
+              {"committed_on": rep.committed_on, "phase": fleet.phase})
+    done = [x for x in live if not isinstance(x, str)]
+    ctx.check(f"the others' rollouts ended on generation 1 with v1's tokens; {v}'s failed",
+              _all_on(done, 1) and len(done) == n - 1
+              and all(lease.engine != v for lease, _ in done), live)
+    ctx.members_serve(fleet, rig.others, 2)
+    _restart_and_readmit(ctx, fleet, 2)
+    _victim_serves_again(ctx, fleet, 2)
+
+
+def s_killed_while_draining(ctx: FleetContext) -> None:
+    _killed_while_draining(ctx, rolling=False)
+
+
+def s_rolling_killed_while_draining(ctx: FleetContext) -> None:
+    _killed_while_draining(ctx, rolling=True)
+
+
+s_killed_while_draining.__doc__ = s_rolling_killed_while_draining.__doc__ = \
+    _killed_while_draining.__doc__
+
+
 def kill_midway(adapter: Any, engine: Any, box: dict[str, float]) -> None:
     """Once bytes are on their way to c, SIGKILL its server."""
     deadline = time.monotonic() + 120
@@ -944,6 +1023,8 @@ SCENARIOS: dict[str, Scenario] = {
     "dies_halfway_quorum": s_dies_halfway_quorum,
     "dies_halfway_no_quorum": s_dies_halfway_no_quorum,
     "killed_mid_broadcast": s_killed_mid_broadcast,
+    "killed_while_draining": s_killed_while_draining,
+    "rolling_killed_while_draining": s_rolling_killed_while_draining,
     "restarted_out_of_band": s_restarted_out_of_band,
     "frozen_member": s_frozen_member,
     "recovered_tainted_fenced": s_recovered_tainted_fenced,

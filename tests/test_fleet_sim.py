@@ -1046,6 +1046,7 @@ def test_catch_up_while_aborting_conforms_to_the_spec(fleet3: Any, tmp_path: Pat
                                   "rolling_steady_load", "rolling_wave_fails_validation",
                                   "one_refuses", "dies_halfway_quorum",
                                   "dies_halfway_no_quorum", "killed_mid_broadcast",
+                                  "killed_while_draining", "rolling_killed_while_draining",
                                   "restarted_out_of_band", "frozen_member",
                                   "recovered_tainted_fenced"])
 def test_fleet_scenario_on_the_simulated_fleet(name: str, tmp_path: Path) -> None:
