@@ -1,7 +1,8 @@
 # Two entry points (see README): `make demo` and `make test`. Both install what they
 # need into .venv first (idempotent: re-installs only when pyproject.toml changes).
 # `make check` is the fast tier of `make test` for users' CI: everything but the tests
-# that start real vLLM servers (marked vllm), on every core.
+# that start real vLLM servers (marked vllm) and the deeper runs of its checks (marked
+# deep: TLC at larger bounds and on every mutant), on every core.
 SHELL := /bin/bash
 VENV := .venv
 BIN := $(VENV)/bin
@@ -30,8 +31,11 @@ lint: $(STAMP)
 	$(BIN)/rolloutcore spec tla --check
 	$(BIN)/rolloutcore spec doc --check
 
+# The tests without vLLM on every core (deep ones included), then the real-server tests
+# in one process, where they share one pool of servers.
 test: lint
-	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(BIN)/pytest -q -p no:cacheprovider -m "not vllm" -n $$(nproc) --dist worksteal $(PYTEST_ARGS)
+	$(BIN)/pytest -q -p no:cacheprovider -m vllm $(PYTEST_ARGS)
 
 check: lint
-	$(BIN)/pytest -q -p no:cacheprovider -m "not vllm" -n $$(nproc) --dist worksteal $(PYTEST_ARGS)
+	$(BIN)/pytest -q -p no:cacheprovider -m "not vllm and not deep" -n $$(nproc) --dist worksteal $(PYTEST_ARGS)

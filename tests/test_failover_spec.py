@@ -71,7 +71,9 @@ def test_fence_gate_is_the_spec_rule() -> None:
 
 
 @pytest.mark.tlc
-@pytest.mark.parametrize("bounds", [ONE_ELECTION, FAILOVER.bounds], ids=["one", "default"])
+@pytest.mark.parametrize("bounds", [ONE_ELECTION, pytest.param(FAILOVER.bounds,
+                                                                 marks=pytest.mark.deep)],
+                         ids=["one", "default"])
 def test_tlc_graph_equals_the_explorer_graph(bounds: FoBounds) -> None:
     require_tlc()
     run = modelcheck.run_failover_tlc(FAILOVER.with_bounds(bounds), exploration=explored(bounds))
@@ -80,7 +82,14 @@ def test_tlc_graph_equals_the_explorer_graph(bounds: FoBounds) -> None:
     assert run.tlc_states == run.python_states and run.tlc_edges == run.python_edges
 
 
+@pytest.mark.parametrize("m", FAILOVER_MUTANTS, ids=lambda m: m.name)
+def test_the_explorer_catches_failover_mutant(m: FailoverMutant) -> None:
+    v = modelcheck.check_failover_mutant(m, with_tlc=False)
+    assert v.explorer, f"the explorer missed {m.name}"
+
+
 @pytest.mark.tlc
+@pytest.mark.deep
 @pytest.mark.parametrize("m", FAILOVER_MUTANTS, ids=lambda m: m.name)
 def test_explorer_and_tlc_catch_failover_mutant(m: FailoverMutant) -> None:
     require_tlc()
@@ -91,6 +100,7 @@ def test_explorer_and_tlc_catch_failover_mutant(m: FailoverMutant) -> None:
     assert v.tlc_trace_length == min(v.explorer.values()), (v.tlc_trace_length, v.explorer)
 
 
+@pytest.mark.deep
 def test_with_the_lease_broken_only_the_lease_property_fails() -> None:
     """Two controllers act at once, each believing it leads (a takeover before the old
     lease expired): the journal's compare and the engines' fences keep every other

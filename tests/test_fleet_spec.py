@@ -38,7 +38,9 @@ ROLLING_FAULT = FleetBounds(engines=2, min_serving=1, generations=2, faults=1, r
                             max_live=2, min_admitting=1)
 ROLLINGS = [ROLLING, ROLLING_THREE, ROLLING_FAULT]
 ROLLING_IDS = ["two", "three", "fault"]
-BOUNDS = [FLEET.bounds, PARTIAL_QUORUM, THREE, *ROLLINGS]
+DEEP = pytest.mark.deep
+BOUNDS = [FLEET.bounds, pytest.param(PARTIAL_QUORUM, marks=DEEP),
+          pytest.param(THREE, marks=DEEP), *ROLLINGS]
 
 
 @functools.cache
@@ -92,6 +94,7 @@ def _changed(f: FleetState, g: FleetState) -> list[int]:
     return [n for n, (a, b) in enumerate(zip(f.eng, g.eng, strict=True)) if a != b]
 
 
+@pytest.mark.deep
 def test_a_member_two_generations_behind_catches_up_one_at_a_time() -> None:
     ex = explored(CATCH_UP)
     assert ex.violations == {}
@@ -127,8 +130,10 @@ def test_lift_tla_rewrites_variables_not_strings() -> None:
 
 
 @pytest.mark.tlc
-@pytest.mark.parametrize("bounds", [FLEET.bounds, THREE, *ROLLINGS],
-                         ids=["two", "three", *(f"rolling-{i}" for i in ROLLING_IDS)])
+@pytest.mark.parametrize("bounds", [
+    pytest.param(FLEET.bounds, marks=pytest.mark.deep), pytest.param(THREE, marks=DEEP),
+    ROLLING, pytest.param(ROLLING_THREE, marks=DEEP), pytest.param(ROLLING_FAULT, marks=DEEP)],
+    ids=["two", "three", *(f"rolling-{i}" for i in ROLLING_IDS)])
 def test_tlc_graph_equals_the_explorer_graph(bounds: FleetBounds) -> None:
     require_tlc()
     run = modelcheck.run_fleet_tlc(FLEET.with_bounds(bounds), exploration=explored(bounds))
@@ -137,7 +142,14 @@ def test_tlc_graph_equals_the_explorer_graph(bounds: FleetBounds) -> None:
     assert run.tlc_states == run.python_states and run.tlc_edges == run.python_edges
 
 
+@pytest.mark.parametrize("m", FLEET_MUTANTS, ids=lambda m: m.name)
+def test_the_explorer_catches_fleet_mutant(m: FleetMutant) -> None:
+    v = modelcheck.check_fleet_mutant(m, with_tlc=False)
+    assert v.explorer, f"the explorer missed {m.name}"
+
+
 @pytest.mark.tlc
+@pytest.mark.deep
 @pytest.mark.parametrize("m", FLEET_MUTANTS, ids=lambda m: m.name)
 def test_explorer_and_tlc_catch_fleet_mutant(m: FleetMutant) -> None:
     require_tlc()
@@ -153,6 +165,7 @@ def test_explorer_and_tlc_catch_fleet_mutant(m: FleetMutant) -> None:
 # ----------------------------------------------------------------------- rolling waves
 
 
+@pytest.mark.deep
 def test_strict_bounds_never_roll_and_keep_the_floor_on_the_frontier() -> None:
     """max_live 1 is the strict update exactly: no rolling step fires, and the floor is
     the committed generation in every state."""

@@ -121,8 +121,12 @@ def test_many_threads_admit_release_read_audit_report_and_update(
                 done["update refused"] += 1
                 stop.wait(0.01)
                 continue
-            assert rep.published, rep.as_json()
-            return
+            if rep.published:
+                return
+            # Suspicions left too few serving for the wave (the spec's abort, rolled back
+            # by verified re-admission): once their audits pass, the next attempt.
+            assert rep.aborted, rep.as_json()
+            done["update aborted"] += 1
 
     threads = [threading.Thread(target=rollouts, args=(i,)) for i in range(6)]
     threads += [threading.Thread(target=guarded, args=(k, f)) for k, f in (

@@ -11,6 +11,7 @@ from rolloutcore.explore import Exploration
 from rolloutcore.spec.lifecycle import SPEC
 
 
+@pytest.mark.deep  # make check's lint runs `spec tla --check` and `spec doc --check`
 def test_generated_files_are_current(exploration: Exploration) -> None:
     files = modelcheck.generated_files(SPEC, exploration)
     assert modelcheck.stale_files(files) == [], "run `rolloutcore spec tla` and `spec doc`"
@@ -42,6 +43,7 @@ def test_tlc_reports_a_broken_spec() -> None:
     assert run.result.exit_code != 0 or run.graphs_equal is False
 
 
+@pytest.mark.deep  # (the same: lint runs them)
 def test_cli_check_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["spec", "check", "--rollouts", "1", "--generations", "2"]) == 0
     out = capsys.readouterr().out

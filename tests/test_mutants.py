@@ -66,6 +66,7 @@ def test_stopping_at_the_first_violation_finds_the_shortest_counterexample(name:
 
 
 @pytest.mark.tlc
+@pytest.mark.deep
 def test_tlc_catches_every_mutant() -> None:
     require_tlc()
     verdicts = modelcheck.check_mutants(with_tlc=True)

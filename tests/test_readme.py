@@ -67,4 +67,7 @@ def test_the_two_entry_points() -> None:
     assert re.search(r"^demo:", make, re.M) and re.search(r"^test:", make, re.M)
     assert "make test" in (ROOT / ".ci" / "run").read_text()
     # the fast tier for users' CI is named beside them and is make test without vLLM
-    assert "make check" in README and re.search(r'^check: lint\n.*-m "not vllm"', make, re.M)
+    # and without the deeper runs of its own checks
+    assert "make check" in README and re.search(
+        r'^check: lint\n.*-m "not vllm and not deep"', make, re.M)
+    assert re.search(r'^test: lint\n.*-m "not vllm"(?! and).*\n.*-m vllm', make, re.M)

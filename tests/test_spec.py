@@ -28,7 +28,8 @@ def test_default_bounds_hold_every_property(exploration: Exploration) -> None:
     assert exploration.states > 1000 and exploration.edges > exploration.states
 
 
-@pytest.mark.parametrize("bounds", [Bounds(1, 2, 0), Bounds(3, 3, 1), Bounds(2, 4, 3)])
+@pytest.mark.parametrize("bounds", [Bounds(1, 2, 0), Bounds(3, 3, 1),
+                                    pytest.param(Bounds(2, 4, 3), marks=pytest.mark.deep)])
 def test_other_bounds_hold(bounds: Bounds) -> None:
     ex = explore(SPEC.with_bounds(bounds))
     assert ex.violations == {}
