@@ -34,6 +34,7 @@ def _run(name: str) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.deep
 def test_control_store_benchmark_quick() -> None:
     out = _run("bench_control_store.py")
     rows = out["rows"]
@@ -47,6 +48,7 @@ def test_control_store_benchmark_quick() -> None:
             assert r["rate_vs_file"] > 0
 
 
+@pytest.mark.deep
 def test_failover_benchmark_quick() -> None:
     out = _run("bench_failover.py")
     (row,) = out["takeover"]

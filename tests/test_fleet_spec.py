@@ -77,6 +77,7 @@ def test_the_default_bounds_reach_publish_abort_quarantine_and_readmission() -> 
     assert {name for f, name, _g in ex.graph if f in short} >= {"fleet_close"}
 
 
+@pytest.mark.deep
 def test_partial_quorum_leaves_a_member_behind_and_it_catches_up() -> None:
     ex = explored(PARTIAL_QUORUM)
     behind = [f for f in ex.nodes if f.fphase == FleetPhase.READY and any(

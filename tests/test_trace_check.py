@@ -259,6 +259,7 @@ def test_the_scale_benchmark_at_a_thousand_bound_rollouts() -> None:
     assert goal["peak_rss_mb"] < goal["goal_peak_rss_mb"]
 
 
+@pytest.mark.deep
 def test_the_run_length_benchmark_at_reduced_size() -> None:
     """The run-length benchmark (its goal: 10,000 update cycles, a fleet of 8 through
     3,000) at a tenth of its size in CI: both journals accepted, peak memory within the
