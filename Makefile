@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check lint install
+.PHONY: demo test check lint install fast-tests
 
 $(STAMP): pyproject.toml
 	@command -v java >/dev/null || (apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless)
@@ -28,14 +28,19 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy -p rolloutcore
+	$(BIN)/lint-imports
 	$(BIN)/rolloutcore spec tla --check
 	$(BIN)/rolloutcore spec doc --check
 
-# The tests without vLLM on every core (deep ones included), then the real-server tests
-# in one process, where they share one pool of servers.
-test: lint
-	$(BIN)/pytest -q -p no:cacheprovider -m "not vllm" -n $$(nproc) --dist worksteal $(PYTEST_ARGS)
+# Lint beside the tests without vLLM (on every core; deep ones included in make test),
+# then the real-server tests in one process, where they share one pool of servers.
+test: $(STAMP)
+	@$(MAKE) --no-print-directory -j2 --output-sync=target lint fast-tests MARKS="not vllm"
 	$(BIN)/pytest -q -p no:cacheprovider -m vllm $(PYTEST_ARGS)
 
-check: lint
-	$(BIN)/pytest -q -p no:cacheprovider -m "not vllm and not deep" -n $$(nproc) --dist worksteal $(PYTEST_ARGS)
+check: $(STAMP)
+	@$(MAKE) --no-print-directory -j2 --output-sync=target lint fast-tests \
+		MARKS="not vllm and not deep"
+
+fast-tests: $(STAMP)
+	$(BIN)/pytest -q -p no:cacheprovider -m "$(MARKS)" -n $$(nproc) --dist worksteal $(PYTEST_ARGS)

@@ -1,7 +1,7 @@
 """The adapter contract: one operation per external step, each returning typed evidence.
 
 Adapters observe; they never decide. Evidence records what was seen (HTTP status, the
-body, counters, read-backs); :mod:`rolloutcore.postconditions` turns it into the
+body, counters, read-backs); :mod:`rolloutcore.engine.postconditions` turns it into the
 spec outcome the controller takes. No field of any evidence type means "ok": an
 adapter cannot advance the controller by saying so.
 
@@ -54,7 +54,7 @@ class WeightTarget:
 
     generation: int
     label: str
-    identity: str  # content identity of the weights (see rolloutcore.identity)
+    identity: str  # content identity of the weights (see rolloutcore.engine.identity)
     source: str  # checkpoint directory, or a transfer source description
     probe_prompt: tuple[int, ...]
     probe_tokens: tuple[int, ...]  # greedy reference output of the target weights
@@ -64,7 +64,7 @@ class WeightTarget:
     probe_logprobs: tuple[float, ...] | None = None
     #: A LoRA adapter update: the name the engine serves the adapter under; ``source`` is
     #: then the adapter's directory and ``identity`` names base and adapter
-    #: (:func:`rolloutcore.identity.with_adapter`). None: the base weights change.
+    #: (:func:`rolloutcore.engine.identity.with_adapter`). None: the base weights change.
     adapter: str | None = None
 
     def __post_init__(self) -> None:

@@ -19,7 +19,7 @@ Only the transport differs from NCCL: same HTTP calls, same trainer API
 semantics (a broadcast from rank 0 that both sides must enter).
 
 The worker also digests the bytes it receives with
-:class:`rolloutcore.identity.IdentityHasher` (when they arrive in sorted name order), so
+:class:`rolloutcore.engine.identity.IdentityHasher` (when they arrive in sorted name order), so
 the worker extension can vouch for the identity of weights that came over the wire, as
 ``rc_reload_weights`` does for a checkpoint loaded from disk.
 """
@@ -51,7 +51,7 @@ from vllm.distributed.weight_transfer.base import (
 
 from rolloutcore.adapters.epoch_gate import GATE, pop_epoch
 from rolloutcore.adapters.vllm_worker import RolloutCoreWorkerExtension
-from rolloutcore.identity import IdentityHasher
+from rolloutcore.engine.identity import IdentityHasher
 
 # torch.distributed's c10d classes are not re-exported for type checkers.
 dist: Any = torch.distributed

@@ -1,7 +1,7 @@
 """The adapter contract over a real vLLM server's dev-mode HTTP endpoints (httpx).
 
 Every call has its own timeout and checks status and body; nothing here decides an
-outcome (see :mod:`rolloutcore.postconditions`). What the wire taught us
+outcome (see :mod:`rolloutcore.engine.postconditions`). What the wire taught us
 (conformance/VLLM_OBSERVED.md) and how it is handled:
 
 * After an engine-side 500 the server drops the keep-alive connection and the next
@@ -68,7 +68,7 @@ from rolloutcore.adapters.contract import (
     remaining,
 )
 from rolloutcore.adapters.vllm_worker import EXTENSION_CLS, SERVER_ARGS
-from rolloutcore.identity import (
+from rolloutcore.engine.identity import (
     ADAPTER_JOIN,
     UNSTAGED,
     CheckpointError,

@@ -63,7 +63,7 @@ from rolloutcore.adapters.http import (
     reload_failure,
     worker_identity,
 )
-from rolloutcore.identity import CheckpointError, safetensors_files
+from rolloutcore.engine.identity import CheckpointError, safetensors_files
 
 T = TypeVar("T")
 ABORT_POLL_S = 0.01
@@ -269,9 +269,9 @@ class InProcessEngine(EngineHost):
 def engine_args(model: str | Path, *, served_model_name: str = "tiny", port: int | None = None,
                 extra_args: Sequence[str] = ()) -> list[str]:
     """The command line of an in-process engine for ``model``: the test server fixture's
-    (``conformance.server``) flags, the worker extension and loader, ``extra_args``."""
+    (``adapters.launch``) flags, the worker extension and loader, ``extra_args``."""
+    from rolloutcore.adapters.launch import DEFAULT_FLAGS, free_port
     from rolloutcore.adapters.vllm_worker import SERVER_ARGS
-    from rolloutcore.conformance.server import DEFAULT_FLAGS, free_port
 
     return ["--model", str(model), "--served-model-name", served_model_name,
             "--host", "127.0.0.1", "--port", str(port if port is not None else free_port()),

@@ -68,7 +68,7 @@ def _digesting_engine() -> Any:
 
     from rolloutcore.adapters import gloo_transfer as gt
     from rolloutcore.adapters.epoch_gate import GATE, pop_epoch
-    from rolloutcore.identity import IdentityHasher
+    from rolloutcore.engine.identity import IdentityHasher
 
     class _Digesting:
         def __init__(self, model: Any, owner: Any) -> None:

@@ -431,7 +431,7 @@ def launch(model: str | Path, names: Sequence[str], *, prefix: str = "rolloutcor
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from rolloutcore.adapters.inprocess import ENGINE_ENV, engine_args
-    from rolloutcore.conformance.server import free_port
+    from rolloutcore.adapters.launch import free_port
 
     bundles = placement_bundles(len(names), cpus_per_engine=cpus_per_engine,
                                 gpus_per_engine=gpus_per_engine, trainer=trainer)

@@ -7,11 +7,11 @@ format: the startup load (``BaseModelLoader.load_model`` -> ``load_weights`` ->
 ``get_all_weights``) and the worker's own ``reload_weights`` with or without
 ``weights_path`` (``reload.inplace.reload_weights`` -> ``get_all_weights``).
 :class:`RolloutCoreModelLoader` (a :class:`DefaultModelLoader`) answers both with
-:class:`DigestingWeights`: it lists the checkpoint with :mod:`rolloutcore.identity`
+:class:`DigestingWeights`: it lists the checkpoint with :mod:`rolloutcore.engine.identity`
 (every ``*.safetensors`` of a local directory, tensors in sorted name order), reads each
-tensor's bytes once, feeds those bytes to :class:`~rolloutcore.identity.IdentityHasher`
+tensor's bytes once, feeds those bytes to :class:`~rolloutcore.engine.identity.IdentityHasher`
 and hands vLLM a tensor over a private copy of the same bytes. The digest of a load that
-ran to its end therefore equals :func:`rolloutcore.identity.checkpoint_identity` of the
+ran to its end therefore equals :func:`rolloutcore.engine.identity.checkpoint_identity` of the
 directory as it was read, and nothing written to the directory afterwards changes it.
 
 Why not wrap vLLM's own safetensors iterator: it yields file after file, so a sharded
@@ -55,7 +55,7 @@ from vllm.config.load import LoadConfig
 from vllm.model_executor.model_loader import register_model_loader
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
-from rolloutcore.identity import (
+from rolloutcore.engine.identity import (
     CheckpointError,
     IdentityHasher,
     TensorEntry,

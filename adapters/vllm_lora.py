@@ -9,7 +9,7 @@ at all; and an adapter evicted from the worker's cache is silently re-read from 
 
 So RolloutCore never lets vLLM load an adapter from a path anyone else writes: the
 worker copies the adapter's files into a fresh directory of its own (:func:`stage`),
-makes them read-only, digests the copy (``rolloutcore.identity``: name, dtype, shape and
+makes them read-only, digests the copy (``rolloutcore.engine.identity``: name, dtype, shape and
 bytes of every tensor) and refuses a copy whose digest is not the one the target names.
 vLLM then loads the copy, under a path no earlier generation used (fresh prefix keys), and
 every later re-read finds the same bytes. Every adapter load the worker does is recorded
@@ -30,7 +30,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from rolloutcore.identity import CheckpointError, checkpoint_identity
+from rolloutcore.engine.identity import CheckpointError, checkpoint_identity
 
 BASIS_STAGED = "adapter bytes staged by rc_stage_lora"
 

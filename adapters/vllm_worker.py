@@ -12,7 +12,7 @@ The identity of the weights is captured when they are loaded, never re-read from
 when asked: reading the files at ``model_config.model`` would vouch for whatever was
 written there since, not for what the worker holds.
 
-* ``rc_identity()`` reports the :class:`rolloutcore.identity.IdentityHasher` digest of
+* ``rc_identity()`` reports the :class:`rolloutcore.engine.identity.IdentityHasher` digest of
   the bytes the last finished load fed into the model, with its ``basis``: ``"bytes
   loaded at startup"`` and ``"bytes loaded by reload_weights"`` (vLLM's own reload, with
   or without ``weights_path``) come from the ``rolloutcore`` load format
@@ -54,7 +54,7 @@ from typing import Any
 
 from rolloutcore.adapters import vllm_lora
 from rolloutcore.adapters.epoch_gate import GATE
-from rolloutcore.identity import CheckpointError, IdentityHasher, checkpoint_entries
+from rolloutcore.engine.identity import CheckpointError, IdentityHasher, checkpoint_entries
 
 EXTENSION_CLS = "rolloutcore.adapters.vllm_worker.RolloutCoreWorkerExtension"
 LOAD_FORMAT = "rolloutcore"  # = rolloutcore.adapters.vllm_loader.LOAD_FORMAT (no vLLM import)

@@ -60,7 +60,7 @@ from rolloutcore.adapters.contract import (
     remaining,
 )
 from rolloutcore.adapters.epoch_gate import EPOCH_KEY
-from rolloutcore.identity import (
+from rolloutcore.engine.identity import (
     CheckpointError,
     IdentityHasher,
     Manifest,

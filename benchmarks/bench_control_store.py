@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rolloutcore.conformance.etcd_server import EtcdCluster, EtcdError, etcd_binary
+from rolloutcore.conformance.fixtures.etcd_server import EtcdCluster, EtcdError, etcd_binary
 from rolloutcore.control import EtcdJournal, EtcdStore, Leadership
-from rolloutcore.controller import TraceRecord
+from rolloutcore.engine.controller import TraceRecord
 from rolloutcore.journal import Journal
 from rolloutcore.spec.lifecycle import NO_OP, Phase
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from transitions.extensions import LockedMachine
 
-from rolloutcore.controller import Controller, TraceBuffer
+from rolloutcore.engine.controller import Controller, TraceBuffer
 
 N = 200_000
 

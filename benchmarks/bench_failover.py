@@ -67,13 +67,13 @@ from bench_control_store import run_store
 
 from rolloutcore.adapters.contract import WeightTarget
 from rolloutcore.adapters.sim import SimAdapter, SimEngine, sim_target
-from rolloutcore.conformance.etcd_server import EtcdCluster, EtcdError, etcd_binary
+from rolloutcore.conformance.fixtures.etcd_server import EtcdCluster, EtcdError, etcd_binary
 from rolloutcore.control import EtcdJournal, EtcdStore, Leadership
 from rolloutcore.control.journal import MAX_TXN_LINES
+from rolloutcore.engine.runner import RunnerPolicy
 from rolloutcore.fleet import Fleet
 from rolloutcore.fleet.store import EtcdJournalStore
 from rolloutcore.journal import read_journal
-from rolloutcore.runner import RunnerPolicy
 from rolloutcore.spec.fleet import FleetPhase
 
 LEASES = (1.0, 2.0, 5.0)

@@ -30,11 +30,11 @@ from typing import Any
 
 from rolloutcore.adapters.contract import MutationEvidence, ResumeEvidence, WeightTarget
 from rolloutcore.adapters.sim import FaultPlan, SimAdapter, SimEngine, sim_target
-from rolloutcore.controller import Controller, TraceBuffer, TraceSink
+from rolloutcore.check.fleet_trace import check_fleet_file
+from rolloutcore.engine.controller import Controller, TraceBuffer, TraceSink
+from rolloutcore.engine.runner import LifecycleRunner, RunnerPolicy
 from rolloutcore.fleet import Fleet
-from rolloutcore.fleet_check import check_fleet_file
 from rolloutcore.journal import Journal
-from rolloutcore.runner import LifecycleRunner, RunnerPolicy
 from rolloutcore.spec.fleet import FleetPhase
 from rolloutcore.spec.triggers import Trigger
 

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from rolloutcore.conformance.fleet_scenarios import POLICY, FleetRig
-from rolloutcore.controller import Controller
-from rolloutcore.runner import LifecycleRunner
+from rolloutcore.engine.controller import Controller
+from rolloutcore.engine.runner import LifecycleRunner
 from rolloutcore.spec.triggers import Trigger
 
 
@@ -63,7 +63,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models
+    from rolloutcore.conformance.fixtures.tiny_model import DEFAULT_OUT, build_models
 
     with tempfile.TemporaryDirectory(prefix="bench-fleet-vllm-") as tmp:
         t0 = time.perf_counter()

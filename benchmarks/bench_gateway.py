@@ -42,15 +42,16 @@ from typing import Any
 import httpx
 
 from rolloutcore.adapters.contract import WeightTarget
+from rolloutcore.adapters.launch import free_port
 from rolloutcore.adapters.sim import SimAdapter, SimEngine, sim_target
 from rolloutcore.adapters.vllm_worker import SERVER_ARGS
-from rolloutcore.conformance.server import VllmServer, free_port
-from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models
-from rolloutcore.controller import TraceRecord
+from rolloutcore.conformance.fixtures.tiny_model import DEFAULT_OUT, build_models
+from rolloutcore.conformance.fixtures.vllm_server import VllmServer
+from rolloutcore.engine.controller import TraceRecord
+from rolloutcore.engine.targets import load_references
 from rolloutcore.fleet import Fleet
 from rolloutcore.gateway.core import Gateway, GatewayConfig
 from rolloutcore.journal import Journal
-from rolloutcore.targets import load_references
 
 CONCURRENCY = 64  # the journal's writer threads
 THROUGHPUT_CONCURRENCY = (64, 256)

@@ -1,6 +1,6 @@
 """Identity benchmarks.
 
-* Source-side content digest (:func:`rolloutcore.identity.checkpoint_identity`): seconds per
+* Source-side content digest (:func:`rolloutcore.engine.identity.checkpoint_identity`): seconds per
   GB of weights, on the built tiny/large models and on a synthetic checkpoint of
   ``--synthetic-mb`` MB (random bytes, several tensors), each timed warm (page cache hot,
   best of ``--repeat``), against a floor in the same run: plain sha256 over the same
@@ -32,9 +32,9 @@ from typing import Any
 import httpx
 
 from rolloutcore.adapters.vllm_worker import SERVER_ARGS
+from rolloutcore.conformance.fixtures.tiny_model import DEFAULT_OUT
 from rolloutcore.conformance.replay import score_request
-from rolloutcore.conformance.tiny_model import DEFAULT_OUT
-from rolloutcore.identity import (
+from rolloutcore.engine.identity import (
     checkpoint_identity,
     checkpoint_nbytes,
     manifest_digest,
@@ -128,7 +128,7 @@ def main() -> int:
     if args.engine:
         result["probe"] = probe_latency(args.engine, args.probes)
     elif args.serve:
-        from rolloutcore.conformance.server import VllmServer
+        from rolloutcore.conformance.fixtures.vllm_server import VllmServer
 
         with VllmServer(DEFAULT_OUT / "v1", extra_args=list(SERVER_ARGS)) as srv:
             result["probe"] = probe_latency(srv.url, args.probes)

@@ -23,7 +23,7 @@ from typing import Any
 
 from bench_trace_check import build_journal, measure
 
-from rolloutcore.controller import TraceRecord
+from rolloutcore.engine.controller import TraceRecord
 from rolloutcore.journal import Journal
 from rolloutcore.spec.lifecycle import NO_OP, Phase
 

@@ -28,9 +28,9 @@ from typing import Any
 import psutil
 
 from rolloutcore.conformance.engines import INITIAL_LABEL, checkpoint_target
-from rolloutcore.conformance.tiny_model import build_models
+from rolloutcore.conformance.fixtures.tiny_model import build_models
+from rolloutcore.engine.runner import RunnerPolicy
 from rolloutcore.fleet import Fleet
-from rolloutcore.runner import RunnerPolicy
 
 POLICY = RunnerPolicy(step_timeout_s=60.0, pause_timeout_s=60.0, drain_timeout_s=60.0)
 
@@ -89,7 +89,7 @@ def measure(start: Callable[[], tuple[Sequence[tuple[str, Any, str]], Callable[[
 def http_setup(work: Path) -> tuple[list[tuple[str, Any, str]], Callable[[], None]]:
     from rolloutcore.adapters.http import HttpAdapter
     from rolloutcore.adapters.vllm_worker import SERVER_ARGS
-    from rolloutcore.conformance.server import VllmServer
+    from rolloutcore.conformance.fixtures.vllm_server import VllmServer
 
     servers = [VllmServer(build_models()["v1"].resolve(), extra_args=list(SERVER_ARGS),
                           log_path=work / f"vllm-{n}.log") for n in ("a", "b")]

@@ -22,9 +22,9 @@ from typing import Any
 
 from rolloutcore.adapters.contract import PauseMode
 from rolloutcore.adapters.sim import SimAdapter, SimEngine, sim_target
-from rolloutcore.controller import Controller, TraceBuffer, TraceRecord
+from rolloutcore.engine.controller import Controller, TraceBuffer, TraceRecord
+from rolloutcore.engine.runner import CallPool, LifecycleRunner, RunnerPolicy
 from rolloutcore.journal import apply_record
-from rolloutcore.runner import CallPool, LifecycleRunner, RunnerPolicy
 
 DEADLINE_S = 30.0
 

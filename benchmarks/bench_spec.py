@@ -8,8 +8,8 @@ import json
 import time
 from typing import Any
 
-from rolloutcore import modelcheck
-from rolloutcore.explore import explore
+from rolloutcore.proof import modelcheck
+from rolloutcore.proof.explore import explore
 from rolloutcore.spec.lifecycle import SPEC, Bounds
 
 BOUNDS = [SPEC.bounds, Bounds(3, 3, 2), Bounds(3, 4, 3)]

@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from rolloutcore.adapters.sim import SimAdapter, SimEngine, reference_tokens, sim_target
+from rolloutcore.check.fleet_trace import check_fleet_file
+from rolloutcore.engine.runner import RunnerPolicy
 from rolloutcore.fleet import Fleet, FleetError, Lease
-from rolloutcore.fleet_check import check_fleet_file
-from rolloutcore.runner import RunnerPolicy
 
 NAMES = ("a", "b", "c")
 PROMPT = (5, 3, 8, 1, 9)

@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from rolloutcore.adapters.contract import GenerationResult
-from rolloutcore.controller import Binding
+from rolloutcore.engine.controller import Binding
 from rolloutcore.journal import HEADER, SCHEMA, ZERO_HASH, dumps_line, seal
-from rolloutcore.records import (
+from rolloutcore.trajectories.format import (
     Decoding,
     Timing,
     TrajectoryRecord,
@@ -173,7 +173,8 @@ def main() -> int:
         exe = [sys.executable, "-m", "rolloutcore.cli"]
         runs = [
             ("interpreter + imports (no file)", [sys.executable, "-c", "import rolloutcore.cli, "
-             "rolloutcore.provenance, rolloutcore.records, pyarrow.parquet"], None, 0, 0),
+             "rolloutcore.trajectories.provenance, rolloutcore.trajectories.format, "
+             "pyarrow.parquet"], None, 0, 0),
             ("journal verify", [*exe, "journal", "verify", str(journal)], journal, n_journal, 0),
             ("records show (jsonl)", [*exe, "records", "show", str(rj)], rj, n_records, 0),
             ("records show (parquet)", [*exe, "records", "show", str(rp)], rp, n_records, 0),

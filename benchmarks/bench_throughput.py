@@ -62,10 +62,10 @@ from typing import Any
 from rolloutcore.adapters.http import HttpAdapter
 from rolloutcore.adapters.vllm_worker import SERVER_ARGS
 from rolloutcore.conformance.engines import INITIAL_LABEL, checkpoint_target
-from rolloutcore.conformance.server import VllmServer
-from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models
+from rolloutcore.conformance.fixtures.tiny_model import DEFAULT_OUT, build_models
+from rolloutcore.conformance.fixtures.vllm_server import VllmServer
+from rolloutcore.engine.runner import DrainPolicy, LifecycleRunner, RunnerPolicy
 from rolloutcore.journal import open_controller
-from rolloutcore.runner import DrainPolicy, LifecycleRunner, RunnerPolicy
 
 GOAL = 0.9
 ROLLING_GOAL = 0.98
@@ -275,7 +275,7 @@ class FleetWindow:
         self.frontier_s.append(round(time.monotonic() - t0, 3))
 
     def run(self) -> dict[str, Any]:
-        from rolloutcore.fleet_check import check_fleet_file
+        from rolloutcore.check.fleet_trace import check_fleet_file
         from rolloutcore.gateway.core import Gateway, GatewayConfig
         from rolloutcore.gateway.server import ServerThread
 

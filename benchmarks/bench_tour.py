@@ -58,7 +58,7 @@ def main() -> int:
         out["engines"].append(measure(SimHarnessEngine(), graph, args.walks, work))
         if args.vllm:
             from rolloutcore.conformance.engines import VllmHarnessEngine
-            from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models
+            from rolloutcore.conformance.fixtures.tiny_model import DEFAULT_OUT, build_models
 
             t1 = time.perf_counter()
             engine = VllmHarnessEngine.start(build_models(DEFAULT_OUT), work / "server")

@@ -9,7 +9,7 @@ admit one) so that K rollouts are bound for most of the segment, release all, an
 update cycle (every third with failed attempts and retries). Segments are at least
 ``10 * 2K`` records long, so at K=1000 a 10,000-record journal has one update cycle.
 
-Each journal is checked with ``rolloutcore.trace_check.check_file`` (hash chain + spec +
+Each journal is checked with ``rolloutcore.check.trace.check_file`` (hash chain + spec +
 evidence, streaming) in a fresh interpreter, started from a small launcher so that its
 peak RSS (``wait4``) is its own and not inherited from this process (Linux keeps the
 peak of the pre-exec image). Time is measured inside that process around
@@ -48,7 +48,7 @@ from rolloutcore.conformance.make_traces import (
     publish,
     validate_resume_probe,
 )
-from rolloutcore.controller import Controller
+from rolloutcore.engine.controller import Controller
 from rolloutcore.journal import Journal
 from rolloutcore.spec.fleet import FLEET
 
@@ -61,7 +61,7 @@ GOAL_CYCLES, GOAL_CYCLES_S, GOAL_CYCLES_MB = 10_000, 60.0, 300.0
 # Mode "chain" times the hash chain only (bench_journal splits chain from checks).
 _CHILD = """
 import json, sys, time
-from rolloutcore.trace_check import check_file
+from rolloutcore.check.trace import check_file
 from rolloutcore.journal import verify_chain
 mode = sys.argv[1]
 if mode == "baseline":
@@ -72,7 +72,7 @@ elif mode == "chain":
     print(json.dumps({"seconds": time.perf_counter() - t0, "accepted": r.ok,
                       "records": r.records - 1, "message": r.reason}))
 elif mode == "fleet":
-    from rolloutcore.fleet_check import check_fleet_file
+    from rolloutcore.check.fleet_trace import check_fleet_file
     t0 = time.perf_counter()
     v = check_fleet_file(sys.argv[2])
     print(json.dumps({"seconds": time.perf_counter() - t0, **v.as_json()}))

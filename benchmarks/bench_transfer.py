@@ -79,9 +79,9 @@ def raw_floor(nbytes: int, repeat: int) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models
+    from rolloutcore.conformance.fixtures.tiny_model import DEFAULT_OUT, build_models
     from rolloutcore.conformance.transfer_scenarios import GLOO, Session, s_frozen
-    from rolloutcore.identity import checkpoint_nbytes
+    from rolloutcore.engine.identity import checkpoint_nbytes
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)

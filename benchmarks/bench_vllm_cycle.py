@@ -43,11 +43,11 @@ import httpx
 from rolloutcore.adapters.http import HttpAdapter, RequestLog
 from rolloutcore.adapters.vllm_worker import SERVER_ARGS
 from rolloutcore.conformance.engines import INITIAL_LABEL, checkpoint_target
-from rolloutcore.conformance.server import VllmServer
-from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models
+from rolloutcore.conformance.fixtures.tiny_model import DEFAULT_OUT, build_models
+from rolloutcore.conformance.fixtures.vllm_server import VllmServer
+from rolloutcore.engine.runner import LifecycleRunner, RunnerPolicy
+from rolloutcore.engine.targets import load_references
 from rolloutcore.journal import open_controller
-from rolloutcore.runner import LifecycleRunner, RunnerPolicy
-from rolloutcore.targets import load_references
 
 GOAL_VERIFIED_OVER_BARE = 1.2
 GOAL_RESTART_OVER_HOT = 400.0

@@ -49,11 +49,11 @@ import httpx
 
 from rolloutcore.adapters.http import HttpAdapter
 from rolloutcore.conformance.engines import INITIAL_LABEL, checkpoint_target
-from rolloutcore.conformance.server import VllmServer
-from rolloutcore.conformance.tiny_mm_model import DEFAULT_OUT, build_mm_models, data_url
+from rolloutcore.conformance.fixtures.tiny_mm_model import DEFAULT_OUT, build_mm_models, data_url
+from rolloutcore.conformance.fixtures.vllm_server import VllmServer
 from rolloutcore.conformance.transfer_scenarios import GLOO, Row, session
+from rolloutcore.engine.runner import CycleReport, LifecycleRunner, RunnerPolicy
 from rolloutcore.journal import open_controller
-from rolloutcore.runner import CycleReport, LifecycleRunner, RunnerPolicy
 
 #: A multimodal server: the transfer extension (a subclass of RolloutCore's), one image
 #: per prompt.
@@ -287,9 +287,9 @@ def _probe(http: HttpAdapter, ref: dict[str, Any]) -> dict[str, Any]:
 
 
 def control_lora_inplace(_models: Mapping[str, Path], work: Path) -> Row:
-    from rolloutcore.conformance.tiny_lora import build_lora_adapters
-    from rolloutcore.conformance.tiny_model import build_models
-    from rolloutcore.targets import adapter_target
+    from rolloutcore.conformance.fixtures.tiny_lora import build_lora_adapters
+    from rolloutcore.conformance.fixtures.tiny_model import build_models
+    from rolloutcore.engine.targets import adapter_target
 
     row = Row("lora_inplace", "lora")
     base = build_models()["v1"].resolve()

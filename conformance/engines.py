@@ -1,6 +1,6 @@
 """What the conformance harness drives: one engine interface, implemented over the real
 vLLM server (:class:`VllmHarnessEngine`: a
-:class:`~rolloutcore.conformance.server.VllmServer` plus the
+:class:`~rolloutcore.conformance.fixtures.vllm_server.VllmServer` plus the
 :class:`~rolloutcore.adapters.http.HttpAdapter`) and over the simulator
 (:class:`SimHarnessEngine`: :class:`~rolloutcore.adapters.sim.SimEngine` plus
 :class:`~rolloutcore.adapters.sim.SimAdapter`).
@@ -36,7 +36,7 @@ from rolloutcore.adapters.contract import (
     ResumeEvidence,
     WeightTarget,
 )
-from rolloutcore.targets import checkpoint_target
+from rolloutcore.engine.targets import checkpoint_target
 
 INITIAL_LABEL = "default"  # what a freshly started vLLM (and SimEngine) reports
 PROMPTS = ("probe", "rollout")  # probe: cacheable (> 2 prefix blocks); rollout: long output
@@ -452,7 +452,10 @@ class VllmHarnessEngine(HarnessEngine):
                  release: Callable[[Any], None] | None = None) -> None:
         from rolloutcore.adapters.http import HttpAdapter
         from rolloutcore.conformance.fault_proxy import FaultProxy
-        from rolloutcore.conformance.tiny_model import LONG_ROLLOUT_TOKENS, SHORT_MAX_TOKENS
+        from rolloutcore.conformance.fixtures.tiny_model import (
+            LONG_ROLLOUT_TOKENS,
+            SHORT_MAX_TOKENS,
+        )
 
         self.server = server
         self.models = {k: Path(v).resolve() for k, v in models.items()}
@@ -478,7 +481,7 @@ class VllmHarnessEngine(HarnessEngine):
         """Start a server on ``models[initial]`` with the worker extension (or
         ``server_args``: e.g. a weight-transfer backend's)."""
         from rolloutcore.adapters.vllm_worker import SERVER_ARGS
-        from rolloutcore.conformance.server import VllmServer
+        from rolloutcore.conformance.fixtures.vllm_server import VllmServer
 
         work_dir.mkdir(parents=True, exist_ok=True)
         srv = VllmServer(Path(models[initial]).resolve(),
@@ -522,7 +525,7 @@ class VllmHarnessEngine(HarnessEngine):
 
     def _ref(self, version: str) -> dict[str, Any]:
         if version not in self._refs:
-            from rolloutcore.targets import load_references
+            from rolloutcore.engine.targets import load_references
 
             self._refs[version] = load_references(self.models[version])
         return self._refs[version]
@@ -536,7 +539,7 @@ class VllmHarnessEngine(HarnessEngine):
 
     def checkpoint_identity(self, version: str) -> str:
         if version not in self._identity:
-            from rolloutcore.identity import checkpoint_identity
+            from rolloutcore.engine.identity import checkpoint_identity
 
             self._identity[version] = checkpoint_identity(self.models[version])
         return self._identity[version]
@@ -620,7 +623,11 @@ class VllmHarnessEngine(HarnessEngine):
     def broken_checkpoint(self) -> Path:
         """v2 with one layer-1 tensor a column short: same names, a different shape. vLLM's
         in-place reload loads layer 0 and dies in layer 1 (observed with other shapes)."""
-        from rolloutcore.identity import checkpoint_entries, iter_tensor_bytes, write_safetensors
+        from rolloutcore.engine.identity import (
+            checkpoint_entries,
+            iter_tensor_bytes,
+            write_safetensors,
+        )
 
         out = self.work_dir / "broken_v2"
         if (out / "model.safetensors").exists():
@@ -853,7 +860,7 @@ class MultimodalHarnessEngine(VllmHarnessEngine):
                  initial: str = "v1") -> MultimodalHarnessEngine:
         """Start a multimodal server on ``models[initial]`` (``MM_SERVER_ARGS``)."""
         from rolloutcore.conformance.cache_controls import MM_SERVER_ARGS
-        from rolloutcore.conformance.server import VllmServer
+        from rolloutcore.conformance.fixtures.vllm_server import VllmServer
 
         work_dir.mkdir(parents=True, exist_ok=True)
         srv = VllmServer(Path(models[initial]).resolve(), extra_args=list(MM_SERVER_ARGS),

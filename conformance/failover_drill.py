@@ -14,7 +14,7 @@ on stdout. The tests start two of them against one fleet and kill, freeze and th
   SIGTERM, so that a test can freeze it (SIGSTOP) and thaw it (SIGCONT) later; every call it
   makes afterwards is printed as a ``late`` line when ``--late-update`` names a target.
 * ``--sim``: the engines are simulated servers (checkpoints are names, see
-  :mod:`rolloutcore.conformance.sim_server`).
+  :mod:`rolloutcore.conformance.fixtures.sim_server`).
 
 Each line it prints is one JSON object; the last one (``"event": "done"``) is its report:
 epoch, takeover time, the fleet's phase and generation, every member's phase and
@@ -51,13 +51,13 @@ def _target_factory(sim: bool) -> Callable[[str, int, str], WeightTarget]:
         from rolloutcore.adapters.sim import sim_target
 
         return lambda source, generation, label: sim_target(generation, source, label=label)
-    from rolloutcore.targets import checkpoint_target
+    from rolloutcore.engine.targets import checkpoint_target
 
     return lambda source, generation, label: checkpoint_target(source, generation, label)
 
 
 def _policy(sim: bool) -> Any:
-    from rolloutcore.runner import RunnerPolicy
+    from rolloutcore.engine.runner import RunnerPolicy
 
     if not sim:  # a real server's first requests after its start can take seconds
         return RunnerPolicy()

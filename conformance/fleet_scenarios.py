@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from rolloutcore.adapters.contract import LifecycleAdapter, PauseMode, WeightTarget
+from rolloutcore.check.fleet_trace import check_fleet_file
 from rolloutcore.conformance.engines import HarnessEngine, SimHarnessEngine
 from rolloutcore.conformance.harness import Check, wait_until
-from rolloutcore.controller import IllegalTransition
+from rolloutcore.engine.controller import IllegalTransition
+from rolloutcore.engine.runner import RunnerPolicy
 from rolloutcore.fleet import Fleet, FleetCycleReport, FleetError, Lease
-from rolloutcore.fleet_check import check_fleet_file
 from rolloutcore.journal import JournalReader
-from rolloutcore.runner import RunnerPolicy
 from rolloutcore.spec.fleet import FleetPhase
 from rolloutcore.spec.lifecycle import Phase
 from rolloutcore.spec.triggers import Trigger
@@ -74,7 +74,7 @@ class FleetRig:
     def vllm(cls, models: Mapping[str, Path], work: Path, n: int = 3, *,
              pool: Any = None) -> FleetRig:
         """``n`` servers started in parallel, with the gloo transfer extension, or leased
-        from ``pool`` (a :class:`~rolloutcore.conformance.server_pool.ServerPool`)."""
+        from ``pool`` (a :class:`~rolloutcore.conformance.fixtures.server_pool.ServerPool`)."""
         from rolloutcore.conformance.engines import VllmHarnessEngine
         from rolloutcore.conformance.transfer_scenarios import GLOO
 
@@ -467,7 +467,7 @@ class _Load:
         self.thread.join(120.0)
 
     def _run(self) -> None:
-        from rolloutcore.controller import AdmissionTimeout
+        from rolloutcore.engine.controller import AdmissionTimeout
 
         i = 0
         while not self.stop.is_set():

@@ -6,8 +6,8 @@ every field of it, nested detail and evidence included, the value is replaced by
 plausible values (another value seen under the same key anywhere in the journals, the
 next or previous integer, the negated boolean, a shortened or changed list), dropped, or
 given a wrong type, and the hash chain is sealed again. Each variant goes to the checker
-the journal belongs to (:mod:`rolloutcore.trace_check` or :mod:`rolloutcore.fleet_check`).
-A variant must be rejected unless its field is one that :mod:`rolloutcore.claims`
+the journal belongs to (:mod:`rolloutcore.check.trace` or :mod:`rolloutcore.check.fleet_trace`).
+A variant must be rejected unless its field is one that :mod:`rolloutcore.check.claims`
 declares informational: a forgery of a claim that is accepted is a hole in the checker.
 
 Run: ``python -m rolloutcore.conformance.forge [--json] [--limit N]`` (exit 0: no claim
@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rolloutcore.claims import Claims, informational, informational_fields, path_name
-from rolloutcore.fleet_check import FleetTraceChecker
+from rolloutcore.check.claims import Claims, informational, informational_fields, path_name
+from rolloutcore.check.fleet_trace import FleetTraceChecker
+from rolloutcore.check.trace import TraceChecker
 from rolloutcore.journal import read_journal, rechain
-from rolloutcore.trace_check import TraceChecker
 
 Record = dict[str, Any]
 Path_ = tuple[str | int, ...]
@@ -142,7 +142,7 @@ def takeover_journal(tmp: Path) -> Journal_:
 
 
 def simulated_journal(tmp: Path) -> Journal_:
-    from rolloutcore.simulate import simulate
+    from rolloutcore.engine.simulate import simulate
 
     path = tmp / "simulate.jsonl"
     res = simulate(2, journal=path, faults="read_state=timeout,reset_encoder=empty_body")
@@ -278,7 +278,7 @@ def _seeded(j: Journal_) -> Checker:
 
 def snapshots(j: Journal_) -> tuple[list[Checker], dict[int, set[Path_]]]:
     """The checker's state before each record of the good journal ``j``, and per record
-    the reference fields nothing later compared (rolloutcore.claims.UNUSED_REASON)."""
+    the reference fields nothing later compared (rolloutcore.check.claims.UNUSED_REASON)."""
     checker, out = _seeded(j), []
     unused: dict[int, set[Path_]] = {}
 
@@ -321,8 +321,10 @@ def accepted(j: Journal_, i: int, forged: list[Record], before: Checker) -> bool
     return _ends_well(checker)
 
 
-def run(journals: list[Journal_], *, limit: int | None = None,
+def run(journals: list[Journal_], *, limit: int | None = None, stride: int = 1,
         progress: Callable[[str], None] | None = None) -> Tally:
+    """Check every variant of every journal (``limit``: the first ones of each;
+    ``stride``: every stride-th one, a sample spread over the whole journal)."""
     pool = pools(journals)
     tally = Tally()
     for j in journals:
@@ -332,6 +334,8 @@ def run(journals: list[Journal_], *, limit: int | None = None,
             n += 1
             if limit is not None and n > limit:
                 break
+            if n % stride:
+                continue
             rec = j.records[i]
             name = path_name(rec, path)
             key = (str(rec.get("step", rec.get("type"))), name, kind)

@@ -40,7 +40,7 @@ TRAINER_DEVICE = "cuda:0"
 
 
 def nccl_backend() -> Any:
-    from rolloutcore.conformance.server import free_port
+    from rolloutcore.adapters.launch import free_port
     from rolloutcore.conformance.transfer_scenarios import Backend
 
     def info(world_size: int = 2) -> Any:
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rolloutcore.adapters import weight_transfer as wt
     from rolloutcore.conformance import transfer_scenarios as ts
-    from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models
+    from rolloutcore.conformance.fixtures.tiny_model import DEFAULT_OUT, build_models
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path)

@@ -3,7 +3,7 @@ the simulator, see :mod:`rolloutcore.conformance.engines`), every run journalled
 trace-checked.
 
 A scenario is a function of a :class:`ScenarioContext`; it drives a
-:class:`~rolloutcore.runner.LifecycleRunner` (whose controller journals to a
+:class:`~rolloutcore.engine.runner.LifecycleRunner` (whose controller journals to a
 :class:`~rolloutcore.journal.Journal`) against a
 :class:`~rolloutcore.conformance.engines.HarnessEngine` and records checks
 (description, ok, observed) and evidence (tokens, counters, timings).
@@ -28,16 +28,16 @@ from pathlib import Path
 from typing import Any
 
 from rolloutcore.adapters.contract import ProbeEvidence
+from rolloutcore.check.trace import check_file
 from rolloutcore.conformance.engines import (
     HarnessEngine,
     RecordingAdapter,
     SimHarnessEngine,
     VllmHarnessEngine,
 )
+from rolloutcore.engine.runner import CycleReport, LifecycleRunner, RunnerPolicy
 from rolloutcore.journal import Journal, open_controller, read_journal, verify_chain
-from rolloutcore.runner import CycleReport, LifecycleRunner, RunnerPolicy
 from rolloutcore.spec.lifecycle import Phase
-from rolloutcore.trace_check import check_file
 
 # --------------------------------------------------------------------------- results
 
@@ -288,7 +288,7 @@ def sim_factory(**kwargs: Any) -> EngineFactory:
 
 def vllm_factory(out_dir: Path, models: Mapping[str, Path] | None = None) -> EngineFactory:
     def make() -> HarnessEngine:
-        from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models
+        from rolloutcore.conformance.fixtures.tiny_model import DEFAULT_OUT, build_models
 
         m = models if models is not None else build_models(DEFAULT_OUT)
         return VllmHarnessEngine.start(m, out_dir / "vllm")

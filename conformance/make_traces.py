@@ -34,8 +34,9 @@ from rolloutcore.adapters.contract import (
     ResetEvidence,
     ResumeEvidence,
 )
-from rolloutcore.claims import request_detail
-from rolloutcore.controller import Controller, IllegalTransition
+from rolloutcore.check.claims import request_detail
+from rolloutcore.engine.controller import Controller, IllegalTransition
+from rolloutcore.engine.postconditions import Decision, Expected, decision_to_json
 from rolloutcore.journal import (
     DECISION,
     Journal,
@@ -44,7 +45,6 @@ from rolloutcore.journal import (
     read_journal,
     rechain,
 )
-from rolloutcore.postconditions import Decision, Expected, decision_to_json
 from rolloutcore.spec.lifecycle import TIERS
 from rolloutcore.spec.triggers import Op
 

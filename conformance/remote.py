@@ -8,7 +8,7 @@ pause/resume and RPC endpoints), has the RolloutCore worker extension, and holds
 recorded references) are readable here and, at the same paths, by the server (a shared
 filesystem, or the same machine).
 
-Build the checkpoints with ``python -m rolloutcore.conformance.tiny_model`` (or bring
+Build the checkpoints with ``python -m rolloutcore.conformance.fixtures.tiny_model`` (or bring
 your own with ``references.json``); start the server with the arguments
 :data:`rolloutcore.adapters.vllm_worker.SERVER_ARGS` on ``v1``.
 """
@@ -66,8 +66,8 @@ def preflight(server: ExistingServer, checkpoints: dict[str, Path]) -> None:
     """Raise :class:`PreflightError` naming the first thing missing."""
     from rolloutcore.adapters.contract import AdapterError
     from rolloutcore.adapters.http import HttpAdapter
-    from rolloutcore.identity import checkpoint_identity
-    from rolloutcore.targets import TargetError, load_references
+    from rolloutcore.engine.identity import checkpoint_identity
+    from rolloutcore.engine.targets import TargetError, load_references
 
     for role in ROLES:
         path = checkpoints.get(role)

@@ -1,6 +1,6 @@
 """Replay validator: re-score recorded trajectories on an engine, token by token.
 
-For each :class:`~rolloutcore.records.TrajectoryRecord` the engine is asked to score the
+For each :class:`~rolloutcore.trajectories.format.TrajectoryRecord` the engine is asked to score the
 recorded tokens teacher-forced: ``POST /v1/completions`` with ``prompt`` = prompt +
 response token ids, ``max_tokens: 1`` and ``prompt_logprobs: 0``. vLLM answers, per prompt
 position after the first, ``{"<actual token id>": {"logprob": ..., "rank": ...}}``
@@ -43,7 +43,7 @@ from typing import Any
 
 import httpx
 
-from rolloutcore.records import TrajectoryRecord
+from rolloutcore.trajectories.format import TrajectoryRecord
 
 DEFAULT_TOLERANCE = 1e-3
 

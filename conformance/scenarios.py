@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from rolloutcore import postconditions as post
 from rolloutcore.adapters.contract import PauseEvidence, PauseMode, ProbeEvidence, WeightTarget
 from rolloutcore.conformance.harness import (
     Scenario,
@@ -16,8 +15,9 @@ from rolloutcore.conformance.harness import (
     background,
     wait_until,
 )
-from rolloutcore.controller import IllegalTransition
-from rolloutcore.runner import ProbeMode, RunnerPolicy, taint_label
+from rolloutcore.engine import postconditions as post
+from rolloutcore.engine.controller import IllegalTransition
+from rolloutcore.engine.runner import ProbeMode, RunnerPolicy, taint_label
 from rolloutcore.spec.lifecycle import Phase
 from rolloutcore.spec.triggers import Op, Trigger
 

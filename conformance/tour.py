@@ -10,7 +10,7 @@ A path is executable because every step is either the controller's (fired as the
 names it), the application's (admit and release a real rollout on the engine), the
 engine's own (a request ends: the tour waits for it), a controller restart (the journal
 reopened by a new controller), or an operation: the runner's one attempt of it
-(:meth:`~rolloutcore.runner.LifecycleRunner.perform`), with the fault that makes the
+(:meth:`~rolloutcore.engine.runner.LifecycleRunner.perform`), with the fault that makes the
 engine produce the outcome the path needs (:data:`MEANS`: a reply of 500 from the fault
 proxy, a dropped connection, a checkpoint with other content than declared, a broken
 checkpoint, another initial checkpoint). Where an outcome has several possible worlds
@@ -41,10 +41,11 @@ from pathlib import Path
 from typing import Any
 
 from rolloutcore.adapters.contract import WeightTarget
+from rolloutcore.check.trace import check_file
 from rolloutcore.conformance.engines import HarnessEngine
-from rolloutcore.controller import Controller, bindings_of, control_of, slot_id
+from rolloutcore.engine.controller import Controller, bindings_of, control_of, slot_id
+from rolloutcore.engine.runner import LifecycleRunner, RunnerPolicy
 from rolloutcore.journal import Journal, JournalReader, open_controller
-from rolloutcore.runner import LifecycleRunner, RunnerPolicy
 from rolloutcore.spec.lifecycle import (
     BROKEN,
     MIXED,
@@ -61,7 +62,6 @@ from rolloutcore.spec.lifecycle import (
     State,
 )
 from rolloutcore.spec.triggers import Op, Trigger
-from rolloutcore.trace_check import check_file
 
 #: Bounds of the tour's graph: one rollout slot is enough for every edge class (a second
 #: only multiplies interleavings); three generations let a path update twice.

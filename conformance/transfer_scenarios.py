@@ -3,7 +3,7 @@
 The same code drives the CPU path (``gloo``: :mod:`rolloutcore.adapters.gloo_transfer`,
 CI) and the GPU path (``nccl``, :mod:`rolloutcore.conformance.gpu_nccl_check`): only the
 :class:`Backend` (its name, server flags, trainer init info and device) differs. Every
-scenario runs the real :class:`~rolloutcore.runner.LifecycleRunner` over
+scenario runs the real :class:`~rolloutcore.engine.runner.LifecycleRunner` over
 ``TransferAdapter(inner=HttpAdapter(...))`` with a journalled controller.
 
 Scenarios (``run_all``):
@@ -44,16 +44,17 @@ from vllm.distributed.weight_transfer.base import WeightSource
 
 from rolloutcore.adapters.contract import WeightTarget
 from rolloutcore.adapters.http import HttpAdapter
+from rolloutcore.adapters.launch import free_port
 from rolloutcore.adapters.weight_transfer import (
     CheckpointSource,
     TransferAdapter,
     TransferPolicy,
 )
 from rolloutcore.conformance.engines import INITIAL_LABEL, checkpoint_target
-from rolloutcore.conformance.server import VllmServer, free_port
-from rolloutcore.controller import IllegalTransition
+from rolloutcore.conformance.fixtures.vllm_server import VllmServer
+from rolloutcore.engine.controller import IllegalTransition
+from rolloutcore.engine.runner import LifecycleRunner, RunnerPolicy
 from rolloutcore.journal import open_controller, read_journal
-from rolloutcore.runner import LifecycleRunner, RunnerPolicy
 from rolloutcore.spec.lifecycle import Phase
 
 TAINT_MARGIN_S = 1.0  # TAINTED within the transfer deadline plus this
@@ -478,7 +479,7 @@ def print_table(rows: list[Row], out: Any = sys.stdout, *, header: bool = True) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models
+    from rolloutcore.conformance.fixtures.tiny_model import DEFAULT_OUT, build_models
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path)

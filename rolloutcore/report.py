@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING, Any
 
 from rolloutcore.inputs import unreadable
 from rolloutcore.journal import ChainReport, JournalReader, not_a_journal
-from rolloutcore.provenance import journal_fact
-from rolloutcore.records import RecordError, iter_records_at
 from rolloutcore.spec.fleet import FLEET, FleetPhase
 from rolloutcore.spec.lifecycle import Phase
+from rolloutcore.trajectories.format import RecordError, iter_records_at
+from rolloutcore.trajectories.provenance import journal_fact
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -312,8 +312,8 @@ _FLEET_ABORTS = frozenset({"fleet_abort", "fleet_abort_wave"})
 
 def read_timeline(journal: str | os.PathLike[str]) -> Timeline:
     """The timeline of a journal (engine or fleet), in one streamed pass. Admissions and
-    releases are read through :func:`rolloutcore.provenance.journal_fact`, the one place
-    that knows how records say them. Raises :class:`ReportInputError` if the journal
+    releases are read through :func:`rolloutcore.trajectories.provenance.journal_fact`, the
+    one place that knows how records say them. Raises :class:`ReportInputError` if the journal
     cannot be read or is not a journal (not even its header verifies)."""
     path = Path(journal)
     reader = JournalReader(path)

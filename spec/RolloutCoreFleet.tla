@@ -22,7 +22,7 @@ VARIABLES fphase, fcommitted, ftarget, eng, faults, ffloor
 vars == <<fphase, fcommitted, ftarget, eng, faults, ffloor>>
 
 Init ==
-    /\ fphase = "READY"
+    /\ fphase = "UNINITIALIZED"
     /\ fcommitted = 1
     /\ ftarget = 0
     /\ eng = [n \in Engines |-> [phase |-> "READY", committed |-> 1, target |-> 0, pending |-> "none", bind |-> [i \in Slots |-> 0], cleared |-> {}, evidence |-> AllEvidence, weights |-> 1, label |-> 1, paused |-> FALSE, req |-> [i \in Slots |-> 0], caches |-> [t \in Tiers |-> {}], amb |-> FALSE, stale |-> FALSE, replaced |-> FALSE, doubt |-> FALSE, faults |-> 0]]
@@ -38,6 +38,7 @@ Serving(e) == e.phase = "READY" /\ e.committed >= ffloor /\ e.committed <= fcomm
 \* admit [member, control]
 MAdmit(n, i) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"READY"}
     /\ e.bind[i] = 0 /\ e.evidence = AllEvidence
     /\ e.req[i] = 0
@@ -49,6 +50,7 @@ MAdmit(n, i) ==
 \* engine_finish [member, environment]
 MEngineFinish(n, i) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"UNINITIALIZED", "READY", "DRAINING", "QUIESCED", "UPDATING", "INVALIDATING", "VALIDATING", "RESUMING", "TAINTED"}
     /\ e.req[i] # 0
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.req = [e.req EXCEPT ![i] = 0]]]
@@ -58,6 +60,7 @@ MEngineFinish(n, i) ==
 \* release [member, control]
 MRelease(n, i) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"READY", "DRAINING"}
     /\ e.bind[i] # 0
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.bind = [e.bind EXCEPT ![i] = 0]]]
@@ -67,6 +70,7 @@ MRelease(n, i) ==
 \* request_update [member, control]
 MRequestUpdate(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"READY"}
     /\ e.pending = "none" /\ e.evidence = AllEvidence
     /\ \/ (fphase = "UPDATING" /\ e.committed = fcommitted)
@@ -83,6 +87,7 @@ MRequestUpdate(n) ==
 \* cancel_update [member, control]
 MCancelUpdate(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"DRAINING"}
     /\ e.pending = "none" /\ "resumed" \in e.evidence
     /\ Scheduled(n)
@@ -93,6 +98,7 @@ MCancelUpdate(n) ==
 \* pause_begin [member, control]
 MPauseBegin(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"DRAINING"}
     /\ e.pending = "none" /\ \A j \in Slots : e.bind[j] = 0
     /\ Scheduled(n)
@@ -103,6 +109,7 @@ MPauseBegin(n) ==
 \* pause_ok [member, outcome]
 MPauseOk(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"DRAINING"}
     /\ e.pending = "pause"
     /\ \A j \in Slots : e.req[j] = 0
@@ -114,6 +121,7 @@ MPauseOk(n) ==
 \* pause_failed [member, outcome]
 MPauseFailed(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"DRAINING"}
     /\ e.pending = "pause"
     /\ Scheduled(n)
@@ -125,6 +133,7 @@ MPauseFailed(n) ==
 \* abandon_update [member, control]
 MAbandonUpdate(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"QUIESCED"}
     /\ e.pending = "none"
     /\ Scheduled(n)
@@ -135,6 +144,7 @@ MAbandonUpdate(n) ==
 \* mutate_begin [member, control]
 MMutateBegin(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"QUIESCED"}
     /\ e.pending = "none" /\ e.target # 0
     /\ Scheduled(n)
@@ -145,6 +155,7 @@ MMutateBegin(n) ==
 \* mutate_ok [member, outcome]
 MMutateOk(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"UPDATING"}
     /\ e.pending = "mutate"
     /\ Scheduled(n)
@@ -155,6 +166,7 @@ MMutateOk(n) ==
 \* mutate_ok_unlabelled [member, outcome]
 MMutateOkUnlabelled(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"UPDATING"}
     /\ e.pending = "mutate"
     /\ Scheduled(n)
@@ -166,6 +178,7 @@ MMutateOkUnlabelled(n) ==
 \* mutate_ok_wrong_weights [member, outcome]
 MMutateOkWrongWeights(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"UPDATING"}
     /\ e.pending = "mutate"
     /\ Scheduled(n)
@@ -177,6 +190,7 @@ MMutateOkWrongWeights(n) ==
 \* mutate_ok_broken [member, outcome]
 MMutateOkBroken(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"UPDATING"}
     /\ e.pending = "mutate"
     /\ Scheduled(n)
@@ -188,6 +202,7 @@ MMutateOkBroken(n) ==
 \* mutate_refused [member, outcome]
 MMutateRefused(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"UPDATING"}
     /\ e.pending = "mutate"
     /\ e.label = e.committed /\ e.weights = e.committed
@@ -200,6 +215,7 @@ MMutateRefused(n) ==
 \* mutate_ambiguous [member, outcome]
 MMutateAmbiguous(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"UPDATING"}
     /\ e.pending = "mutate"
     /\ Scheduled(n)
@@ -211,6 +227,7 @@ MMutateAmbiguous(n) ==
 \* reset_begin [member, control]
 MResetBegin(n, t) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"INVALIDATING"}
     /\ e.pending = "none" /\ t \notin e.cleared
     /\ TierFirst(e, t)
@@ -222,6 +239,7 @@ MResetBegin(n, t) ==
 \* reset_ok [member, outcome]
 MResetOk(n, t) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"INVALIDATING"}
     /\ e.pending = "reset_" \o t
     /\ Scheduled(n)
@@ -232,6 +250,7 @@ MResetOk(n, t) ==
 \* reset_failed [member, outcome]
 MResetFailed(n, t) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"INVALIDATING"}
     /\ e.pending = "reset_" \o t
     /\ Scheduled(n)
@@ -243,6 +262,7 @@ MResetFailed(n, t) ==
 \* invalidated [member, control]
 MInvalidated(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"INVALIDATING"}
     /\ e.pending = "none" /\ e.cleared = Tiers
     /\ Scheduled(n)
@@ -253,6 +273,7 @@ MInvalidated(n) ==
 \* validate_begin [member, control]
 MValidateBegin(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"VALIDATING"}
     /\ e.pending = "none"
     /\ Scheduled(n)
@@ -263,6 +284,7 @@ MValidateBegin(n) ==
 \* validate_ok [member, outcome]
 MValidateOk(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"VALIDATING"}
     /\ e.pending = "validate"
     /\ e.label = e.target /\ e.weights \in {e.target, BROKEN}
@@ -274,6 +296,7 @@ MValidateOk(n) ==
 \* validate_failed [member, outcome]
 MValidateFailed(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"VALIDATING"}
     /\ e.pending = "validate"
     /\ Scheduled(n)
@@ -285,6 +308,7 @@ MValidateFailed(n) ==
 \* validate_mismatch [member, outcome]
 MValidateMismatch(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"VALIDATING"}
     /\ e.pending = "validate"
     /\ e.label # e.target \/ e.weights \notin {e.target, BROKEN}
@@ -296,6 +320,7 @@ MValidateMismatch(n) ==
 \* resume_begin [member, control]
 MResumeBegin(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"DRAINING", "RESUMING"}
     /\ e.pending = "none" /\ "resumed" \notin e.evidence
     /\ Scheduled(n)
@@ -306,6 +331,7 @@ MResumeBegin(n) ==
 \* resume_ok [member, outcome]
 MResumeOk(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"DRAINING", "RESUMING"}
     /\ e.pending = "resume"
     /\ Scheduled(n)
@@ -316,6 +342,7 @@ MResumeOk(n) ==
 \* resume_failed [member, outcome]
 MResumeFailed(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"DRAINING", "RESUMING"}
     /\ e.pending = "resume"
     /\ Scheduled(n)
@@ -327,6 +354,7 @@ MResumeFailed(n) ==
 \* probe_begin [member, control]
 MProbeBegin(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"RESUMING"}
     /\ e.pending = "none" /\ e.target # 0 /\ "resumed" \in e.evidence /\ "probe" \notin e.evidence
     /\ Scheduled(n)
@@ -337,6 +365,7 @@ MProbeBegin(n) ==
 \* probe_ok [member, outcome]
 MProbeOk(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"RESUMING"}
     /\ e.pending = "probe"
     /\ e.weights = e.target
@@ -348,6 +377,7 @@ MProbeOk(n) ==
 \* probe_failed [member, outcome]
 MProbeFailed(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"RESUMING"}
     /\ e.pending = "probe"
     /\ Scheduled(n)
@@ -359,6 +389,7 @@ MProbeFailed(n) ==
 \* probe_mismatch [member, outcome]
 MProbeMismatch(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"RESUMING"}
     /\ e.pending = "probe"
     /\ e.weights # e.target
@@ -370,6 +401,7 @@ MProbeMismatch(n) ==
 \* publish [member, control]
 MPublish(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"RESUMING"}
     /\ e.pending = "none" /\ e.target # 0 /\ e.evidence = AllEvidence
     /\ e.target <= fcommitted
@@ -380,6 +412,7 @@ MPublish(n) ==
 \* reopen [member, control]
 MReopen(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"RESUMING"}
     /\ e.pending = "none" /\ e.target = 0 /\ e.evidence = AllEvidence
     /\ Scheduled(n)
@@ -390,6 +423,7 @@ MReopen(n) ==
 \* give_up [member, control]
 MGiveUp(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"DRAINING", "INVALIDATING", "VALIDATING", "RESUMING"}
     /\ e.pending = "none" /\ ("resumed" \notin e.evidence \/ (e.target # 0 /\ e.phase # "DRAINING"))
     /\ Scheduled(n)
@@ -401,6 +435,7 @@ MGiveUp(n) ==
 \* fence_begin [member, control]
 MFenceBegin(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"TAINTED"}
     /\ e.pending = "none" /\ "fenced" \notin e.evidence
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "fence"]]
@@ -410,6 +445,7 @@ MFenceBegin(n) ==
 \* fence_ok [member, outcome]
 MFenceOk(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"TAINTED"}
     /\ e.pending = "fence"
     /\ \A j \in Slots : e.req[j] = 0
@@ -420,6 +456,7 @@ MFenceOk(n) ==
 \* fence_failed [member, outcome]
 MFenceFailed(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"TAINTED"}
     /\ e.pending = "fence"
     /\ faults < MaxFaults
@@ -430,6 +467,7 @@ MFenceFailed(n) ==
 \* readmit_begin [member, control]
 MReadmitBegin(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"TAINTED"}
     /\ e.pending = "none"
     /\ fphase \notin {"UPDATING", "ROLLING"}
@@ -440,6 +478,7 @@ MReadmitBegin(n) ==
 \* readmit_ok [member, outcome]
 MReadmitOk(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"TAINTED"}
     /\ e.pending = "readmit"
     /\ e.weights = e.committed /\ e.label = e.committed
@@ -450,6 +489,7 @@ MReadmitOk(n) ==
 \* readmit_mismatch [member, outcome]
 MReadmitMismatch(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"TAINTED"}
     /\ e.pending = "readmit"
     /\ e.weights # e.committed \/ e.label # e.committed
@@ -460,6 +500,7 @@ MReadmitMismatch(n) ==
 \* readmit_failed [member, outcome]
 MReadmitFailed(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"TAINTED"}
     /\ e.pending = "readmit"
     /\ faults < MaxFaults
@@ -470,6 +511,7 @@ MReadmitFailed(n) ==
 \* audit_begin [member, control]
 MAuditBegin(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"READY"}
     /\ e.pending = "none"
     /\ fphase # "UPDATING"
@@ -480,6 +522,7 @@ MAuditBegin(n) ==
 \* audit_ok [member, outcome]
 MAuditOk(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"READY"}
     /\ e.pending = "audit"
     /\ e.weights = e.committed /\ e.label = e.committed /\ ~e.paused
@@ -490,6 +533,7 @@ MAuditOk(n) ==
 \* audit_mismatch [member, outcome]
 MAuditMismatch(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"READY"}
     /\ e.pending = "audit"
     /\ ~(e.weights = e.committed /\ e.label = e.committed /\ ~e.paused)
@@ -500,6 +544,7 @@ MAuditMismatch(n) ==
 \* audit_failed [member, outcome]
 MAuditFailed(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"READY"}
     /\ e.pending = "audit"
     /\ faults < MaxFaults
@@ -510,6 +555,7 @@ MAuditFailed(n) ==
 \* suspect [member, control]
 MSuspect(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"READY"}
     /\ e.evidence = AllEvidence
     /\ faults < MaxFaults
@@ -520,11 +566,22 @@ MSuspect(n) ==
 \* engine_restart [member, environment]
 MEngineRestart(n) ==
     LET e == eng[n] IN
+    /\ fphase # "UNINITIALIZED"
     /\ e.phase \in {"READY", "DRAINING", "QUIESCED", "UPDATING", "INVALIDATING", "VALIDATING", "RESUMING", "TAINTED"}
     /\ faults < MaxFaults
     /\ \E w0 \in {e.committed, MIXED} : \E w1 \in {1, e.committed, MIXED} : eng' = [eng EXCEPT ![n] = [e EXCEPT !.weights = w0, !.label = w1, !.paused = FALSE, !.req = [i \in Slots |-> 0], !.caches = [t \in Tiers |-> {}], !.replaced = TRUE]]
     /\ faults' = faults + 1
     /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+
+\* fleet_open [fleet]: At least min_serving members are verified on the first generation (their bootstrap adopted it): the fleet opens on it, its frontier and floor.
+FleetOpen ==
+    /\ fphase \in {"UNINITIALIZED"}
+    /\ Cardinality({n \in Engines : eng[n].phase = "READY" /\ eng[n].committed = 1 /\ eng[n].evidence = AllEvidence}) >= MinServing
+    /\ fphase' = "READY"
+    /\ fcommitted' = 1
+    /\ ftarget' = 0
+    /\ ffloor' = 1
+    /\ UNCHANGED <<eng, faults>>
 
 \* fleet_request_update [fleet]: The trainer asks for the next generation (a quorum serving): admissions close on every member (the strict update: max_live 1).
 FleetRequestUpdate ==
@@ -675,6 +732,7 @@ Next ==
     \/ \E n \in Engines : MAuditFailed(n)
     \/ \E n \in Engines : MSuspect(n)
     \/ \E n \in Engines : MEngineRestart(n)
+    \/ FleetOpen
     \/ FleetRequestUpdate
     \/ FleetPublish
     \/ FleetAbort

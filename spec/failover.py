@@ -151,6 +151,22 @@ def acting(f: FoState, c: int) -> bool:
     return k.pc == LEAD and not k.frozen
 
 
+#: The fleet journal's records of a takeover and the failover spec's actions they stand
+#: for: a new leader's campaign (an epoch above every earlier one) and its fence of every
+#: engine (accepted, or refused by a newer fence); a later fence of an engine its
+#: takeover could not reach. Neither changes a fleet variable of the fleet spec.
+FLEET_JOURNAL_STEPS: dict[str, tuple[str, ...]] = {
+    "fleet_takeover": ("campaign", "fence", "fence_refused"),
+    "fleet_fenced": ("fence",),
+}
+
+
+def succeeds(epoch: int, previous: int | None) -> bool:
+    """A campaign's epoch is above every earlier leader's (``previous``, None before the
+    first): one writer per epoch, in epoch order, so the journal never forks."""
+    return previous is None or epoch > previous
+
+
 def accepts(epoch: int, seen: int) -> bool:
     """The engine-side rule of a fenced effect: its epoch is at least the engine's fence.
     Every gate that performs an effect (worker extension, transfer backend, simulator)

@@ -73,20 +73,26 @@ generation (``MigrationKeepsGeneration``) and joins only a serving member
 (``RolloutsJoinOnlyServingMembers``). With no member left on its generation, the drain
 waits, as before.
 
-Not modelled here: the members' bootstrap (the fleet starts with every member serving
-generation 1, as the single-engine bootstrap leaves it), the drain policy's abort path,
-and the controller's own crash: on restart, each member's records in the fleet journal
-decide its restart by the single-engine spec's restart actions (a member left in doubt
-restarts TAINTED, so it serves again only after re-admission).
+The fleet opens (``fleet_open``, from UNINITIALIZED, where no member takes a step) once
+at least ``min_serving`` members are verified on the first generation, as the
+single-engine bootstrap leaves them (the bootstrap itself is the engine spec's).
+
+Not modelled here: the drain policy's abort path, and the controller's own crash. On
+restart each member's records in the fleet journal decide its restart by the
+single-engine spec's restart actions (a member left in doubt restarts TAINTED, so it
+serves again only after re-admission), and ``fleet_recover`` takes the fleet half
+:func:`recovered_phase` states. A takeover by a new epoch (``fleet_takeover``,
+``fleet_fenced``) is the failover spec's ``campaign`` and ``fence``
+(:data:`rolloutcore.spec.failover.FLEET_JOURNAL_STEPS`): it changes no fleet variable.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from rolloutcore.spec.lifecycle import (
     ACTIONS,
@@ -119,6 +125,7 @@ UNBOUNDED = 10**9
 
 
 class FleetPhase:
+    UNINITIALIZED = "UNINITIALIZED"  # members bootstrapping; nothing admitted, audited or updated
     READY = "READY"
     UPDATING = "UPDATING"
     ABORTING = "ABORTING"
@@ -141,6 +148,102 @@ def update_policy_error(max_live: int, min_admitting: int, members: int) -> str 
         return (f"max_live {max_live} and min_admitting {min_admitting} with {members} "
                 f"members: K in 1..{members}, C in 0..{members - 1}, and C = 0 with K = 1")
     return None
+
+
+class MemberView(Protocol):
+    """What the fleet's predicates read of a member: the spec's :class:`State`, the
+    runtime controller's snapshot and the trace checker's replayed view all are one."""
+
+    @property
+    def phase(self) -> Phase: ...
+    @property
+    def committed(self) -> int: ...
+    @property
+    def target(self) -> int: ...
+    @property
+    def pending(self) -> str: ...
+    @property
+    def evidence(self) -> frozenset[str]: ...
+    @property
+    def bind(self) -> tuple[int, ...]: ...
+
+
+class SlotsView(MemberView, Protocol):
+    """A member with its engine requests per slot (what the migration guard reads of the
+    member a rollout joins)."""
+
+    @property
+    def req(self) -> tuple[int, ...]: ...
+
+
+class FleetView(Protocol):
+    """What the fleet's predicates read of the fleet: :class:`FleetState` in the model,
+    :class:`FleetSnapshot` in the runtime and the trace checker."""
+
+    @property
+    def fphase(self) -> str: ...
+    @property
+    def fcommitted(self) -> int: ...
+    @property
+    def ftarget(self) -> int: ...
+    @property
+    def ffloor(self) -> int: ...
+    @property
+    def eng(self) -> Sequence[MemberView]: ...
+
+
+class UpdatePolicy(Protocol):
+    """What the fleet's guards read of its bounds: the quorum and the rolling K and C
+    (:class:`FleetBounds` in the model, :class:`Policy` in the runtime and checker)."""
+
+    @property
+    def min_serving(self) -> int: ...
+    @property
+    def max_live(self) -> int: ...
+    @property
+    def min_admitting(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class FleetSnapshot:
+    """A fleet as the runtime and the trace checker hold it, read by the spec's predicates
+    (typed: the fleet's half, and one view per member, in member order)."""
+
+    fphase: str
+    fcommitted: int
+    ftarget: int
+    ffloor: int
+    eng: tuple[MemberView, ...] = ()
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The update policy the runtime and the checker decide with."""
+
+    min_serving: int
+    max_live: int = 1
+    min_admitting: int = 0
+
+
+@dataclass(frozen=True)
+class MemberSnapshot:
+    """A member as the trace checker replays it (and, with its request slots, as the
+    migration guard reads the member a rollout joins)."""
+
+    phase: Phase
+    committed: int
+    target: int
+    pending: str
+    evidence: frozenset[str]
+    bind: tuple[int, ...]
+    req: tuple[int, ...] = ()
+
+    @classmethod
+    def with_free_slot(cls, v: MemberView) -> MemberSnapshot:
+        """``v`` with one more slot, free of a rollout and of an engine request, as slot
+        1: the controller has no slots, only bindings, and a migration joins a free one."""
+        return cls(v.phase, v.committed, v.target, v.pending, v.evidence, (0, *v.bind),
+                   (0,) * (len(v.bind) + 1))
 
 
 @dataclass(frozen=True)
@@ -176,25 +279,44 @@ def next_tier(s: State) -> str | None:
     return next((t for t in TIERS if t not in s.cleared), None)
 
 
-def serving(f: FleetState, s: State) -> bool:
+def serving(f: FleetView, s: MemberView) -> bool:
     """READY on a generation the fleet serves (from its floor to its frontier; with
     max_live 1 both are its committed generation) with every piece of evidence in hand."""
     return s.phase is Phase.READY and f.ffloor <= s.committed <= f.fcommitted \
         and verified(s)
 
 
-def quorum(f: FleetState, b: FleetBounds) -> bool:
+def quorum(f: FleetView, b: UpdatePolicy) -> bool:
     """At least min_serving members serve."""
     return _count(f, serving) >= b.min_serving
 
 
-def validated(f: FleetState, s: State) -> bool:
+#: The generation every member's bootstrap adopts, on which the fleet opens.
+FIRST_GENERATION = 1
+
+
+def bootstrapped(_f: FleetView, s: MemberView) -> bool:
+    """A member its bootstrap left READY on the first generation, every piece of evidence
+    in hand: what the fleet opens on."""
+    return s.phase is Phase.READY and s.committed == FIRST_GENERATION and verified(s)
+
+
+def recovered_phase(f: FleetView, b: UpdatePolicy) -> str:
+    """``fleet_recover``'s fleet half, once every member has taken the restart the
+    single-engine spec gives it (a member left in doubt restarts TAINTED): the fleet
+    reopens READY if a quorum serves, else it stays closed (ABORTING) until one does; its
+    frontier and floor are the journal's, and any update in progress is dropped (target
+    0). The runtime's recovery and the fleet trace checker both ask this."""
+    return FleetPhase.READY if quorum(f, b) else FleetPhase.ABORTING
+
+
+def validated(f: FleetView, s: MemberView) -> bool:
     """A member that completed the fleet's update and waits for the fleet's decision."""
     return (s.phase is Phase.RESUMING and f.ftarget != 0 and s.target == f.ftarget
             and s.evidence == ALL_EVIDENCE and s.pending == "none")
 
 
-def held_back(f: FleetState, s: State) -> bool:
+def held_back(f: FleetView, s: MemberView) -> bool:
     """A member still READY on the fleet's generation with rollouts bound (its drain timed
     out and it cancelled its own update, or it has not started it): the fleet cannot
     publish while it holds them, but may abort the update around it."""
@@ -202,7 +324,7 @@ def held_back(f: FleetState, s: State) -> bool:
             and any(s.bind))
 
 
-def settled(f: FleetState, s: State) -> bool:
+def settled(f: FleetView, s: MemberView) -> bool:
     """A member the fleet's decision can go ahead without: validated; quarantined (TAINTED,
     even while its fence is still in flight: nothing it does from there changes the
     decision, so a member that does not answer its fence holds nobody else closed); or
@@ -213,14 +335,14 @@ def settled(f: FleetState, s: State) -> bool:
         s.pending == "none" and s.phase is Phase.READY and not any(s.bind))
 
 
-def wave_settled(f: FleetState, s: State) -> bool:
+def wave_settled(f: FleetView, s: MemberView) -> bool:
     """A member a rolling wave's decision can go ahead without: validated, or READY or
     TAINTED with nothing pending (it never joined the wave, cancelled, or was quarantined).
     A READY member may hold rollouts: it serves the generation it has."""
     return validated(f, s) or (s.pending == "none" and s.phase in (Phase.READY, Phase.TAINTED))
 
 
-def floor_free(f: FleetState, s: State) -> bool:
+def floor_free(f: FleetView, s: MemberView) -> bool:
     """A member that keeps the floor where it is no longer: on the frontier, or neither
     serving below it nor holding rollouts of an older generation."""
     return s.committed >= f.fcommitted or (not serving(f, s) and not any(s.bind))
@@ -230,7 +352,7 @@ def floor_free(f: FleetState, s: State) -> bool:
 
 #: Extra guard per lifted action (Python, TLA+): ``f`` the fleet, ``s`` the member, ``b``
 #: the bounds (min_serving).
-MemberGuard = tuple[Callable[[FleetState, State, FleetBounds], bool], str]
+MemberGuard = tuple[Callable[[FleetView, MemberView, UpdatePolicy], bool], str]
 _TRUE: MemberGuard = (lambda _f, _s, _b: True, "TRUE")
 #: TLA+: how many members serve (``Serving`` is defined in the module).
 N_SERVING_TLA = "Cardinality({m \\in Engines : Serving(eng[m])})"
@@ -238,7 +360,7 @@ N_SERVING_TLA = "Cardinality({m \\in Engines : Serving(eng[m])})"
 _SERVING_WITHOUT_E_TLA = f"{N_SERVING_TLA} - (IF Serving(e) THEN 1 ELSE 0) >= MinAdmitting"
 
 
-def _capacity_kept(f: FleetState, s: State, b: FleetBounds) -> bool:
+def _capacity_kept(f: FleetView, s: MemberView, b: UpdatePolicy) -> bool:
     """Member ``s`` may leave service for an update: at least min_admitting others serve."""
     return _count(f, serving) - int(serving(f, s)) >= b.min_admitting
 
@@ -294,7 +416,7 @@ class FleetAction:
     doc: str
     sources: frozenset[str]
     dest: str
-    when: Callable[[FleetState, FleetBounds], bool]
+    when: Callable[[FleetView, UpdatePolicy], bool]
     when_tla: str
     apply: Callable[[FleetState], FleetState]
     apply_tla: Mapping[str, str]  # fleet variable -> new value (TLA+)
@@ -313,7 +435,7 @@ def _publish_validated(f: FleetState, *, rolling: bool = False) -> FleetState:
                       ffloor=f.ffloor if rolling else f.ftarget)
 
 
-def _count(f: FleetState, pred: Callable[[FleetState, State], bool]) -> int:
+def _count(f: FleetView, pred: Callable[[FleetView, MemberView], bool]) -> int:
     return sum(1 for s in f.eng if pred(f, s))
 
 
@@ -356,7 +478,22 @@ _PUBLISH_TLA = ('[n \\in Engines |-> LET e == eng[n] IN IF ' + _VALIDATED_TLA +
 FLEET_REOPEN_WHEN_TLA = ('(\\A n \\in Engines : eng[n].phase \\in {"READY", "TAINTED"} '
                          '/\\ eng[n].pending = "none") /\\ ' + _N_SERVING_TLA + ' >= MinServing')
 
+N_BOOTSTRAPPED_TLA = (f"Cardinality({{n \\in Engines : eng[n].phase = \"READY\" "
+                      f"/\\ eng[n].committed = {FIRST_GENERATION} /\\ "
+                      + VERIFIED_TLA.replace("evidence", "eng[n].evidence") + "})")
+
 FLEET_ACTIONS: tuple[FleetAction, ...] = (
+    FleetAction(
+        "fleet_open",
+        "At least min_serving members are verified on the first generation (their "
+        "bootstrap adopted it): the fleet opens on it, its frontier and floor.",
+        frozenset({FleetPhase.UNINITIALIZED}), FleetPhase.READY,
+        lambda f, b: _count(f, bootstrapped) >= b.min_serving,
+        f"{N_BOOTSTRAPPED_TLA} >= MinServing",
+        lambda f: f._replace(fphase=FleetPhase.READY, fcommitted=FIRST_GENERATION, ftarget=0,
+                             ffloor=FIRST_GENERATION),
+        {"fphase": '"READY"', "fcommitted": str(FIRST_GENERATION), "ftarget": "0",
+         "ffloor": str(FIRST_GENERATION)}),
     FleetAction(
         "fleet_request_update",
         "The trainer asks for the next generation (a quorum serving): admissions close on "
@@ -473,7 +610,7 @@ class Migration:
 
     name: str
     doc: str
-    when: Callable[[FleetState, State, int, State, int, FleetBounds], bool]
+    when: Callable[[FleetView, MemberView, int, SlotsView, int, UpdatePolicy], bool]
     #: TLA+ over ``e`` (the member it leaves), slot ``i``, ``t`` (the member it joins), slot
     #: ``j``, and the fleet's variables.
     when_tla: str
@@ -523,7 +660,11 @@ class FleetInvariant:
     name: str
     doc: str
     tla: str
-    holds: Callable[[FleetState, FleetBounds], bool]
+    #: Over a FleetState and FleetBounds in the model; an invariant that reads only the
+    #: controller's half (``control_only``) also holds of a FleetView and UpdatePolicy,
+    #: which the fleet trace checker asks it of.
+    holds: Callable[[Any, Any], bool]
+    control_only: bool = True
 
 
 @dataclass(frozen=True)
@@ -546,7 +687,7 @@ FLEET_INVARIANTS: tuple[FleetInvariant, ...] = (
         "=> eng[n].weights = eng[n].committed",
         lambda f, _b: all(s.weights == s.committed for s in f.eng
                           if s.phase is Phase.READY and f.ffloor <= s.committed <= f.fcommitted
-                          and not s.replaced)),
+                          and not s.replaced), control_only=False),
     FleetInvariant(
         "NoMemberAhead",
         "No member has committed a generation the fleet has not published.",
@@ -706,8 +847,10 @@ class FleetSpec:
     def initial_states(self) -> tuple[FleetState, ...]:
         b = self.bounds
         s0 = self.engine.with_bounds(Bounds(b.rollouts, b.generations, 0)).initial_states()[0]
-        member = s0._replace(phase=Phase.READY, committed=1, evidence=ALL_EVIDENCE)
-        return (FleetState(FleetPhase.READY, 1, 0, (member,) * b.engines, 0, 1),)
+        member = s0._replace(phase=Phase.READY, committed=FIRST_GENERATION,
+                             evidence=ALL_EVIDENCE)
+        return (FleetState(FleetPhase.UNINITIALIZED, FIRST_GENERATION, 0,
+                           (member,) * b.engines, 0, FIRST_GENERATION),)
 
     def successors(self, f: FleetState, memo: dict[tuple[str, State, Param], list[State]]
                    | None = None) -> list[tuple[str, Param, FleetState]]:
@@ -717,7 +860,9 @@ class FleetSpec:
         out: list[tuple[str, Param, FleetState]] = []
         ms, b = self.member_spec, self.bounds
         memo = {} if memo is None else memo
-        for a, guard, fault in self._enabled_by_phase(frozenset(s.phase for s in f.eng)):
+        opened = f.fphase != FleetPhase.UNINITIALIZED
+        for a, guard, fault in (self._enabled_by_phase(frozenset(s.phase for s in f.eng))
+                                if opened else ()):
             for n, s in enumerate(f.eng):
                 if s.phase not in a.sources or not guard(f, s, b):
                     continue
@@ -742,7 +887,8 @@ class FleetSpec:
             if fa.needs_generation and f.fcommitted >= b.generations:
                 continue
             out.append((fa.name, None, fa.apply(f)))
-        out += self.migrations(f)
+        if opened:
+            out += self.migrations(f)
         return out
 
     def migrations(self, f: FleetState) -> list[tuple[str, Param, FleetState]]:
@@ -918,6 +1064,7 @@ def _member_operator(spec: FleetSpec, a: Action) -> str:
     guard = spec.member_guards.get(a.name, _TRUE)[1]
     fault = a.fault or a.name in FAULT_IN_FLEET
     lines = [f"\\* {a.name} [member, {a.kind}]", f"{head} ==", "    LET e == eng[n] IN",
+             f'    /\\ fphase # "{FleetPhase.UNINITIALIZED}"',
              f"    /\\ e.phase \\in {sources}"]
     for g in (a.when_tla, a.truth_tla, guard):
         if g.strip() != "TRUE":
@@ -1027,7 +1174,7 @@ def fleet_module(spec: FleetSpec = FLEET) -> str:
         f"vars == <<{', '.join(FLEET_VARIABLES)}>>",
         "",
         "Init ==",
-        '    /\\ fphase = "READY"',
+        f'    /\\ fphase = "{FleetPhase.UNINITIALIZED}"',
         "    /\\ fcommitted = 1",
         "    /\\ ftarget = 0",
         f"    /\\ eng = [n \\in Engines |-> [{init_member}]]",

@@ -23,7 +23,11 @@ from rolloutcore.spec.fleet import (
     FleetBounds,
     FleetSpec,
     FleetState,
+    FleetView,
     MemberGuard,
+    MemberView,
+    SlotsView,
+    UpdatePolicy,
     held_back,
     quorum,
     serving,
@@ -283,7 +287,7 @@ def _member_guard(spec: FleetSpec, action: str, guard: MemberGuard) -> FleetSpec
 def _migration_target(spec: FleetSpec, target: Callable[..., bool], target_tla: str) -> FleetSpec:
     """The migration with its own rules for the member it leaves, and ``target`` (fleet,
     member, slot, generation) for the one it joins."""
-    def when(f: FleetState, s: State, i: int, t: State, j: int, b: FleetBounds) -> bool:
+    def when(f: FleetView, s: MemberView, i: int, t: SlotsView, j: int, b: UpdatePolicy) -> bool:
         return (f.fphase in ("READY", "ROLLING") and quorum(f, b)
                 and s.phase is Phase.DRAINING and s.bind[i - 1] != 0
                 and target(f, t, j, s.bind[i - 1]))

@@ -5,11 +5,11 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from rolloutcore.explore import Exploration, explore
+from rolloutcore.proof.explore import Exploration, explore
 from rolloutcore.spec.lifecycle import SPEC
 
 if TYPE_CHECKING:
-    from rolloutcore.conformance.server_pool import ServerPool
+    from rolloutcore.conformance.fixtures.server_pool import ServerPool
 
 #: Marks a test that runs only with ``--slow-hypothesis`` (minutes of Hypothesis search).
 SLOW_HYPOTHESIS = "slow_hypothesis"
@@ -47,7 +47,7 @@ def exploration() -> Exploration:
 
 def require_tlc() -> None:
     """Skip (visibly, with the reason) when TLC cannot run here; never pass silently."""
-    from rolloutcore.modelcheck import tlc_available
+    from rolloutcore.proof.modelcheck import tlc_available
 
     why_not = tlc_available()
     if why_not:
@@ -56,10 +56,10 @@ def require_tlc() -> None:
 
 @pytest.fixture(scope="session")
 def vllm_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPool]:
-    """The session's vLLM servers (see rolloutcore.conformance.server_pool): a module
+    """The session's vLLM servers (see rolloutcore.conformance.fixtures.server_pool): a module
     leases what it needs and gives it back; only a server verifiably as found is reused."""
-    from rolloutcore.conformance.server_pool import ServerPool
-    from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models
+    from rolloutcore.conformance.fixtures.server_pool import ServerPool
+    from rolloutcore.conformance.fixtures.tiny_model import DEFAULT_OUT, build_models
 
     pool = ServerPool(build_models(DEFAULT_OUT), tmp_path_factory.mktemp("vllm-pool"))
     try:
@@ -85,7 +85,7 @@ def _vllm_only_where_marked(request: pytest.FixtureRequest,
     (``make check``, ``-m "not vllm"``) then really starts none."""
     if request.node.get_closest_marker("vllm") is not None:
         return
-    from rolloutcore.conformance import server
+    from rolloutcore.conformance.fixtures import vllm_server as server
 
     def refuse(self: object) -> None:
         raise AssertionError(f"{request.node.nodeid} starts a vLLM server but is not "

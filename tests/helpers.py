@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from rolloutcore import postconditions as post
+from rolloutcore.engine import postconditions as post
 from rolloutcore.spec.triggers import Op
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from rolloutcore.conformance.etcd_server import EtcdError, etcd_binary
+from rolloutcore.conformance.fixtures.etcd_server import EtcdError, etcd_binary
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 

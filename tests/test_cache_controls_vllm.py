@@ -18,7 +18,7 @@ if importlib.util.find_spec("vllm") is None:  # pragma: no cover - depends on th
     pytest.skip("vllm is not installed (pip install -e '.[vllm]')", allow_module_level=True)
 
 from rolloutcore.conformance import cache_controls as mc  # noqa: E402
-from rolloutcore.conformance.tiny_mm_model import DEFAULT_OUT, build_mm_models  # noqa: E402
+from rolloutcore.conformance.fixtures.tiny_mm_model import DEFAULT_OUT, build_mm_models  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -21,9 +21,9 @@ import pytest
 from rolloutcore import cli
 from rolloutcore.adapters.contract import GenerationResult
 from rolloutcore.conformance.make_traces import FixedClock, s_update_cycle
-from rolloutcore.controller import Binding, Controller
+from rolloutcore.engine.controller import Binding, Controller
 from rolloutcore.journal import Journal, dumps_line, read_journal, rechain
-from rolloutcore.records import Decoding, Timing, dumps, record_from
+from rolloutcore.trajectories.format import Decoding, Timing, dumps, record_from
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -467,7 +467,7 @@ def test_unexpected_errors_are_one_line(monkeypatch: pytest.MonkeyPatch,
     def boom(_args: Any) -> int:
         raise RuntimeError("something\nunexpected")
 
-    monkeypatch.setattr(cli, "_spec_check", boom)
+    monkeypatch.setattr(cli.entry, "_spec_check", boom)
     assert cli.main(["spec", "check"]) == cli.CANNOT_RUN == 3
     out, err = capsys.readouterr()
     assert out == "" and len(err.splitlines()) == 1 and "Traceback" not in err
@@ -476,14 +476,14 @@ def test_unexpected_errors_are_one_line(monkeypatch: pytest.MonkeyPatch,
     def interrupted(_args: Any) -> int:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_spec_check", interrupted)
+    monkeypatch.setattr(cli.entry, "_spec_check", interrupted)
     assert cli.main(["spec", "check"]) == 130
     assert capsys.readouterr().err == "error: interrupted\n"
 
 
 def test_tlc_missing_is_not_bad_input(monkeypatch: pytest.MonkeyPatch,
                                       capsys: pytest.CaptureFixture[str]) -> None:
-    from rolloutcore import modelcheck
+    from rolloutcore.proof import modelcheck
 
     monkeypatch.setattr(modelcheck, "tlc_available", lambda: "java not found")
     assert cli.main(["spec", "tlc"]) == 3

@@ -28,10 +28,10 @@ from vllm_helpers import check_real_vllm_tour  # noqa: E402
 
 from rolloutcore.adapters.contract import AdapterError  # noqa: E402
 from rolloutcore.conformance.engines import SimHarnessEngine, VllmHarnessEngine  # noqa: E402
+from rolloutcore.conformance.fixtures.server_pool import ServerPool  # noqa: E402
+from rolloutcore.conformance.fixtures.tiny_model import DEFAULT_OUT, build_models  # noqa: E402
 from rolloutcore.conformance.harness import EnginePool, compare, run_scenario  # noqa: E402
 from rolloutcore.conformance.scenarios import SCENARIOS  # noqa: E402
-from rolloutcore.conformance.server_pool import ServerPool  # noqa: E402
-from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models  # noqa: E402
 from rolloutcore.conformance.tour import (  # noqa: E402
     TourGraph,
     tour,
@@ -155,7 +155,7 @@ def test_failed_load_left_no_usable_engine(pool: EnginePool) -> None:
 
 
 def test_demo_end_to_end(pool: EnginePool, tmp_path: Path) -> None:
-    from rolloutcore.conformance.demo import run_demo
+    from rolloutcore.conformance.demos.lifecycle_story import run_demo
 
     pool.close()  # one server at a time
     out = tmp_path / "demo.out"

@@ -11,7 +11,7 @@ loses its leadership stops with exit 3.
 
 The fleets are bootstrapped in-process (a :class:`Fleet` over the etcd journal). The
 command line describes a journal's generations from checkpoint directories
-(:func:`rolloutcore.targets.checkpoint_target`), so the simulated engines hold a
+(:func:`rolloutcore.engine.targets.checkpoint_target`), so the simulated engines hold a
 "checkpoint" named by a real directory: its probe reference is the simulated engine's
 own, but its content identity (a digest of its safetensors file) is not the one the
 engine reports (the simulator's is a hash of the name). A controller recovered by the
@@ -43,8 +43,8 @@ import pytest
 from rolloutcore import cli
 from rolloutcore.adapters.http import HttpAdapter
 from rolloutcore.adapters.sim import reference_logprobs, reference_tokens, sim_target
-from rolloutcore.conformance.etcd_server import EtcdCluster, EtcdServer
-from rolloutcore.conformance.sim_server import SimServer
+from rolloutcore.conformance.fixtures.etcd_server import EtcdCluster, EtcdServer
+from rolloutcore.conformance.fixtures.sim_server import SimServer
 from rolloutcore.control import (
     EtcdStore,
     Leadership,
@@ -52,9 +52,9 @@ from rolloutcore.control import (
     iter_journal_lines,
 )
 from rolloutcore.control.etcd import b64
+from rolloutcore.engine.identity import write_safetensors
 from rolloutcore.fleet import Fleet
 from rolloutcore.fleet.store import EtcdJournalStore
-from rolloutcore.identity import write_safetensors
 
 REPO = Path(__file__).resolve().parents[1]
 #: The leader key's lease in these fleets: a killed leader is replaced after about this.
@@ -296,8 +296,8 @@ def test_journal_export_and_every_journal_command_on_a_url(
         assert json.loads(capsys.readouterr().out)["file"] == rig.url
     # records verify against the URL (these records were not bound by this fleet: 1)
     from rolloutcore.adapters.contract import GenerationResult
-    from rolloutcore.controller import Binding
-    from rolloutcore.records import Decoding, Timing, dumps, record_from
+    from rolloutcore.engine.controller import Binding
+    from rolloutcore.trajectories.format import Decoding, Timing, dumps, record_from
 
     rec = record_from(Binding("r1", 1, None, 5), "default", (1, 2, 3),
                       GenerationResult((1, 2, 3), (4, 5), "length", (-0.5, -0.25)),

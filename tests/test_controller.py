@@ -9,7 +9,7 @@ import pytest
 from transitions import Machine
 from transitions.extensions import LockedMachine
 
-from rolloutcore.controller import (
+from rolloutcore.engine.controller import (
     Controller,
     IllegalTransition,
     TraceBuffer,
@@ -17,7 +17,7 @@ from rolloutcore.controller import (
     control_of,
     slot_id,
 )
-from rolloutcore.explore import Exploration
+from rolloutcore.proof.explore import Exploration
 from rolloutcore.spec.lifecycle import SPEC, Kind, Phase
 
 

@@ -20,7 +20,12 @@ from typing import Any
 
 import pytest
 
-from rolloutcore.conformance.etcd_server import EtcdCluster, EtcdError, EtcdServer, etcd_binary
+from rolloutcore.conformance.fixtures.etcd_server import (
+    EtcdCluster,
+    EtcdError,
+    EtcdServer,
+    etcd_binary,
+)
 from rolloutcore.conformance.make_traces import FixedClock, s_update_cycle
 from rolloutcore.control import (
     CampaignTimeout,
@@ -39,7 +44,7 @@ from rolloutcore.control import (
     verify_store_chain,
 )
 from rolloutcore.control.etcd import op_put
-from rolloutcore.controller import Controller, TraceRecord
+from rolloutcore.engine.controller import Controller, TraceRecord
 from rolloutcore.journal import Journal, JournalError, read_journal, verify_chain
 
 BOUND = 15.0  # against a broken test, never a measurement

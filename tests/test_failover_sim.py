@@ -30,11 +30,11 @@ from typing import Any
 import pytest
 
 from rolloutcore.adapters.http import HttpAdapter
-from rolloutcore.conformance.etcd_server import EtcdServer
+from rolloutcore.check.fleet_trace import check_fleet_file
 from rolloutcore.conformance.fault_proxy import Fault, FaultProxy
-from rolloutcore.conformance.sim_server import SimServer
+from rolloutcore.conformance.fixtures.etcd_server import EtcdServer
+from rolloutcore.conformance.fixtures.sim_server import SimServer
 from rolloutcore.control import EtcdStore, export_journal, iter_journal_lines
-from rolloutcore.fleet_check import check_fleet_file
 
 LEASE_S = 1.0
 CLUSTER_LEASE_S = 3.0
@@ -279,7 +279,7 @@ def test_three_member_etcd_loses_one_then_two(tmp_path: Path) -> None:
     published, nothing is sent once its lease clock runs out); with the quorum back a new
     leader takes over on the same journal, re-admits what was in doubt, and it checks."""
     from rolloutcore.adapters.sim import SimAdapter, SimEngine, sim_identity, sim_target
-    from rolloutcore.conformance.etcd_server import EtcdCluster
+    from rolloutcore.conformance.fixtures.etcd_server import EtcdCluster
     from rolloutcore.control import Leadership
     from rolloutcore.fleet import Fleet
     from rolloutcore.fleet.store import EtcdJournalStore

@@ -9,7 +9,7 @@ import functools
 import pytest
 from conftest import require_tlc
 
-from rolloutcore import modelcheck
+from rolloutcore.proof import modelcheck
 from rolloutcore.spec.failover import (
     FAILOVER,
     FoBounds,

@@ -25,14 +25,14 @@ from test_failover_sim import LEASE_S, Rig, events, one, read_until
 
 from rolloutcore.adapters.contract import MutationOutcome
 from rolloutcore.adapters.http import HttpAdapter
-from rolloutcore.conformance.etcd_server import EtcdServer
+from rolloutcore.check.fleet_trace import check_fleet_file
 from rolloutcore.conformance.fault_proxy import Fault, FaultProxy
-from rolloutcore.conformance.server_pool import ServerPool
-from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models
+from rolloutcore.conformance.fixtures.etcd_server import EtcdServer
+from rolloutcore.conformance.fixtures.server_pool import ServerPool
+from rolloutcore.conformance.fixtures.tiny_model import DEFAULT_OUT, build_models
 from rolloutcore.control import EtcdStore, iter_journal_lines
-from rolloutcore.fleet_check import check_fleet_file
-from rolloutcore.identity import checkpoint_identity
-from rolloutcore.targets import checkpoint_target
+from rolloutcore.engine.identity import checkpoint_identity
+from rolloutcore.engine.targets import checkpoint_target
 
 pytestmark = pytest.mark.vllm
 

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from rolloutcore.adapters.sim import SimAdapter, SimEngine, sim_target
+from rolloutcore.check.fleet_trace import check_fleet_file
+from rolloutcore.engine.runner import RunnerPolicy
 from rolloutcore.fleet import Fleet
-from rolloutcore.fleet_check import check_fleet_file
-from rolloutcore.runner import RunnerPolicy
 from rolloutcore.spec.fleet import FleetPhase
 from rolloutcore.spec.lifecycle import Phase
 

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from rolloutcore.adapters.sim import SimAdapter, SimEngine, reference_tokens, sim_target
-from rolloutcore.controller import AdmissionTimeout
+from rolloutcore.check.fleet_trace import check_fleet_file, check_fleet_records
+from rolloutcore.engine.controller import AdmissionTimeout
+from rolloutcore.engine.runner import RunnerPolicy
 from rolloutcore.fleet import Fleet, FleetCycleReport, FleetError
-from rolloutcore.fleet_check import check_fleet_file, check_fleet_records
 from rolloutcore.journal import read_journal
-from rolloutcore.runner import RunnerPolicy
 from rolloutcore.spec.fleet import FleetPhase
 from rolloutcore.spec.lifecycle import Phase
 

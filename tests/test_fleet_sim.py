@@ -50,11 +50,11 @@ from rolloutcore.adapters.sim import (
     sim_identity,
     sim_target,
 )
-from rolloutcore.controller import AdmissionTimeout, IllegalTransition
+from rolloutcore.check.fleet_trace import check_fleet_file
+from rolloutcore.engine.controller import AdmissionTimeout, IllegalTransition
+from rolloutcore.engine.runner import LATE_GRACE_S, DrainPolicy, RunnerPolicy, taint_label
 from rolloutcore.fleet import Fleet, FleetCycleReport, FleetError, Lease, Member
-from rolloutcore.fleet_check import check_fleet_file
 from rolloutcore.journal import read_journal
-from rolloutcore.runner import LATE_GRACE_S, DrainPolicy, RunnerPolicy, taint_label
 from rolloutcore.spec.fleet import FleetPhase
 from rolloutcore.spec.lifecycle import Phase, verified
 from rolloutcore.spec.triggers import Trigger

@@ -8,7 +8,7 @@ import functools
 import pytest
 from conftest import require_tlc
 
-from rolloutcore import modelcheck
+from rolloutcore.proof import modelcheck
 from rolloutcore.spec.fleet import (
     FLEET,
     FleetBounds,

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from rolloutcore.adapters.sim import SimAdapter, SimEngine, sim_target
-from rolloutcore.controller import AdmissionTimeout, IllegalTransition
+from rolloutcore.check.fleet_trace import check_fleet_file
+from rolloutcore.engine.controller import AdmissionTimeout, IllegalTransition
+from rolloutcore.engine.runner import DrainPolicy, RunnerPolicy
 from rolloutcore.fleet import Fleet, FleetError
-from rolloutcore.fleet_check import check_fleet_file
-from rolloutcore.runner import DrainPolicy, RunnerPolicy
 
 NAMES = ("a", "b", "c")
 PAIRS = 30_000  # admit/release pairs (the race this guards was seen about once per 1,100)

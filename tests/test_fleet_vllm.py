@@ -23,6 +23,9 @@ if importlib.util.find_spec("vllm") is None:  # pragma: no cover - depends on th
     pytest.skip("vllm is not installed (pip install -e '.[vllm]')", allow_module_level=True)
 
 from rolloutcore.adapters.contract import PauseMode  # noqa: E402
+from rolloutcore.check.fleet_trace import check_fleet_file  # noqa: E402
+from rolloutcore.conformance.fixtures.server_pool import ServerPool  # noqa: E402
+from rolloutcore.conformance.fixtures.tiny_model import DEFAULT_OUT, build_models  # noqa: E402
 from rolloutcore.conformance.fleet_scenarios import (  # noqa: E402
     SCENARIOS,
     FleetResult,
@@ -30,9 +33,6 @@ from rolloutcore.conformance.fleet_scenarios import (  # noqa: E402
     run_fleet_scenario,
 )
 from rolloutcore.conformance.harness import wait_until  # noqa: E402
-from rolloutcore.conformance.server_pool import ServerPool  # noqa: E402
-from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models  # noqa: E402
-from rolloutcore.fleet_check import check_fleet_file  # noqa: E402
 from rolloutcore.gateway.core import Gateway, GatewayConfig  # noqa: E402
 from rolloutcore.gateway.server import ServerThread  # noqa: E402
 from rolloutcore.spec.fleet import FleetPhase  # noqa: E402

@@ -46,14 +46,14 @@ from rolloutcore.adapters.sim import (
     sim_identity,
     sim_target,
 )
+from rolloutcore.check.fleet_trace import check_fleet_file
+from rolloutcore.engine.targets import TargetError
 from rolloutcore.fleet import Fleet
-from rolloutcore.fleet_check import check_fleet_file
 from rolloutcore.gateway.app import GatewayApp
 from rolloutcore.gateway.core import Gateway, GatewayConfig, StaleMode
 from rolloutcore.gateway.server import ServerThread
 from rolloutcore.journal import Journal, JournalError, read_journal
 from rolloutcore.spec.lifecycle import Phase
-from rolloutcore.targets import TargetError
 
 BOUND = 10.0
 MODEL = "tiny"
@@ -1101,7 +1101,7 @@ def fsync_log(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
 
 
 def _member_record(sink: Callable[..., int], i: int) -> int:
-    from rolloutcore.controller import TraceRecord
+    from rolloutcore.engine.controller import TraceRecord
 
     return sink(TraceRecord(0, "admit", f"r{i}", "READY", 1, 0, "none", None))
 

@@ -38,17 +38,18 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from rolloutcore import cli  # noqa: E402
 from rolloutcore.adapters.http import HttpAdapter  # noqa: E402
-from rolloutcore.conformance.server import VllmServer, free_port  # noqa: E402
-from rolloutcore.conformance.server_pool import ServerPool  # noqa: E402
-from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models  # noqa: E402
+from rolloutcore.adapters.launch import free_port  # noqa: E402
+from rolloutcore.check.fleet_trace import check_fleet_file  # noqa: E402
+from rolloutcore.conformance.fixtures.server_pool import ServerPool  # noqa: E402
+from rolloutcore.conformance.fixtures.tiny_model import DEFAULT_OUT, build_models  # noqa: E402
+from rolloutcore.conformance.fixtures.vllm_server import VllmServer  # noqa: E402
+from rolloutcore.engine.identity import checkpoint_identity  # noqa: E402
+from rolloutcore.engine.targets import checkpoint_target, load_references  # noqa: E402
 from rolloutcore.fleet import Fleet  # noqa: E402
-from rolloutcore.fleet_check import check_fleet_file  # noqa: E402
 from rolloutcore.gateway.core import Gateway, GatewayConfig  # noqa: E402
 from rolloutcore.gateway.server import ServerThread  # noqa: E402
-from rolloutcore.identity import checkpoint_identity  # noqa: E402
 from rolloutcore.journal import read_journal  # noqa: E402
 from rolloutcore.spec.lifecycle import Phase  # noqa: E402
-from rolloutcore.targets import checkpoint_target, load_references  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 BOUND = 60.0  # a bound against a broken test, never a measurement

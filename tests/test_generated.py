@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from conftest import require_tlc
 
-from rolloutcore import modelcheck
 from rolloutcore.cli import main
-from rolloutcore.explore import Exploration
+from rolloutcore.proof import modelcheck
+from rolloutcore.proof.explore import Exploration
 from rolloutcore.spec.lifecycle import SPEC
 
 

@@ -16,15 +16,15 @@ from helpers import decided, dl
 
 from rolloutcore.adapters.contract import AdapterError, MutationOutcome, PauseMode, WeightTarget
 from rolloutcore.adapters.http import HttpAdapter, Timeouts, check_url
-from rolloutcore.controller import Controller
-from rolloutcore.identity import (
+from rolloutcore.engine.controller import Controller
+from rolloutcore.engine.identity import (
     checkpoint_identity,
     manifest_digest,
     write_safetensors,
 )
+from rolloutcore.engine.postconditions import Expected
+from rolloutcore.engine.runner import LifecycleRunner, RunnerPolicy
 from rolloutcore.journal import Journal, read_journal
-from rolloutcore.postconditions import Expected
-from rolloutcore.runner import LifecycleRunner, RunnerPolicy
 from rolloutcore.spec.lifecycle import Phase
 from rolloutcore.spec.triggers import Op
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models
-from rolloutcore.identity import (
+from rolloutcore.conformance.fixtures.tiny_model import DEFAULT_OUT, build_models
+from rolloutcore.engine.identity import (
     checkpoint_identity,
     checkpoint_nbytes,
     manifest_digest,

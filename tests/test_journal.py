@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from rolloutcore.check.trace import check_file
 from rolloutcore.conformance.make_traces import (
     FixedClock,
     bootstrap,
@@ -23,7 +24,7 @@ from rolloutcore.conformance.make_traces import (
     s_retries,
     s_update_cycle,
 )
-from rolloutcore.controller import Controller, TraceRecord
+from rolloutcore.engine.controller import Controller, TraceRecord
 from rolloutcore.journal import (
     REDACTED,
     SCHEMA,
@@ -40,7 +41,6 @@ from rolloutcore.journal import (
 from rolloutcore.journal.reader import _raw_hash_ok
 from rolloutcore.spec.lifecycle import ALL_EVIDENCE, NO_OP, SPEC, Kind, Phase
 from rolloutcore.spec.triggers import Trigger
-from rolloutcore.trace_check import check_file
 
 
 def _journal(path: Path, scenario: Any = s_update_cycle, *, fsync: bool = False) -> Path:

@@ -14,7 +14,7 @@ import pytest
 
 from rolloutcore.adapters.contract import GenerationResult
 from rolloutcore.conformance.make_traces import FixedClock, s_admit_release
-from rolloutcore.controller import Binding, Controller
+from rolloutcore.engine.controller import Binding, Controller
 from rolloutcore.journal import (
     HEADER,
     REDACTED,
@@ -30,7 +30,7 @@ from rolloutcore.journal import (
     verify_chain,
 )
 from rolloutcore.journal.reader import _check_fields, _raw_hash_ok, scan
-from rolloutcore.records import (
+from rolloutcore.trajectories.format import (
     PARQUET_ROW_GROUP,
     Decoding,
     RecordError,

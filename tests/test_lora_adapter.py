@@ -18,7 +18,7 @@ import pytest
 from rolloutcore.adapters import vllm_lora
 from rolloutcore.adapters.contract import AdapterError, MutationOutcome, WeightTarget
 from rolloutcore.adapters.http import HttpAdapter
-from rolloutcore.identity import (
+from rolloutcore.engine.identity import (
     ADAPTER_JOIN,
     UNSTAGED,
     checkpoint_identity,
@@ -235,9 +235,9 @@ def _checkpoint(directory: Path) -> Path:
 
 def test_a_fleet_file_adapter_table_and_its_targets(tmp_path: Path,
                                                     adapters: dict[str, Path]) -> None:
+    from rolloutcore.cli.fleet_commands import policy_targets
+    from rolloutcore.engine.targets import TargetError
     from rolloutcore.fleet import FleetFileError, load_fleet_file
-    from rolloutcore.fleet_cli import policy_targets
-    from rolloutcore.targets import TargetError
 
     base = _checkpoint(tmp_path / "base")
     (adapters["a1"] / "references.json").write_text((base / "references.json").read_text())

@@ -30,12 +30,13 @@ if importlib.util.find_spec("vllm") is None:  # pragma: no cover - depends on th
 import httpx  # noqa: E402
 
 from rolloutcore import cli  # noqa: E402
+from rolloutcore.adapters.launch import free_port  # noqa: E402
+from rolloutcore.check.fleet_trace import check_fleet_file  # noqa: E402
 from rolloutcore.conformance.cache_controls import LORA_ENV, LORA_SERVER_ARGS  # noqa: E402
-from rolloutcore.conformance.server import VllmServer, free_port  # noqa: E402
-from rolloutcore.conformance.tiny_lora import build_lora_adapters  # noqa: E402
-from rolloutcore.conformance.tiny_model import build_models  # noqa: E402
-from rolloutcore.fleet_check import check_fleet_file  # noqa: E402
-from rolloutcore.identity import ADAPTER_JOIN, checkpoint_identity  # noqa: E402
+from rolloutcore.conformance.fixtures.tiny_lora import build_lora_adapters  # noqa: E402
+from rolloutcore.conformance.fixtures.tiny_model import build_models  # noqa: E402
+from rolloutcore.conformance.fixtures.vllm_server import VllmServer  # noqa: E402
+from rolloutcore.engine.identity import ADAPTER_JOIN, checkpoint_identity  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 BOUND = 120.0  # a bound against a broken test, never a measurement

@@ -33,21 +33,21 @@ if importlib.util.find_spec("vllm") is None:  # pragma: no cover - depends on th
     pytest.skip("vllm is not installed (pip install -e '.[vllm]')", allow_module_level=True)
 
 from rolloutcore.adapters.http import HttpAdapter  # noqa: E402
+from rolloutcore.check.trace import check_file  # noqa: E402
 from rolloutcore.conformance.cache_controls import (  # noqa: E402
     LORA_ENV,
     LORA_SERVER_ARGS,
     POLICY,
 )
 from rolloutcore.conformance.engines import INITIAL_LABEL, checkpoint_target  # noqa: E402
-from rolloutcore.conformance.server import VllmServer  # noqa: E402
-from rolloutcore.conformance.tiny_lora import build_lora_adapters  # noqa: E402
-from rolloutcore.conformance.tiny_model import build_models  # noqa: E402
-from rolloutcore.identity import checkpoint_identity, with_adapter  # noqa: E402
+from rolloutcore.conformance.fixtures.tiny_lora import build_lora_adapters  # noqa: E402
+from rolloutcore.conformance.fixtures.tiny_model import build_models  # noqa: E402
+from rolloutcore.conformance.fixtures.vllm_server import VllmServer  # noqa: E402
+from rolloutcore.engine.identity import checkpoint_identity, with_adapter  # noqa: E402
+from rolloutcore.engine.runner import LifecycleRunner  # noqa: E402
+from rolloutcore.engine.targets import adapter_target  # noqa: E402
 from rolloutcore.journal import open_controller  # noqa: E402
-from rolloutcore.runner import LifecycleRunner  # noqa: E402
 from rolloutcore.spec.lifecycle import Phase  # noqa: E402
-from rolloutcore.targets import adapter_target  # noqa: E402
-from rolloutcore.trace_check import check_file  # noqa: E402
 
 NAME = "pol"
 

@@ -7,8 +7,8 @@ from itertools import pairwise
 import pytest
 from conftest import require_tlc
 
-from rolloutcore import modelcheck
-from rolloutcore.explore import explore
+from rolloutcore.proof import modelcheck
+from rolloutcore.proof.explore import explore
 from rolloutcore.spec.lifecycle import SPEC, Param, Spec, State
 from rolloutcore.spec.mutants import MUTANTS, Mutant
 

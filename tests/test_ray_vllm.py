@@ -52,6 +52,7 @@ from vllm_helpers import (  # noqa: E402
 )
 
 from rolloutcore.adapters.contract import MutationOutcome, PauseMode  # noqa: E402
+from rolloutcore.adapters.launch import free_port  # noqa: E402
 from rolloutcore.adapters.ray_engine import (  # noqa: E402
     NAMESPACE,
     LaunchedEngine,
@@ -59,18 +60,17 @@ from rolloutcore.adapters.ray_engine import (  # noqa: E402
     launch,
     placement_bundles,
 )
+from rolloutcore.check.fleet_trace import check_fleet_file  # noqa: E402
 from rolloutcore.conformance.engines import INITIAL_LABEL, checkpoint_target  # noqa: E402
+from rolloutcore.conformance.fixtures.tiny_model import build_models  # noqa: E402
 from rolloutcore.conformance.harness import EnginePool, wait_until  # noqa: E402
 from rolloutcore.conformance.inprocess_engine import (  # noqa: E402
     ActorServer,
     InProcessHarnessEngine,
 )
-from rolloutcore.conformance.server import free_port  # noqa: E402
-from rolloutcore.conformance.tiny_model import build_models  # noqa: E402
 from rolloutcore.conformance.tour import TourGraph, tour  # noqa: E402
+from rolloutcore.engine.runner import RunnerPolicy  # noqa: E402
 from rolloutcore.fleet import Fleet  # noqa: E402
-from rolloutcore.fleet_check import check_fleet_file  # noqa: E402
-from rolloutcore.runner import RunnerPolicy  # noqa: E402
 from rolloutcore.spec.lifecycle import TIERS, Phase  # noqa: E402
 
 BOUND = 240.0  # a bound against a broken test, never a measurement

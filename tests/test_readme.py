@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rolloutcore.cli import build_parser
+from rolloutcore.cli.entry import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -69,5 +69,6 @@ def test_the_two_entry_points() -> None:
     # the fast tier for users' CI is named beside them and is make test without vLLM
     # and without the deeper runs of its own checks
     assert "make check" in README and re.search(
-        r'^check: lint\n.*-m "not vllm and not deep"', make, re.M)
-    assert re.search(r'^test: lint\n.*-m "not vllm"(?! and).*\n.*-m vllm', make, re.M)
+        r'^check: .*\n.* lint fast-tests .*\n\s*MARKS="not vllm and not deep"', make, re.M)
+    assert re.search(r'^test: .*\n.* lint fast-tests MARKS="not vllm"\n.*-m vllm', make, re.M)
+    assert re.search(r'^fast-tests: .*\n.*-m "\$\(MARKS\)"', make, re.M)

@@ -15,8 +15,10 @@ import pytest
 from rolloutcore.adapters.contract import GenerationResult
 from rolloutcore.cli import main as cli_main
 from rolloutcore.conformance.replay import ReplayError, parse_prompt_logprobs, replay
-from rolloutcore.controller import Binding, Controller, ControlState
-from rolloutcore.records import (
+from rolloutcore.engine.controller import Binding, Controller, ControlState
+from rolloutcore.engine.runner import rollout_record
+from rolloutcore.spec.lifecycle import ALL_EVIDENCE, NO_OP, Phase
+from rolloutcore.trajectories.format import (
     SCHEMA_VERSION,
     Decoding,
     RecordError,
@@ -28,11 +30,9 @@ from rolloutcore.records import (
     read_parquet,
     read_records,
     record_from,
-    rollout_record,
     write_jsonl,
     write_parquet,
 )
-from rolloutcore.spec.lifecycle import ALL_EVIDENCE, NO_OP, Phase
 
 IDENT = "ab" * 32
 
@@ -278,7 +278,7 @@ def test_parse_prompt_logprobs_refuses_other_tokens() -> None:
 
 def test_runner_rollouts_are_recorded_under_their_generation(tmp_path: Path) -> None:
     from rolloutcore.adapters.sim import SimAdapter, SimEngine, sim_target
-    from rolloutcore.runner import LifecycleRunner, RunnerPolicy
+    from rolloutcore.engine.runner import LifecycleRunner, RunnerPolicy
 
     policy = RunnerPolicy(step_timeout_s=0.5, retries=2, retry_backoff_s=0.0,
                           drain_timeout_s=5, mutation_base_s=0.3,

@@ -13,10 +13,9 @@ import pytest
 
 from rolloutcore.adapters.contract import GenerationResult
 from rolloutcore.cli import main
-from rolloutcore.controller import Binding
+from rolloutcore.engine.controller import Binding
 from rolloutcore.journal import HEADER, SCHEMA, ZERO_HASH, dumps_line, rechain
-from rolloutcore.provenance import Fact, JournalIndex, journal_fact
-from rolloutcore.records import (
+from rolloutcore.trajectories.format import (
     Decoding,
     Segment,
     Timing,
@@ -25,6 +24,7 @@ from rolloutcore.records import (
     write_jsonl,
     write_parquet,
 )
+from rolloutcore.trajectories.provenance import Fact, JournalIndex, journal_fact
 
 ID1, ID2 = "sha256:" + "11" * 32, "sha256:" + "22" * 32
 
@@ -222,10 +222,9 @@ def test_runner_rollouts_verify(tmp_path: Path, capsys: pytest.CaptureFixture[st
     """End to end through the runner and the simulated engine: generation 1's identity
     comes from the bootstrap's verified evidence, generation 2's from its validation."""
     from rolloutcore.adapters.sim import SimAdapter, SimEngine, sim_target
-    from rolloutcore.controller import Controller
+    from rolloutcore.engine.controller import Controller
+    from rolloutcore.engine.runner import LifecycleRunner, RunnerPolicy, rollout_record
     from rolloutcore.journal import Journal, read_journal
-    from rolloutcore.records import rollout_record
-    from rolloutcore.runner import LifecycleRunner, RunnerPolicy
 
     journal, records = tmp_path / "j.jsonl", tmp_path / "r.jsonl"
     policy = RunnerPolicy(step_timeout_s=5, retries=2, retry_backoff_s=0.0,
@@ -263,10 +262,9 @@ def test_a_rollout_the_drain_aborts_is_recorded_as_aborted(
     import threading
 
     from rolloutcore.adapters.sim import SimAdapter, SimEngine, sim_target
-    from rolloutcore.controller import Controller
+    from rolloutcore.engine.controller import Controller
+    from rolloutcore.engine.runner import DrainPolicy, LifecycleRunner, RunnerPolicy, rollout_record
     from rolloutcore.journal import Journal
-    from rolloutcore.records import rollout_record
-    from rolloutcore.runner import DrainPolicy, LifecycleRunner, RunnerPolicy
 
     journal, records = tmp_path / "j.jsonl", tmp_path / "r.jsonl"
     policy = RunnerPolicy(step_timeout_s=5, retries=0, retry_backoff_s=0.0,

@@ -29,28 +29,27 @@ from rolloutcore.adapters.contract import GenerationResult  # noqa: E402
 from rolloutcore.adapters.http import HttpAdapter  # noqa: E402
 from rolloutcore.cli import main as cli_main  # noqa: E402
 from rolloutcore.conformance.engines import checkpoint_target  # noqa: E402
-from rolloutcore.conformance.replay import DEFAULT_TOLERANCE, ReplayVerdict, replay  # noqa: E402
-from rolloutcore.conformance.server import VllmServer  # noqa: E402
-from rolloutcore.conformance.server_pool import ServerPool  # noqa: E402
-from rolloutcore.conformance.tiny_model import (  # noqa: E402
+from rolloutcore.conformance.fixtures.server_pool import ServerPool  # noqa: E402
+from rolloutcore.conformance.fixtures.tiny_model import (  # noqa: E402
     DEFAULT_OUT,
     build_models,
     load_references,
 )
-from rolloutcore.controller import Controller, ControlState  # noqa: E402
-from rolloutcore.identity import checkpoint_identity, manifest_digest  # noqa: E402
-from rolloutcore.records import (  # noqa: E402
+from rolloutcore.conformance.fixtures.vllm_server import VllmServer  # noqa: E402
+from rolloutcore.conformance.replay import DEFAULT_TOLERANCE, ReplayVerdict, replay  # noqa: E402
+from rolloutcore.engine.controller import Controller, ControlState  # noqa: E402
+from rolloutcore.engine.identity import checkpoint_identity, manifest_digest  # noqa: E402
+from rolloutcore.engine.runner import LifecycleRunner, rollout_record  # noqa: E402
+from rolloutcore.spec.lifecycle import ALL_EVIDENCE, NO_OP, Phase  # noqa: E402
+from rolloutcore.trajectories.format import (  # noqa: E402
     Decoding,
     Timing,
     TrajectoryRecord,
     read_records,
     record_from,
-    rollout_record,
     write_jsonl,
     write_parquet,
 )
-from rolloutcore.runner import LifecycleRunner  # noqa: E402
-from rolloutcore.spec.lifecycle import ALL_EVIDENCE, NO_OP, Phase  # noqa: E402
 
 GREEDY = Decoding(0.0, 1.0, 24, 24)
 

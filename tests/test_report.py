@@ -24,18 +24,8 @@ import pytest
 from rolloutcore import report
 from rolloutcore.adapters.contract import GenerationResult
 from rolloutcore.cli import main
-from rolloutcore.controller import Binding
+from rolloutcore.engine.controller import Binding
 from rolloutcore.journal import HEADER, SCHEMA, ZERO_HASH, JournalReader, dumps_line, rechain
-from rolloutcore.provenance import journal_fact
-from rolloutcore.records import (
-    Decoding,
-    Segment,
-    Timing,
-    TrajectoryRecord,
-    record_from,
-    write_jsonl,
-    write_parquet,
-)
 from rolloutcore.report import (
     MUTATION_PHASES,
     Bar,
@@ -46,6 +36,16 @@ from rolloutcore.report import (
     read_timeline,
 )
 from rolloutcore.spec.fleet import FLEET
+from rolloutcore.trajectories.format import (
+    Decoding,
+    Segment,
+    Timing,
+    TrajectoryRecord,
+    record_from,
+    write_jsonl,
+    write_parquet,
+)
+from rolloutcore.trajectories.provenance import journal_fact
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE_JOURNAL = ROOT / "conformance" / "traces" / "good" / "update_cycle.jsonl"

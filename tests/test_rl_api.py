@@ -18,10 +18,8 @@ import pytest
 import torch
 from prometheus_client import generate_latest
 
-from rolloutcore.controller import Binding
-from rolloutcore.identity import checkpoint_identity
-from rolloutcore.provenance import CONSISTENT, REJECTED, JournalIndex
-from rolloutcore.records import RecordError, TrajectoryRecord, read_records, write_records
+from rolloutcore.engine.controller import Binding
+from rolloutcore.engine.identity import checkpoint_identity
 from rolloutcore.rl import (
     Group,
     GroupError,
@@ -39,6 +37,13 @@ from rolloutcore.rl.weights import (
     snapshot,
     state_identity,
 )
+from rolloutcore.trajectories.format import (
+    RecordError,
+    TrajectoryRecord,
+    read_records,
+    write_records,
+)
+from rolloutcore.trajectories.provenance import CONSISTENT, REJECTED, JournalIndex
 
 BOUND = 10.0
 

@@ -25,8 +25,7 @@ from typing import Any
 import pytest
 import torch
 
-from rolloutcore.conformance.tiny_model import DEFAULT_OUT, PREFIX_BLOCK_SIZE, build_models
-from rolloutcore.rl.grpo import (
+from rolloutcore.conformance.demos.grpo import (
     GRPOTrainer,
     TrainSample,
     group_advantages,
@@ -34,7 +33,8 @@ from rolloutcore.rl.grpo import (
     sample_groups,
     sample_torch,
 )
-from rolloutcore.rl.task import SuccessorTask
+from rolloutcore.conformance.demos.task import SuccessorTask
+from rolloutcore.conformance.fixtures.tiny_model import DEFAULT_OUT, PREFIX_BLOCK_SIZE, build_models
 
 SEED = 0
 STEPS = 40

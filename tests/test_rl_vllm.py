@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
+from rolloutcore.conformance.demos.rl_run import RLConfig, run_rl_demo
+from rolloutcore.conformance.fixtures.server_pool import ServerPool
+from rolloutcore.conformance.fixtures.tiny_model import DEFAULT_OUT, build_models
 from rolloutcore.conformance.fleet_scenarios import FleetRig
-from rolloutcore.conformance.rl_demo import RLConfig, run_rl_demo
-from rolloutcore.conformance.server_pool import ServerPool
-from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models
+from rolloutcore.engine.runner import DrainPolicy, RunnerPolicy
 from rolloutcore.gateway.core import Gateway, GatewayConfig
 from rolloutcore.gateway.server import ServerThread
-from rolloutcore.provenance import CONSISTENT, JournalIndex
 from rolloutcore.rl import Partial, RolloutClient, Sampling
-from rolloutcore.runner import DrainPolicy, RunnerPolicy
+from rolloutcore.trajectories.provenance import CONSISTENT, JournalIndex
 
 pytestmark = pytest.mark.vllm
 BOUND = 60.0  # against a broken test, never a measurement

@@ -25,9 +25,9 @@ from rolloutcore.adapters.sim import (
     sim_identity,
     sim_target,
 )
-from rolloutcore.controller import Controller, IllegalTransition, TraceRecord
-from rolloutcore.journal import Journal, open_controller, read_journal
-from rolloutcore.runner import (
+from rolloutcore.check.trace import check_file
+from rolloutcore.engine.controller import Controller, IllegalTransition, TraceRecord
+from rolloutcore.engine.runner import (
     CycleReport,
     DrainPolicy,
     LifecycleRunner,
@@ -35,10 +35,10 @@ from rolloutcore.runner import (
     call_with_deadline,
     taint_label,
 )
-from rolloutcore.simulate import simulate
+from rolloutcore.engine.simulate import simulate
+from rolloutcore.journal import Journal, open_controller, read_journal
 from rolloutcore.spec.lifecycle import Phase, Result
 from rolloutcore.spec.triggers import OUTCOMES, Op, Trigger
-from rolloutcore.trace_check import check_file
 
 #: A hang holds a call to its step's deadline (0.5 s); an instant failure leaves the step
 #: its whole deadline for the retries.

@@ -1,4 +1,4 @@
-"""The simulated vLLM server (conformance/sim_server.py) driven by the real HTTP adapter:
+"""The simulated vLLM server (conformance/fixtures/sim_server.py) driven by the real HTTP adapter:
 a verified update cycle through the runner, the stale-KV negative control, the engine's
 fencing token, the pause modes, streaming, bad input, and a server that outlives the
 controller processes around it.
@@ -35,14 +35,14 @@ from rolloutcore.adapters.contract import (
 )
 from rolloutcore.adapters.http import HttpAdapter
 from rolloutcore.adapters.sim import reference_logprobs, reference_tokens, sim_identity, sim_target
-from rolloutcore.conformance.sim_server import SimServer
-from rolloutcore.controller import Controller
+from rolloutcore.check.trace import check_file
+from rolloutcore.conformance.fixtures.sim_server import SimServer
+from rolloutcore.engine.controller import Controller
+from rolloutcore.engine.postconditions import Expected
+from rolloutcore.engine.runner import LifecycleRunner, ProbeMode, RunnerPolicy
 from rolloutcore.journal import Journal
-from rolloutcore.postconditions import Expected
-from rolloutcore.runner import LifecycleRunner, ProbeMode, RunnerPolicy
 from rolloutcore.spec.lifecycle import Phase, Result
 from rolloutcore.spec.triggers import OUTCOMES, Op
-from rolloutcore.trace_check import check_file
 
 BOUND = 10.0
 PROBE = (7, 1, 4, 9, 2, 8, 5, 3, 6)  # two full prefix-cache blocks
@@ -473,7 +473,7 @@ def test_the_server_outlives_a_killed_controller_and_stops_cleanly() -> None:
 
 
 def test_the_launcher_prints_its_url_and_serves_the_flags(tmp_path: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "rolloutcore.conformance.sim_server",
+    proc = subprocess.Popen([sys.executable, "-m", "rolloutcore.conformance.fixtures.sim_server",
                              "--port", "0", "--initial", "v7", "--model", "m",
                              "--label", "boot"], stdout=subprocess.PIPE, text=True,
                             stdin=subprocess.DEVNULL)

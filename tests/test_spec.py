@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rolloutcore.explore import Exploration, explore
+from rolloutcore.proof.explore import Exploration, explore
 from rolloutcore.spec.lifecycle import (
     ACTIONS,
     ALL_EVIDENCE,
@@ -70,6 +70,7 @@ def test_drain_waits_for_engine_side_orphans(exploration: Exploration) -> None:
     assert orphans, "the model must reach a pending pause while an orphan still runs"
 
 
+@pytest.mark.deep
 def test_counterexample_is_shortest() -> None:
     """BFS: the admit_outside_ready mutant is violated 4 steps in (bootstrap 2, request, admit)."""
     ex = explore(mutant("admit_outside_ready").apply(SPEC))

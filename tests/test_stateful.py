@@ -6,9 +6,9 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from rolloutcore.proof.stateful import machine_for
 from rolloutcore.spec.lifecycle import SPEC
 from rolloutcore.spec.mutants import MUTANTS, Mutant, mutant
-from rolloutcore.stateful import machine_for
 
 CI = settings(max_examples=250, stateful_step_count=50, deadline=None, database=None,
               suppress_health_check=list(HealthCheck))

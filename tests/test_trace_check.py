@@ -14,6 +14,12 @@ from typing import Any
 
 import pytest
 
+from rolloutcore.check.trace import (
+    SPEC_VIOLATION,
+    TraceInputError,
+    check_file,
+    check_trace,
+)
 from rolloutcore.cli import main
 from rolloutcore.conformance.make_traces import (
     SCENARIOS,
@@ -24,15 +30,9 @@ from rolloutcore.conformance.make_traces import (
     out,
     write_long_trace,
 )
-from rolloutcore.controller import Controller, slot_id
+from rolloutcore.engine.controller import Controller, slot_id
 from rolloutcore.journal import Journal, read_journal, rechain
 from rolloutcore.spec.lifecycle import SPEC, Action, Bounds, Kind, Phase
-from rolloutcore.trace_check import (
-    SPEC_VIOLATION,
-    TraceInputError,
-    check_file,
-    check_trace,
-)
 
 GOOD = sorted((TRACES / "good").glob("*.jsonl"))
 BAD = sorted((TRACES / "bad").glob("*.jsonl"))

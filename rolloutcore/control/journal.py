@@ -39,8 +39,8 @@ from rolloutcore.control.etcd import (
     prefix_end,
 )
 from rolloutcore.control.leadership import Leadership, _parse_leader
+from rolloutcore.journal.codec import ZERO_HASH
 from rolloutcore.journal.reader import ChainReport, JournalReader
-from rolloutcore.journal.records import ZERO_HASH
 from rolloutcore.journal.writer import Journal, JournalError
 from rolloutcore.spec.lifecycle import SPEC, Spec
 

@@ -2,8 +2,8 @@
 verified re-admission, and admission of rollouts onto serving members only.
 
 It executes the fleet spec (:mod:`rolloutcore.spec.fleet`): every member is a
-single-engine :class:`~rolloutcore.controller.Controller` driven by its own
-:class:`~rolloutcore.runner.LifecycleRunner` (so each member's steps are the ones the
+single-engine :class:`~rolloutcore.engine.controller.Controller` driven by its own
+:class:`~rolloutcore.engine.runner.LifecycleRunner` (so each member's steps are the ones the
 single-engine spec proves), and the fleet's own decisions use the spec's predicates
 (:func:`~rolloutcore.spec.fleet.validated`, :func:`~rolloutcore.spec.fleet.settled`,
 :func:`~rolloutcore.spec.fleet.serving`) on the members' controller states.
@@ -64,6 +64,7 @@ from rolloutcore.fleet.base import (
     StepHook,
     TargetFactory,
 )
+from rolloutcore.fleet.composed import Fleet
 from rolloutcore.fleet.config import (
     TRANSFERS,
     EngineConfig,
@@ -71,7 +72,6 @@ from rolloutcore.fleet.config import (
     FleetFileError,
     load_fleet_file,
 )
-from rolloutcore.fleet.controller import Fleet
 
 __all__ = ["TRANSFERS", "EngineConfig", "Fleet", "FleetConfig", "FleetCycleReport", "FleetError",
            "FleetFileError", "Lease", "Member", "MemberStatus", "MigrationLost", "StepHook",

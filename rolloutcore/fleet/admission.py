@@ -8,12 +8,16 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from types import SimpleNamespace
 from typing import Any
 
-from rolloutcore.controller import AdmissionCancelled, AdmissionTimeout, Binding, IllegalTransition
+from rolloutcore.engine.controller import (
+    AdmissionCancelled,
+    AdmissionTimeout,
+    Binding,
+    IllegalTransition,
+)
 from rolloutcore.fleet.base import FleetBase, FleetError, Lease, Member, MigrationLost
-from rolloutcore.spec.fleet import MIGRATION, FleetPhase, quorum, serving
+from rolloutcore.spec.fleet import MIGRATION, FleetPhase, MemberSnapshot, quorum, serving
 from rolloutcore.spec.lifecycle import Phase
 
 #: Fleet phases that admit rollouts (the spec's admit guard).
@@ -107,8 +111,8 @@ class Admission(FleetBase):
                 raise FleetError(f"rollout {lease.rollout_id!r} is not bound on {src.name}")
             f, b = self._fleet_state(), self._bounds()
             leaving = src.view()._replace(bind=(lease.generation,))
-            dst = min((m for m in self.members.values() if m is not src
-                       and MIGRATION.when(f, leaving, 1, _with_free_slot(m.view()), 1, b)),
+            dst = min((m for m in self.members.values() if m is not src and MIGRATION.when(
+                f, leaving, 1, MemberSnapshot.with_free_slot(m.view()), 1, b)),
                       key=lambda m: (m.outstanding, m.name), default=None)
             if dst is None:
                 raise FleetError(f"no move for {lease.rollout_id!r} now: {src.name} is "
@@ -141,9 +145,3 @@ class Admission(FleetBase):
         finally:
             self.release(lease)
 
-
-def _with_free_slot(view: Any) -> Any:
-    """A member's view with one more slot, free, as slot 1: the spec's migration guard
-    reads the slot the rollout would join (the controller has no slots, only bindings)."""
-    return SimpleNamespace(**{**view._asdict(), "bind": (0, *view.bind),
-                              "req": (0,) * (len(view.bind) + 1)})

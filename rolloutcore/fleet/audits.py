@@ -7,10 +7,10 @@ import threading
 from collections.abc import Sequence
 
 from rolloutcore.adapters.contract import WeightTarget
-from rolloutcore.controller import IllegalTransition
+from rolloutcore.engine.controller import IllegalTransition
+from rolloutcore.engine.postconditions import Outcome
 from rolloutcore.fleet.base import FleetBase, FleetError, Lease, Member, log
 from rolloutcore.journal import JournalError
-from rolloutcore.postconditions import Outcome
 from rolloutcore.spec.lifecycle import Phase
 from rolloutcore.spec.triggers import Trigger
 

@@ -8,28 +8,30 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from types import SimpleNamespace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rolloutcore.adapters.contract import EpochEvidence, LifecycleAdapter, WeightTarget
-from rolloutcore.controller import Controller, TraceRecord, TraceSink
+from rolloutcore.engine.controller import Controller, GuardView, TraceRecord, TraceSink
+from rolloutcore.engine.runner import CycleReport, LifecycleRunner, RunnerPolicy
 from rolloutcore.fleet.store import JournalStore
 from rolloutcore.journal import Journal
-from rolloutcore.runner import CycleReport, LifecycleRunner, RunnerPolicy
 from rolloutcore.spec.fleet import (
     FLEET_ACTIONS,
+    LIFTED,
     MEMBER_GUARDS,
     ROLLING_STEPS,
     FleetPhase,
+    FleetSnapshot,
     FleetState,
+    Policy,
     fleet_half,
     serving,
 )
 from rolloutcore.spec.lifecycle import Phase, Result
 from rolloutcore.spec.triggers import OUTCOMES, Trigger
 
-UNINITIALIZED = "UNINITIALIZED"
+UNINITIALIZED = FleetPhase.UNINITIALIZED
 #: The outcomes of an audit, as journalled.
 AUDIT_OUTCOMES = frozenset({Trigger.AUDIT_OK, Trigger.AUDIT_FAILED, Trigger.AUDIT_MISMATCH})
 log = logging.getLogger("rolloutcore.fleet")
@@ -104,7 +106,7 @@ class Member:
             except Exception:  # its report says what happened
                 log.exception("%s: the cycle left running failed", self.name)
 
-    def view(self) -> Any:
+    def view(self) -> GuardView:
         """The member's controller state, as the fleet spec's predicates read it: one
         snapshot under the controller's lock (see the lock order in the module doc)."""
         return self.controller.snapshot()
@@ -188,7 +190,7 @@ TargetFactory = Callable[[str, int, str], WeightTarget]
 class FleetBase:
     """The fleet's shared state and its bridge to the fleet spec; the jobs (recovery,
     updates, re-admission, audits, admission) are its subclasses, composed by
-    :class:`~rolloutcore.fleet.controller.Fleet`."""
+    :class:`~rolloutcore.fleet.composed.Fleet`."""
 
     members: dict[str, Member]
     min_serving: int
@@ -244,15 +246,13 @@ class FleetBase:
                 self.on_step(name, step, outcome, seconds)
         return hook
 
-    def _fleet(self) -> Any:
-        return SimpleNamespace(fphase=self.phase, fcommitted=self.committed,
-                               ftarget=self.target, ffloor=self.floor)
+    def _fleet(self) -> FleetSnapshot:
+        """The fleet's own half (phase, frontier, target, floor), without its members."""
+        return FleetSnapshot(self.phase, self.committed, self.target, self.floor)
 
-    def _fleet_state(self) -> Any:
+    def _fleet_state(self) -> FleetSnapshot:
         """The fleet's state as the fleet spec's predicates read it, members included."""
-        f = self._fleet()
-        f.eng = tuple(m.view() for m in self.members.values())
-        return f
+        return replace(self._fleet(), eng=tuple(m.view() for m in self.members.values()))
 
     def _enabled(self, step: str) -> bool:
         """Whether the fleet spec takes fleet step ``step`` from the fleet's state now."""
@@ -261,38 +261,34 @@ class FleetBase:
 
     def _member_may(self, step: str, m: Member) -> bool:
         """Whether the fleet spec's guard lets member ``m`` take ``step`` now."""
-        guard = MEMBER_GUARDS.get(step)
-        return guard is None or guard[0](self._fleet_state(), m.view(), self._bounds())
+        return self._member_guard(m.name)(step, m.view()) is None
 
     def _member_guard(self, name: str) -> Callable[[str, Any], str | None]:
         """Member ``name``'s controller guard: the fleet spec's guard of each step, read
         where the step is taken (under the fleet's lock, the controller's step lock, with
         the member's own state as the step sees it), so nothing changes in between."""
         def guard(step: str, view: Any) -> str | None:
+            if self.phase == UNINITIALIZED and step in LIFTED:
+                return "the fleet spec takes no member step before fleet_open"
             g = MEMBER_GUARDS.get(step)
             if g is None:
                 return None
-            f = self._fleet()
-            f.eng = tuple(view if n == name else m.view() for n, m in self.members.items())
+            f = replace(self._fleet(), eng=tuple(view if n == name else m.view()
+                                                 for n, m in self.members.items()))
             if g[0](f, view, self._bounds()):
                 return None
             return f"the fleet spec requires {' '.join(g[1].split())} (fleet {self.phase})"
         return guard
 
-    def _bounds(self) -> Any:
+    def _bounds(self) -> Policy:
         """The fleet spec's bounds: the quorum of the update being decided, else the
         fleet's."""
-        return SimpleNamespace(min_serving=self._quorum or self.min_serving,
-                               max_live=self.max_live, min_admitting=self.min_admitting)
+        return Policy(self._quorum or self.min_serving, self.max_live, self.min_admitting)
 
     def _serving(self) -> list[Member]:
         f = self._fleet()
         return [m for m in self.members.values() if serving(f, m.view())]
 
-    def _serving_now(self) -> list[Member]:
-        f: Any = SimpleNamespace(fphase=FleetPhase.READY, fcommitted=self.committed, ftarget=0,
-                                 ffloor=self.floor)
-        return [m for m in self.members.values() if serving(f, m.view())]
 
     def _take(self, step: str, **detail: Any) -> None:
         """Take the fleet spec's step ``step``: its guard must hold, its effect sets the

@@ -4,9 +4,9 @@ generation, verified (an audit first for a READY member, then catch-up updates).
 from __future__ import annotations
 
 from rolloutcore.adapters.contract import WeightTarget
+from rolloutcore.engine.postconditions import Outcome
 from rolloutcore.fleet.audits import Audits
 from rolloutcore.fleet.base import FleetError, failures_of
-from rolloutcore.postconditions import Outcome
 from rolloutcore.spec.lifecycle import Phase, verified
 from rolloutcore.spec.triggers import Trigger
 

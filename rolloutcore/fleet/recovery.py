@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rolloutcore.controller import IllegalTransition
+from rolloutcore.engine.controller import IllegalTransition
 from rolloutcore.fleet.base import (
     AUDIT_OUTCOMES,
     FLEET_STEP,
@@ -20,7 +20,7 @@ from rolloutcore.fleet.base import (
     log,
 )
 from rolloutcore.journal import HEADER, SCHEMA, JournalReader, apply_record, restart_step
-from rolloutcore.spec.fleet import FLEET, FleetPhase, FleetState, fleet_half
+from rolloutcore.spec.fleet import FLEET, FleetState, fleet_half, recovered_phase, serving
 from rolloutcore.spec.lifecycle import FENCED, Phase
 from rolloutcore.spec.triggers import Trigger
 
@@ -72,7 +72,6 @@ class Recovery(FleetBase):
             self.min_serving = int(detail.get("min_serving", self.min_serving))
             self.max_live = int(detail.get("max_live", 1))
             self.min_admitting = int(detail.get("min_admitting", 0))
-            self.floor = 1
 
     @staticmethod
     def _replay_target(m: Member, rec: Mapping[str, Any], target_of: TargetFactory | None
@@ -106,10 +105,10 @@ class Recovery(FleetBase):
             self.recovered[m.name] = trigger
         if self.phase == UNINITIALIZED:
             return
-        n = len(self._serving_now())
-        self.phase = FleetPhase.READY if n >= self.min_serving else FleetPhase.ABORTING
-        self.target = 0
-        self._step("fleet_recover", serving=n, min_serving=self.min_serving)
+        f = self._fleet_state()
+        self.phase, self.target = recovered_phase(f, self._bounds()), 0
+        self._step("fleet_recover", serving=sum(serving(f, v) for v in f.eng),
+                   min_serving=self.min_serving)
 
     def _take_over(self) -> None:
         """A leader with a new epoch (it won the store's leadership) fences every member

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from rolloutcore.adapters.contract import WeightTarget
+from rolloutcore.engine.postconditions import Outcome
+from rolloutcore.engine.runner import CycleReport
 from rolloutcore.fleet.base import (
     FleetBase,
     FleetCycleReport,
@@ -18,11 +20,8 @@ from rolloutcore.fleet.base import (
     Member,
     PendingDecision,
 )
-from rolloutcore.postconditions import Outcome
-from rolloutcore.runner import CycleReport
-from rolloutcore.spec.fleet import FleetPhase, held_back, validated
+from rolloutcore.spec.fleet import FleetPhase, bootstrapped, held_back, validated
 from rolloutcore.spec.lifecycle import Phase
-from rolloutcore.spec.triggers import Trigger
 
 
 class Updates(FleetBase):
@@ -37,13 +36,13 @@ class Updates(FleetBase):
             out = self._parallel(lambda m: m.runner.bootstrap(targets[m.name]),
                                  list(self.members.values()))
             with self._lock:
-                ok = [n for n, o in out.items() if o.trigger == Trigger.BOOTSTRAP_OK]
-                if len(ok) >= self.min_serving:
-                    self.phase, self.committed, self.floor = FleetPhase.READY, 1, 1
+                if self._enabled("fleet_open"):
                     rolling = {"max_live": self.max_live, "min_admitting": self.min_admitting
                                } if self.max_live > 1 else {}
-                    self._step("fleet_open", members=sorted(ok), min_serving=self.min_serving,
-                               **rolling)
+                    f = self._fleet_state()
+                    self._take("fleet_open", members=sorted(
+                        n for n, v in zip(self.members, f.eng, strict=True)
+                        if bootstrapped(f, v)), min_serving=self.min_serving, **rolling)
             return out
 
     @staticmethod

@@ -36,10 +36,9 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from rolloutcore.adapters.http import is_loopback
-from rolloutcore.controller import Binding
+from rolloutcore.engine.controller import Binding
 from rolloutcore.fleet import FleetError, Lease, MigrationLost
-from rolloutcore.gateway.core import Busy, Gateway, Refusal
-from rolloutcore.gateway.records import (
+from rolloutcore.gateway.collector import (
     Collector,
     blank_token_ids,
     event_data,
@@ -47,7 +46,8 @@ from rolloutcore.gateway.records import (
     rewrite_event,
     wants_injection,
 )
-from rolloutcore.records import Segment
+from rolloutcore.gateway.core import Busy, Gateway, Refusal
+from rolloutcore.trajectories.format import Segment
 
 log = logging.getLogger("rolloutcore.gateway")
 

@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from rolloutcore.adapters.contract import WeightTarget
-from rolloutcore.controller import AdmissionCancelled, AdmissionTimeout, Binding
+from rolloutcore.engine.controller import AdmissionCancelled, AdmissionTimeout, Binding
+from rolloutcore.engine.postconditions import Outcome
 from rolloutcore.fleet import Fleet, FleetCycleReport, FleetError, Lease, TargetFactory
+from rolloutcore.gateway.collector import RecordWriter
 from rolloutcore.gateway.metrics import GatewayMetrics
-from rolloutcore.gateway.records import RecordWriter
 from rolloutcore.journal import JournalError
-from rolloutcore.postconditions import Outcome
 from rolloutcore.spec.lifecycle import Phase
 
 log = logging.getLogger("rolloutcore.gateway")

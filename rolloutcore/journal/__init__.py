@@ -4,7 +4,7 @@ One JSON object per line, keys sorted, compact separators, in Jepsen style: a be
 step is an ``invoke``, its outcome ``ok``, ``fail`` (proven to have had no effect) or
 ``info`` (may or may not have happened); controller decisions that are not part of an
 operation (admit, publish, ...) are ``step``. The types are derived from the spec's
-action table, not listed by hand (:mod:`~rolloutcore.journal.records`, with the
+action table, not listed by hand (:mod:`~rolloutcore.journal.codec`, with the
 encoding, redaction and hashing).
 
 Each record carries ``prev`` (the previous record's ``hash``; 64 zeros for the header)
@@ -20,14 +20,7 @@ controller in a state the spec proves safe: READY only when nothing had been pau
 mutated, otherwise TAINTED.
 """
 
-from rolloutcore.journal.reader import (
-    ChainReport,
-    JournalReader,
-    not_a_journal,
-    read_journal,
-    verify_chain,
-)
-from rolloutcore.journal.records import (
+from rolloutcore.journal.codec import (
     CONTINUES,
     DECISION,
     HEADER,
@@ -41,6 +34,13 @@ from rolloutcore.journal.records import (
     rechain,
     redact,
     seal,
+)
+from rolloutcore.journal.reader import (
+    ChainReport,
+    JournalReader,
+    not_a_journal,
+    read_journal,
+    verify_chain,
 )
 from rolloutcore.journal.recovery import apply_record, open_controller, recover, restart_step
 from rolloutcore.journal.writer import Journal, JournalError

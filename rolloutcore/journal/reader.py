@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from rolloutcore.journal.records import (
+from rolloutcore.journal.codec import (
     HEADER,
     HEADER_FIELDS,
     JEPSEN_TYPES,

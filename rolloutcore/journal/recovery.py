@@ -9,14 +9,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from rolloutcore.controller import (
+from rolloutcore.engine.controller import (
     INITIAL_CONTROL,
     Controller,
     ControlState,
     IllegalTransition,
 )
+from rolloutcore.journal.codec import HEADER, SCHEMA, ZERO_HASH
 from rolloutcore.journal.reader import ChainReport, JournalReader
-from rolloutcore.journal.records import HEADER, SCHEMA, ZERO_HASH
 from rolloutcore.journal.writer import Journal
 from rolloutcore.spec.lifecycle import NO_OP, SPEC, Phase, Spec
 from rolloutcore.spec.triggers import RESTARTS, Trigger

