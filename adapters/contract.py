@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
+from rolloutcore.errors import RolloutCoreError
+
 
 class PauseMode(StrEnum):
     ABORT = "abort"  # in-flight requests end now with partial output
@@ -38,7 +40,7 @@ class MutationOutcome(StrEnum):
     AMBIGUOUS = "ambiguous"  # may or may not have happened: timeout, death, unclassifiable
 
 
-class AdapterError(Exception):
+class AdapterError(RolloutCoreError):
     """An operation could not be carried out. ``proven_no_effect`` says whether the adapter
     can prove the engine was not changed (e.g. refused before sending anything)."""
 
@@ -267,7 +269,7 @@ def type_name(hint: Any) -> str:
     return str(hint).replace("typing.", "").replace("collections.abc.", "")
 
 
-class EvidenceFormatError(ValueError):
+class EvidenceFormatError(RolloutCoreError, ValueError):
     """A journalled evidence object that is not one of the contract's evidence types."""
 
 

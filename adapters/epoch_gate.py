@@ -23,13 +23,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from rolloutcore.errors import Deposed
 from rolloutcore.spec.failover import accepts
 
 #: The key a controller adds to a weight-transfer update (popped before vLLM parses it).
 EPOCH_KEY = "rc_epoch"
 
 
-class FencedOut(RuntimeError):
+class FencedOut(Deposed, RuntimeError):
     """A fenced effect refused: its epoch is below the engine's fence."""
 
 

@@ -64,6 +64,7 @@ from rolloutcore.adapters.http import (
     worker_identity,
 )
 from rolloutcore.engine.identity import CheckpointError, safetensors_files
+from rolloutcore.errors import RolloutCoreError, Unreachable
 
 T = TypeVar("T")
 ABORT_POLL_S = 0.01
@@ -79,11 +80,11 @@ ENGINE_ENV: dict[str, str] = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
 
 
-class EngineStartError(RuntimeError):
+class EngineStartError(RolloutCoreError, RuntimeError):
     """The in-process engine did not start (its cause in words)."""
 
 
-class NoAnswer(AdapterError):
+class NoAnswer(AdapterError, Unreachable):
     """The engine gave no answer: the call did not end by its deadline, the engine is not
     running, or nothing was sent (a deposed controller)."""
 

@@ -55,6 +55,7 @@ from rolloutcore.adapters.contract import (
     WeightTarget,
     remaining,
 )
+from rolloutcore.errors import Unreachable
 
 if TYPE_CHECKING:
     from rolloutcore.adapters.inprocess import EngineHost, InProcessAdapter
@@ -345,7 +346,7 @@ class LaunchedEngine:
     url: str  # its OpenAI routes (the gateway's rollouts go there)
 
 
-class RayUnavailable(ConnectionError):
+class RayUnavailable(Unreachable, ConnectionError):
     """No Ray cluster answers at the address (one line: where and why)."""
 
 

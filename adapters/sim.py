@@ -42,6 +42,7 @@ from rolloutcore.adapters.contract import (
     remaining,
 )
 from rolloutcore.adapters.epoch_gate import EpochGate
+from rolloutcore.errors import Unreachable
 
 VOCAB = 1024
 BLOCK = 4  # tokens per prefix-cache block (small: sim prompts are short)
@@ -88,7 +89,7 @@ def reference_logprobs(checkpoint: str, prompt: tuple[int, ...]) -> tuple[float,
     return tuple(_score(checkpoint, prompt, i) for i in range(1, len(prompt)))
 
 
-class EngineDead(RuntimeError):
+class EngineDead(Unreachable, RuntimeError):
     """The engine core died (the next generation after a failed load)."""
 
 

@@ -115,8 +115,7 @@ def one(tmp: Path, name: str, token_s: float, n: int | None, rolling: bool
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
         t0 = time.perf_counter()
-        rep = fleet.roll(sim_target(2, ckpt(2))) if rolling else \
-            fleet.update(sim_target(2, ckpt(2)))
+        rep = fleet.update(sim_target(2, ckpt(2)))
         seconds = time.perf_counter() - t0
         watcher.join()
         if s is not None:

@@ -259,8 +259,7 @@ class FleetWindow:
             t0 = time.monotonic()
             watch = threading.Thread(target=self._watch, args=(gen, t0), daemon=True)
             watch.start()
-            report = self.fleet.roll(target) if self.regime == "rolling" else \
-                self.fleet.update(target)
+            report = self.fleet.update(target)
             watch.join(600.0)
             if not report.published:
                 raise RuntimeError(f"update {gen} not published: {report.as_json()}")

@@ -355,7 +355,7 @@ def s_rolling_update_migrated(ctx: FleetContext) -> None:
     held = {lease.engine: lease for lease in (fleet.admit(f"held-{i}") for i in range(3))}
     ctx.check("a held rollout on every member", sorted(held) == sorted(names), sorted(held))
     with ThreadPoolExecutor(1) as pool:
-        rolling = pool.submit(fleet.roll, ctx.rig.targets(2))
+        rolling = pool.submit(fleet.update, ctx.rig.targets(2))
         try:
             ctx.check("the wave drains one member while the fleet rolls",
                       wait_until(lambda: _draining(fleet) is not None, 60.0)
@@ -505,7 +505,7 @@ def s_rolling_steady_load(ctx: FleetContext) -> None:
     held = {lease.engine: lease for lease in (fleet.admit(f"held-{i}") for i in range(3))}
     ctx.check("a held rollout on every member", sorted(held) == sorted(names), sorted(held))
     with _Load(ctx, fleet) as load, ThreadPoolExecutor(1) as pool:
-        rolling = pool.submit(fleet.roll, ctx.rig.targets(2))
+        rolling = pool.submit(fleet.update, ctx.rig.targets(2))
         during: list[tuple[str, int, bool]] = []
         try:
             for _ in names:  # the wave, then each member left behind
@@ -564,7 +564,7 @@ def s_rolling_wave_fails_validation(ctx: FleetContext) -> None:
                for n, t in ctx.rig.targets(2).items()}
     with _Load(ctx, fleet) as load:
         try:
-            rep = fleet.roll(targets)
+            rep = fleet.update(targets)
         finally:
             for e in ctx.rig.engines.values():
                 e.disarm()
@@ -957,7 +957,7 @@ def _killed_while_draining(ctx: FleetContext, *, rolling: bool) -> None:
         ctx.check("a rollout in flight on every member when the update is requested",
                   wait_until(lambda: sum(m.outstanding for m in fleet.members.values())
                              == n, 60.0), {x: m.outstanding for x, m in fleet.members.items()})
-        update = pool.submit(fleet.advance, rig.targets(2))
+        update = pool.submit(fleet.update, rig.targets(2))
         try:
             ctx.check(f"{v} drains with its rollout bound, and is killed",
                       wait_until(lambda: "at" in killed, 60.0), killed)

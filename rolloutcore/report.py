@@ -37,6 +37,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rolloutcore.errors import BadInput, Refused, RolloutCoreError
 from rolloutcore.inputs import unreadable
 from rolloutcore.journal import ChainReport, JournalReader, not_a_journal
 from rolloutcore.spec.fleet import FLEET, FleetPhase
@@ -102,12 +103,12 @@ _MIN_SPAN_PX = 2.5  # a phase span shorter than this is drawn this wide (else in
 _DPI = 100
 
 
-class ReportInputError(ValueError):
+class ReportInputError(BadInput, ValueError):
     """An input the report cannot use; the message names the file (``path: what`` or
     ``path:line: what``)."""
 
 
-class JournalFailsVerification(Exception):
+class JournalFailsVerification(Refused):
     """The journal's chain breaks before its end (anything but a torn final record, which
     recovery and the trace checker ignore as well): nothing is drawn, a negative verdict
     as ``journal verify`` gives."""
@@ -117,7 +118,7 @@ class JournalFailsVerification(Exception):
         self.chain = chain
 
 
-class DrawingUnavailable(RuntimeError):
+class DrawingUnavailable(RolloutCoreError, RuntimeError):
     """matplotlib is not installed: nothing can be drawn (not bad input)."""
 
 

@@ -1,7 +1,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -43,6 +44,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def exploration() -> Exploration:
     return explore(SPEC)
+
+
+@pytest.fixture(scope="module")
+def etcd() -> Iterator[Any]:
+    """A real etcd for the module (``make install`` installs it; missing, the test fails:
+    the etcd tests never pass without one)."""
+    from rolloutcore.conformance.fixtures.etcd_server import EtcdError, EtcdServer, etcd_binary
+
+    try:
+        etcd_binary()
+    except EtcdError as e:
+        pytest.fail(f"{e} (the etcd tests need a real etcd; `make install` installs it)")
+    with EtcdServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def models() -> dict[str, Path]:
+    """The tiny test models (built offline once, then reused): version name -> directory."""
+    from rolloutcore.conformance.fixtures.tiny_model import DEFAULT_OUT, build_models
+
+    return {k: Path(v) for k, v in build_models(DEFAULT_OUT).items()}
 
 
 def require_tlc() -> None:

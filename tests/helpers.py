@@ -1,12 +1,30 @@
-"""Small helpers shared by tests: a step deadline, and an outcome decided from evidence."""
+"""Small helpers shared by tests: a step deadline, a bounded wait for a condition the test
+itself causes, and an outcome decided from evidence."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rolloutcore.engine import postconditions as post
 from rolloutcore.spec.triggers import Op
+
+#: Any wait on a condition: far above what it takes, so only a failure reaches it.
+BOUND = 30.0
+
+
+def wait_until(pred: Callable[[], Any], what: str, timeout: float = BOUND) -> Any:
+    """Poll a condition the test itself causes until it holds (returning what ``pred``
+    returned); fail, never hang, past ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = pred()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:g} s: {what}")
+        time.sleep(0.005)
 
 
 def dl(seconds: float = 30.0) -> float:

@@ -29,7 +29,6 @@ from vllm_helpers import check_real_vllm_tour  # noqa: E402
 from rolloutcore.adapters.contract import AdapterError  # noqa: E402
 from rolloutcore.conformance.engines import SimHarnessEngine, VllmHarnessEngine  # noqa: E402
 from rolloutcore.conformance.fixtures.server_pool import ServerPool  # noqa: E402
-from rolloutcore.conformance.fixtures.tiny_model import DEFAULT_OUT, build_models  # noqa: E402
 from rolloutcore.conformance.harness import EnginePool, compare, run_scenario  # noqa: E402
 from rolloutcore.conformance.scenarios import SCENARIOS  # noqa: E402
 from rolloutcore.conformance.tour import (  # noqa: E402
@@ -44,11 +43,6 @@ ORDER = sorted(SCENARIOS, key=lambda n: SCENARIOS[n].destructive)
 KNOWN_BUGS: dict[str, str] = {}  # pause_timeout was here: fixed in the spec (pause_failed)
 PARAMS = [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=KNOWN_BUGS[n]))
           if n in KNOWN_BUGS else n for n in ORDER]
-
-
-@pytest.fixture(scope="module")
-def models() -> dict[str, Path]:
-    return build_models(DEFAULT_OUT)
 
 
 @pytest.fixture(scope="module")

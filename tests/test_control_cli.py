@@ -32,13 +32,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from helpers import wait_until
 
 from rolloutcore import cli
 from rolloutcore.adapters.http import HttpAdapter
@@ -64,24 +65,7 @@ BOUND = 30.0
 PROBE_PROMPT = (7, 1, 4, 9, 2, 8, 5, 3, 6)  # sim_target's default probe
 
 
-def wait_until(pred: Callable[[], Any], what: str, timeout: float = BOUND) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = pred()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g} s: {what}")
-        time.sleep(0.05)  # poll interval of a condition with a deadline
-
-
 # -------------------------------------------------------------------------- rig
-
-
-@pytest.fixture(scope="module")
-def etcd() -> Iterator[EtcdServer]:
-    with EtcdServer() as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import wait_until
 
 from rolloutcore.conformance.fixtures.etcd_server import (
     EtcdCluster,
@@ -49,24 +50,6 @@ from rolloutcore.journal import Journal, JournalError, read_journal, verify_chai
 
 BOUND = 15.0  # against a broken test, never a measurement
 FLEET = "RolloutCoreFleet"
-
-
-def wait_until(pred: Callable[[], bool], what: str, timeout: float = BOUND) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
-@pytest.fixture(scope="module")
-def etcd() -> Iterator[EtcdServer]:
-    try:
-        etcd_binary()
-    except EtcdError as e:
-        pytest.fail(f"{e} (the etcd tests need a real etcd; `make install` installs it)")
-    with EtcdServer() as server:
-        yield server
 
 
 @pytest.fixture

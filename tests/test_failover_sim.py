@@ -44,12 +44,6 @@ KILL_POINTS = ("fleet:fleet_request_update", "a:drain", "a:pause", "a:mutate",
                "a:resume", "a:probe", "fleet:fleet_publish")
 
 
-@pytest.fixture(scope="module")
-def etcd() -> Iterator[EtcdServer]:
-    with EtcdServer() as server:
-        yield server
-
-
 @dataclass
 class Rig:
     fleet_file: Path

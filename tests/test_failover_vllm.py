@@ -29,17 +29,11 @@ from rolloutcore.check.fleet_trace import check_fleet_file
 from rolloutcore.conformance.fault_proxy import Fault, FaultProxy
 from rolloutcore.conformance.fixtures.etcd_server import EtcdServer
 from rolloutcore.conformance.fixtures.server_pool import ServerPool
-from rolloutcore.conformance.fixtures.tiny_model import DEFAULT_OUT, build_models
 from rolloutcore.control import EtcdStore, iter_journal_lines
 from rolloutcore.engine.identity import checkpoint_identity
 from rolloutcore.engine.targets import checkpoint_target
 
 pytestmark = pytest.mark.vllm
-
-
-@pytest.fixture(scope="module")
-def models() -> dict[str, Path]:
-    return {k: Path(v) for k, v in build_models(DEFAULT_OUT).items()}
 
 
 @pytest.fixture

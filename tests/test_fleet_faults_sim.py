@@ -88,7 +88,7 @@ def test_a_member_killed_at_any_step_ends_in_a_decision(tmp_path: Path, mode: st
     else:
         victim.kill_at = at
     t0 = time.perf_counter()
-    report = fleet.advance(target(2))
+    report = fleet.update(target(2))
     decided = time.perf_counter()
     assert victim.killed_at is not None, "the kill never happened"
     print(f"{mode:<8} {who} killed at {at:<14} decision {decided - victim.killed_at:.3f} s "
@@ -118,7 +118,7 @@ def test_the_killed_member_is_readmitted_once_its_process_is_back(tmp_path: Path
     generation 2, and it serves again."""
     fleet, adapters = fleet_of(tmp_path, "strict")
     adapters["a"].kill_at = "pause"
-    report = fleet.advance(target(2))
+    report = fleet.update(target(2))
     assert report.published and report.quarantined == ["a"]
     adapters["a"].reconnect(SimEngine("ckpt-1", label="rc-1"))
     out = fleet.readmit("a", who="test")

@@ -6,13 +6,14 @@ rollout's generation, and a floor the spec would not set)."""
 
 from __future__ import annotations
 
+import json
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import wait_until
 
 from rolloutcore.adapters.sim import SimAdapter, SimEngine, reference_tokens, sim_target
 from rolloutcore.check.fleet_trace import check_fleet_file, check_fleet_records
@@ -44,14 +45,6 @@ def rolling(tmp_path: Path) -> Iterator[tuple[Fleet, dict[str, SimAdapter]]]:
     fleet.close()
 
 
-def wait_until(pred: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    """Wait for a state the test itself causes (a member draining a lease it holds)."""
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.002)
-
-
 def draining(fleet: Fleet) -> str | None:
     return next((n for n, m in fleet.members.items()
                  if m.controller.phase is Phase.DRAINING), None)
@@ -80,7 +73,7 @@ def test_a_rolling_update_never_closes_admissions_and_migrates_instead_of_waitin
     fleet, ad = rolling
     held = {lease.engine: lease for lease in (fleet.admit(f"r{i}") for i in range(3))}
     assert sorted(held) == list(NAMES)  # one rollout on each member
-    worker, result = in_background(lambda: fleet.roll(sim_target(2, ckpt(2))))
+    worker, result = in_background(lambda: fleet.update(sim_target(2, ckpt(2))))
     # The wave: one member (three serve, two must keep serving) drains its rollout...
     wait_until(lambda: draining(fleet) is not None, "the wave to drain")
     wave = draining(fleet)
@@ -141,14 +134,17 @@ def test_a_rolling_update_never_closes_admissions_and_migrates_instead_of_waitin
 def test_a_second_rolling_update_waits_for_the_floor(
         rolling: tuple[Fleet, dict[str, SimAdapter]], tmp_path: Path) -> None:
     fleet, _ad = rolling
-    assert fleet.roll(sim_target(2, ckpt(2))).published
-    assert fleet.roll(sim_target(3, ckpt(3))).published
+    assert fleet.update(sim_target(2, ckpt(2))).published
+    assert fleet.update(sim_target(3, ckpt(3))).published
     assert (fleet.committed, fleet.floor) == (3, 3)
     strict = Fleet([("x", SimAdapter(SimEngine(ckpt(1), label="rc-1")), None)],
                    journal=tmp_path / "strict.jsonl", fsync=False)
     strict.bootstrap(sim_target(1, ckpt(1)))
-    with pytest.raises(FleetError, match="strictly"):
-        strict.roll(sim_target(2, ckpt(2)))
+    # The one update call updates a strict fleet strictly: a fleet-wide request, no roll.
+    assert strict.update(sim_target(2, ckpt(2))).published
+    steps = [json.loads(line).get("step") for line in
+             (tmp_path / "strict.jsonl").read_text().splitlines()]
+    assert "fleet_request_update" in steps and "fleet_roll" not in steps
     strict.close()
 
 
@@ -156,7 +152,7 @@ def test_the_checker_rejects_a_migration_across_generations_and_a_wrong_floor(
         rolling: tuple[Fleet, dict[str, SimAdapter]], tmp_path: Path) -> None:
     fleet, _ad = rolling
     held = {x.engine: x for x in (fleet.admit(f"r{i}") for i in range(3))}
-    worker, result = in_background(lambda: fleet.roll(sim_target(2, ckpt(2))))
+    worker, result = in_background(lambda: fleet.update(sim_target(2, ckpt(2))))
     wait_until(lambda: draining(fleet) is not None, "the wave to drain")
     moved = fleet.migrate(held.pop(str(draining(fleet))))
     for x in [moved, *held.values()]:
@@ -201,7 +197,7 @@ def test_fleet_status_shows_frontier_floor_and_the_policy_mid_roll(
         '[fleet]\nmin_serving = 2\nmax_live = 2\nmin_admitting = 2\njournal = "f.jsonl"\n'
         + "".join(f'[[engine]]\nname = "{n}"\nurl = "http://127.0.0.1:1"\n' for n in NAMES))
     held = {x.engine: x for x in (fleet.admit(f"r{i}") for i in range(3))}
-    worker, result = in_background(lambda: fleet.roll(sim_target(2, ckpt(2))))
+    worker, result = in_background(lambda: fleet.update(sim_target(2, ckpt(2))))
     wait_until(lambda: draining(fleet) is not None, "the wave to drain")
     held[str(draining(fleet))] = fleet.migrate(held.pop(str(draining(fleet))))
     wait_until(lambda: fleet.committed == 2, "the wave to publish")
@@ -229,7 +225,7 @@ def test_a_wave_member_that_loads_the_wrong_weights_is_quarantined_and_serves_no
     fleet, ad = rolling
     for a in ad.values():  # whichever member the wave takes; the others never mutate
         a.faults.add("mutate", "wrong_weights")
-    report = fleet.roll(sim_target(2, ckpt(2)))
+    report = fleet.update(sim_target(2, ckpt(2)))
     assert not report.published and len(report.quarantined) == 1, report.as_json()
     (bad,) = report.quarantined
     assert fleet.members[bad].controller.phase is Phase.TAINTED
@@ -248,11 +244,11 @@ def test_a_wave_member_that_loads_the_wrong_weights_is_quarantined_and_serves_no
 
 def test_advance_rolls_a_rolling_fleet_and_refuses_a_quorum_of_its_own(
         rolling: tuple[Fleet, dict[str, SimAdapter]]) -> None:
-    """``Fleet.advance`` is the one place that picks the update by the fleet's K: a
+    """``Fleet.update`` is the one place that picks the update by the fleet's K: a
     rolling fleet rolls (waves, never a strict step) and keeps its own quorum."""
     fleet, _ad = rolling
     with pytest.raises(FleetError, match="keeps its quorum"):
-        fleet.advance(sim_target(2, ckpt(2)), min_serving=1)
+        fleet.update(sim_target(2, ckpt(2)), min_serving=1)
     assert fleet.committed == 1  # nothing changed
-    report = fleet.advance(sim_target(2, ckpt(2)))
+    report = fleet.update(sim_target(2, ckpt(2)))
     assert report.published and len(report.waves) == len(NAMES), report.as_json()

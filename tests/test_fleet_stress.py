@@ -116,7 +116,7 @@ def test_many_threads_admit_release_read_audit_report_and_update(
             return
         while not stop.is_set():
             try:  # suspicions may leave fewer than min_serving serving for a moment
-                rep = fleet.advance(sim_target(g, f"ckpt-{g}", label=f"v{g}"))
+                rep = fleet.update(sim_target(g, f"ckpt-{g}", label=f"v{g}"))
             except FleetError:
                 done["update refused"] += 1
                 stop.wait(0.01)

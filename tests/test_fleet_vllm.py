@@ -143,7 +143,7 @@ def test_gateway_streams_move_off_draining_vllm_members_with_the_greedy_tokens(
                 "a": 1, "b": 1, "c": 1}
             for name in ("a", "c"):
                 engines[name].inject("pause", "hang")
-            rolling = pool.submit(fleet.roll, rig.targets(2))
+            rolling = pool.submit(fleet.update, rig.targets(2))
             for name, moves in (("a", 1), ("c", 2)):
                 proxy = engines[name].proxy  # type: ignore[attr-defined]
                 proxy.wait_for(_pause_held, timeout=BOUND)  # its drain ended

@@ -30,6 +30,7 @@ import anyio
 import httpx
 import openai
 import pytest
+from helpers import wait_until
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -58,15 +59,6 @@ from rolloutcore.spec.lifecycle import Phase
 BOUND = 10.0
 MODEL = "tiny"
 PROMPT = [7, 1, 4, 9, 2]
-
-
-def wait_until(pred: Callable[[], bool], what: str, timeout: float = BOUND) -> None:
-    """Poll a condition the test itself causes; fail (never hang) past the bound."""
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.002)
 
 
 # --------------------------------------------------------------------- fake upstream

@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -25,7 +24,7 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers import decided, dl
+from helpers import decided, dl, wait_until
 
 from rolloutcore.adapters.contract import (
     EngineReport,
@@ -60,14 +59,6 @@ def target(generation: int, version: str, label: str | None = None) -> WeightTar
 def adapter(srv: SimServer, **kw: Any) -> HttpAdapter:
     # Simulated checkpoints are names, not directories: nothing to check on disk.
     return HttpAdapter(srv.url, check_source_exists=False, retry_backoff_s=0.0, **kw)
-
-
-def wait_until(cond: Callable[[], bool], what: str, timeout: float = BOUND) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        time.sleep(0.005)
 
 
 def gauge(http: HttpAdapter, name: str) -> float:

@@ -63,6 +63,7 @@ from rolloutcore.adapters.contract import EvidenceFormatError
 from rolloutcore.check.claims import TOP_LEVEL, Claims
 from rolloutcore.engine import postconditions as post
 from rolloutcore.engine.controller import triggers_of
+from rolloutcore.errors import BadInput
 from rolloutcore.inputs import unreadable
 from rolloutcore.journal import (
     CONTINUES,
@@ -120,7 +121,7 @@ def _top_level_problem(r: Mapping[str, Any]) -> str | None:
     return None
 
 
-class TraceInputError(Exception):
+class TraceInputError(BadInput):
     """The input is not a journal this checker reads (missing, unreadable, not JSON lines,
     another schema version)."""
 

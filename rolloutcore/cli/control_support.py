@@ -28,6 +28,7 @@ from rolloutcore.control.leadership import (
     Leadership,
     current_leader,
 )
+from rolloutcore.errors import Deposed
 
 if TYPE_CHECKING:
     from rolloutcore.fleet.config import ControlConfig
@@ -138,12 +139,8 @@ def deposed_line(err: BaseException) -> str:
     """The line of a controller whose append was refused (:class:`~rolloutcore.control.
     Deposed`) or whose store failed in mid-command (it cannot know it still leads)."""
     text = " ".join(str(err).split())
-    if text.startswith("deposed"):
-        return text
-    from rolloutcore.control.journal import Deposed
-
     if isinstance(err, Deposed):
-        return f"deposed: {text}"
+        return text if text.startswith("deposed") else f"deposed: {text}"
     return (f"deposed: the control store failed in mid-command, so this controller cannot "
             f"know it still leads; nothing more is done: {text}")
 

@@ -13,7 +13,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from rolloutcore.cli.exits import BAD_INPUT, BROKEN_PIPE, CANNOT_RUN, INTERRUPTED, NEGATIVE, OK
+from rolloutcore.cli.exits import (
+    BAD_INPUT,
+    BROKEN_PIPE,
+    CANNOT_RUN,
+    INTERRUPTED,
+    NEGATIVE,
+    OK,
+    exit_code,
+)
+from rolloutcore.errors import RolloutCoreError
 from rolloutcore.inputs import file_problem, unreadable
 from rolloutcore.spec.lifecycle import SPEC, Bounds
 
@@ -973,6 +982,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (OSError, ValueError, AttributeError):
             pass
         return BROKEN_PIPE
+    except RolloutCoreError as e:  # one the handler did not word itself: its kind decides
+        code = exit_code(e)
+        if code is not None:
+            _error(" ".join(str(e).split()) or type(e).__name__)
+            return code
+        _error(f"internal error in `rolloutcore {args.group} {getattr(args, 'cmd', '')}`"
+               f": {type(e).__name__}: {e} (a bug: please report it)")
+        return CANNOT_RUN
     except Exception as e:  # last resort: a bug, reported in one line, never a traceback
         _error(f"internal error in `rolloutcore {args.group} {getattr(args, 'cmd', '')}`"
                f": {type(e).__name__}: {e} (a bug: please report it)")

@@ -32,6 +32,7 @@ from rolloutcore.fleet import (
     EngineConfig,
     Fleet,
     FleetConfig,
+    FleetDeposed,
     FleetError,
     FleetFileError,
     StepHook,
@@ -117,8 +118,8 @@ def open_fleet(cfg: FleetConfig, fleet_file: str, *, min_serving: int | None = N
             if hasattr(adapter, "on_replaced"):
                 adapter.on_replaced = functools.partial(fleet.report_replaced, name)
         return fleet
-    except FleetError as e:
-        if journal is None or not str(e).startswith("deposed"):
+    except FleetDeposed as e:
+        if journal is None:
             raise
         from rolloutcore.control import Deposed
 
@@ -446,7 +447,7 @@ def _update(args: argparse.Namespace, cfg: FleetConfig, journal: JournalStore | 
         if not args.json:
             print(f"fleet update to {args.label} (generation {target.generation}), "
                   f"min_serving {fleet.min_serving}:")
-        report = fleet.advance(target)
+        report = fleet.update(target)
     except (TargetError, FleetError) as err:
         return _fail(args, str(err))
     finally:

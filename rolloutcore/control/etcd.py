@@ -27,6 +27,8 @@ import requests
 from etcd3gw.client import Etcd3Client
 from requests.adapters import HTTPAdapter
 
+from rolloutcore.errors import BadInput, Refused, RolloutCoreError, Unreachable
+
 SCHEME = "etcd"
 DEFAULT_PORT = 2379
 #: The key prefix when the URL has no path: the caller adds the fleet's name.
@@ -40,15 +42,15 @@ _NOT_FOUND = 5
 _REFUSED_S = 2.0  # how long a member that refused a connection is tried last
 
 
-class StoreUrlError(ValueError):
+class StoreUrlError(BadInput, ValueError):
     """A store URL that cannot be used (one line: what and why)."""
 
 
-class StoreError(Exception):
+class StoreError(RolloutCoreError):
     """The store could not do what was asked."""
 
 
-class StoreUnavailable(StoreError):
+class StoreUnavailable(StoreError, Unreachable):
     """No endpoint answered in time, or the cluster has no quorum."""
 
 
@@ -57,7 +59,7 @@ class StoreAmbiguous(StoreUnavailable):
     may not have been applied."""
 
 
-class StoreRejected(StoreError):
+class StoreRejected(StoreError, Refused):
     """The store answered and refused the request (its gRPC code and message)."""
 
     def __init__(self, message: str, code: int) -> None:

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from rolloutcore import errors
 from rolloutcore.control.etcd import (
     EtcdStore,
     StoreError,
@@ -56,7 +57,7 @@ MAX_TXN_BYTES = 1 << 20
 _SEQ_KEY = re.compile(f"[0-9]{{{SEQ_DIGITS}}}")
 
 
-class Deposed(JournalError):
+class Deposed(JournalError, errors.Deposed):
     """The writer's epoch is no longer the leader's: the store refused the append."""
 
 

@@ -40,6 +40,7 @@ from rolloutcore.control.etcd import (
     op_put,
     op_range,
 )
+from rolloutcore.errors import Refused
 
 log = logging.getLogger(__name__)
 _NOT_FOUND = 5  # the gRPC code of a lease that no longer exists
@@ -47,7 +48,7 @@ _NOT_FOUND = 5  # the gRPC code of a lease that no longer exists
 LEADER_KEY = "leader"
 
 
-class CampaignTimeout(TimeoutError):
+class CampaignTimeout(Refused, TimeoutError):
     """No leadership won within the campaign's timeout (one line: who holds it)."""
 
 

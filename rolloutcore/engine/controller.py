@@ -33,11 +33,12 @@ from typing import Any, NamedTuple
 from transitions import Machine
 from transitions.extensions import LockedMachine
 
+from rolloutcore.errors import Refused
 from rolloutcore.spec.lifecycle import NO_OP, SPEC, Action, Kind, Phase, Spec, frees_bindings
 from rolloutcore.spec.triggers import Trigger
 
 
-class IllegalTransition(Exception):
+class IllegalTransition(Refused):
     """A step the spec does not allow in the current state. Nothing was changed."""
 
     def __init__(self, step: str, phase: Phase, reason: str) -> None:

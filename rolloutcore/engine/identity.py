@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from rolloutcore.errors import BadInput
 from rolloutcore.inputs import directory_problem
 
 DOMAIN = b"rolloutcore-weights-v1\n"
@@ -29,7 +30,7 @@ MANIFEST_DOMAIN = b"rolloutcore-manifest-v1\n"
 _MAX_HEADER = 100 * 1024 * 1024  # the format's own limit on the JSON header
 
 
-class CheckpointError(ValueError):
+class CheckpointError(BadInput, ValueError):
     """The directory is not a readable safetensors checkpoint."""
 
 

@@ -51,6 +51,7 @@ from rolloutcore.check.claims import request_detail
 from rolloutcore.engine import postconditions as post
 from rolloutcore.engine.controller import Binding, Controller, IllegalTransition
 from rolloutcore.engine.postconditions import Decision, Expected, Outcome
+from rolloutcore.errors import Ambiguous
 from rolloutcore.spec.lifecycle import TIERS, Phase, Result
 from rolloutcore.spec.triggers import OUTCOMES, Op, Trigger
 
@@ -98,7 +99,7 @@ class RunnerPolicy:
         return self.step_timeout_s
 
 
-class DeadlineExceeded(Exception):
+class DeadlineExceeded(Ambiguous):
     def __init__(self, what: str, seconds: float) -> None:
         super().__init__(f"{what} did not return within {seconds:.2f} s")
         self.what = what

@@ -19,6 +19,7 @@ from typing import Any
 
 from rolloutcore.adapters.contract import WeightTarget
 from rolloutcore.engine.identity import checkpoint_identity, checkpoint_nbytes, with_adapter
+from rolloutcore.errors import BadInput
 
 REFERENCES = "references.json"
 ADAPTER_CONFIG = "adapter_config.json"  # what makes a directory a (PEFT) LoRA adapter
@@ -26,7 +27,7 @@ ADAPTER_CONFIG = "adapter_config.json"  # what makes a directory a (PEFT) LoRA a
 PROBE = "long"
 
 
-class TargetError(ValueError):
+class TargetError(BadInput, ValueError):
     """A checkpoint directory that does not describe a target (no references, no probe)."""
 
 

@@ -56,6 +56,7 @@ A thread holding one of these takes only later ones.
 
 from rolloutcore.fleet.base import (
     FleetCycleReport,
+    FleetDeposed,
     FleetError,
     Lease,
     Member,
@@ -73,6 +74,6 @@ from rolloutcore.fleet.config import (
     load_fleet_file,
 )
 
-__all__ = ["TRANSFERS", "EngineConfig", "Fleet", "FleetConfig", "FleetCycleReport", "FleetError",
-           "FleetFileError", "Lease", "Member", "MemberStatus", "MigrationLost", "StepHook",
-           "TargetFactory", "load_fleet_file"]
+__all__ = ["TRANSFERS", "EngineConfig", "Fleet", "FleetConfig", "FleetCycleReport",
+           "FleetDeposed", "FleetError", "FleetFileError", "Lease", "Member", "MemberStatus",
+           "MigrationLost", "StepHook", "TargetFactory", "load_fleet_file"]

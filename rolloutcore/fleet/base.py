@@ -14,6 +14,7 @@ from typing import Any
 from rolloutcore.adapters.contract import EpochEvidence, LifecycleAdapter, WeightTarget
 from rolloutcore.engine.controller import Controller, GuardView, TraceRecord, TraceSink
 from rolloutcore.engine.runner import CycleReport, LifecycleRunner, RunnerPolicy
+from rolloutcore.errors import Deposed, Refused
 from rolloutcore.fleet.store import JournalStore
 from rolloutcore.journal import Journal
 from rolloutcore.spec.fleet import (
@@ -37,8 +38,13 @@ AUDIT_OUTCOMES = frozenset({Trigger.AUDIT_OK, Trigger.AUDIT_FAILED, Trigger.AUDI
 log = logging.getLogger("rolloutcore.fleet")
 
 
-class FleetError(Exception):
+class FleetError(Refused):
     """A fleet operation that cannot be carried out as asked (nothing was changed)."""
+
+
+class FleetDeposed(FleetError, Deposed):
+    """The takeover met a newer epoch's fence on an engine: this controller is deposed
+    before it began (nothing was changed)."""
 
 
 class MigrationLost(FleetError):
@@ -377,7 +383,7 @@ class FleetBase:
             lambda m: fence_one(m, epoch, self.policy.fence_timeout_s), todo)
         newer = {n: ev.seen for n, ev in results.items() if ev.error is None and not ev.accepted}
         if newer:
-            raise FleetError(f"deposed: epoch {epoch} is below the fence of {newer}")
+            raise FleetDeposed(f"deposed: epoch {epoch} is below the fence of {newer}")
         done = sorted(n for n, ev in results.items() if ev.accepted)
         if done:
             self.unfenced -= set(done)

@@ -38,7 +38,7 @@ class Fleet(Admission, Readmission, Updates, Recovery):
         member is fenced with the epoch before anything else (:meth:`_take_over`).
         ``watchdog_s``: audit
         every READY member that often (see :meth:`start_watchdog`). ``max_live`` K >= 2 makes
-        updates roll (:meth:`roll`): at most K generations served at once, at least
+        updates roll (:meth:`update`): at most K generations served at once, at least
         ``min_admitting`` members serving throughout; a recovered fleet keeps the ones its
         journal opened with."""
         names = [n for n, _a, _u in members]

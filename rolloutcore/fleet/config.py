@@ -6,13 +6,14 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from rolloutcore.errors import BadInput
 from rolloutcore.inputs import unreadable
 from rolloutcore.spec.fleet import update_policy_error
 
 TRANSFERS = ("reload", "gloo", "nccl")
 
 
-class FleetFileError(ValueError):
+class FleetFileError(BadInput, ValueError):
     """A fleet file that is not what the fleet reads (where and why)."""
 
 

@@ -13,6 +13,7 @@ from rolloutcore.fleet.base import (
     FLEET_STEP,
     UNINITIALIZED,
     FleetBase,
+    FleetDeposed,
     FleetError,
     Member,
     TargetFactory,
@@ -129,7 +130,7 @@ class Recovery(FleetBase):
             list(self.members.values()))
         newer = {n: ev.seen for n, ev in results.items() if ev.error is None and not ev.accepted}
         if newer:
-            raise FleetError(f"deposed: epoch {epoch} is below the fence of {newer} (a newer "
+            raise FleetDeposed(f"deposed: epoch {epoch} is below the fence of {newer} (a newer "
                              "controller leads; nothing was changed)")
         self.unfenced = {n for n, ev in results.items() if not ev.accepted}
         for n in sorted(self.unfenced):

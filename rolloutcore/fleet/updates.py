@@ -57,12 +57,20 @@ class Updates(FleetBase):
 
     def update(self, target: WeightTarget | Mapping[str, WeightTarget], *,
                min_serving: int | None = None) -> FleetCycleReport:
-        """One fleet cycle: close admissions, prepare every serving member in parallel,
-        then publish on the validated members at once if they are a quorum, else abort
-        (validated members withdraw and are re-admitted onto the committed generation).
-        A mapping gives each member its own target (its own checkpoint path).
-        ``min_serving``: this update's quorum (default the fleet's), journalled with its
-        request and its decision."""
+        """The next generation, as the fleet's update policy says (the one public update
+        call). A strict fleet (max_live 1): one fleet cycle: close admissions, prepare
+        every serving member in parallel, then publish on the validated members at once if
+        they are a quorum, else abort (validated members withdraw and are re-admitted onto
+        the committed generation); ``min_serving`` is this update's quorum (default the
+        fleet's), journalled with its request and its decision. A rolling fleet (max_live
+        >= 2): see :meth:`_rolling_update`; it keeps its own quorum and refuses
+        ``min_serving`` (FleetError, nothing changed). A mapping gives each member its own
+        target (its own checkpoint path). The report says what was decided."""
+        if self.rolling:
+            if min_serving is not None:
+                raise FleetError("min_serving: a rolling fleet (max_live >= 2) keeps its "
+                                 "quorum")
+            return self._rolling_update(target)
         if min_serving is not None and not 1 <= min_serving <= len(self.members):
             raise FleetError(f"min_serving must be in 1..{len(self.members)}")
         with self._update_lock:
@@ -147,18 +155,8 @@ class Updates(FleetBase):
         member at once."""
         return self.max_live > 1
 
-    def advance(self, target: WeightTarget | Mapping[str, WeightTarget], *,
-                min_serving: int | None = None) -> FleetCycleReport:
-        """The next generation, as the fleet's update policy says: :meth:`roll` for a
-        rolling fleet, else :meth:`update` (``min_serving``: its quorum; a rolling fleet
-        keeps its own, and refuses one with FleetError, nothing changed)."""
-        if not self.rolling:
-            return self.update(target, min_serving=min_serving)
-        if min_serving is not None:
-            raise FleetError("min_serving: a rolling fleet (max_live >= 2) keeps its quorum")
-        return self.roll(target)
-
-    def roll(self, target: WeightTarget | Mapping[str, WeightTarget]) -> FleetCycleReport:
+    def _rolling_update(self, target: WeightTarget | Mapping[str, WeightTarget]
+                        ) -> FleetCycleReport:
         """A rolling update (max_live >= 2) to the next generation; admissions never close.
         A wave of members on the frontier (as many as can leave while min_admitting others
         serve) prepares in parallel while the rest serve their generation; the wave's
@@ -176,8 +174,6 @@ class Updates(FleetBase):
             self._catch_up_behind({}, FleetCycleReport(target if isinstance(
                 target, WeightTarget) else next(iter(target.values())), False, False))
         with self._lock:
-            if self.max_live < 2:
-                raise FleetError("max_live is 1: this fleet updates strictly (update())")
             if self.phase != FleetPhase.READY:
                 raise FleetError(f"the fleet is {self.phase}: a rolling update needs READY")
             if not self._enabled("fleet_roll"):

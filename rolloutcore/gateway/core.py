@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 from rolloutcore.adapters.contract import WeightTarget
 from rolloutcore.engine.controller import AdmissionCancelled, AdmissionTimeout, Binding
 from rolloutcore.engine.postconditions import Outcome
+from rolloutcore.errors import GatewayRefused, Refused
 from rolloutcore.fleet import Fleet, FleetCycleReport, FleetError, Lease, TargetFactory
 from rolloutcore.gateway.collector import RecordWriter
 from rolloutcore.gateway.metrics import GatewayMetrics
@@ -70,18 +71,16 @@ class GatewayConfig:
             raise ValueError("admin_token must not be empty (None: no token)")
 
 
-class Refusal(Exception):
+class Refusal(GatewayRefused):
     """A request the gateway answers itself (nothing forwarded): status, OpenAI error."""
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
                  code: str | None = None, param: str | None = None,
                  retry_after: int | None = None, extra: dict[str, Any] | None = None
                  ) -> None:
-        super().__init__(message)
-        self.status = status
+        super().__init__(message, code=code, status=status)
         self.message = message
         self.type = type
-        self.code = code
         self.param = param
         self.retry_after = retry_after
         self.extra = extra or {}
@@ -110,7 +109,7 @@ T = TypeVar("T")
 FAILED_JOBS_KEPT = 20
 
 
-class Busy(Exception):
+class Busy(Refused):
     """An admin operation is already running (one at a time)."""
 
 
@@ -376,7 +375,7 @@ class Gateway:
         t0 = time.perf_counter()
         try:
             report = self._job(f"update to {target.label}", functools.partial(
-                self.fleet.advance, target, min_serving=min_serving))  # journalled with it
+                self.fleet.update, target, min_serving=min_serving))  # journalled with it
         except FleetError:
             self.metrics.cycle.labels("refused").observe(time.perf_counter() - t0)
             raise

@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import Any
 
 from rolloutcore.engine.controller import TraceRecord
+from rolloutcore.errors import JournalError as JournalError  # re-exported: its home before
 from rolloutcore.journal.codec import (
     CONTINUES,
     DECISION,
@@ -29,10 +30,6 @@ from rolloutcore.journal.codec import (
 )
 from rolloutcore.journal.reader import scan
 from rolloutcore.spec.lifecycle import NO_OP, SPEC, Spec
-
-
-class JournalError(Exception):
-    """The journal cannot be used as asked (broken chain, closed, bad record)."""
 
 
 class Journal:

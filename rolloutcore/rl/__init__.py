@@ -14,6 +14,7 @@ from rolloutcore.rl.buffer import RolloutBuffer, Stale, Taken
 from rolloutcore.rl.client import (
     Group,
     GroupError,
+    GroupRefused,
     Partial,
     RolloutClient,
     Sample,
@@ -21,5 +22,5 @@ from rolloutcore.rl.client import (
     engine_logprobs_mode,
 )
 
-__all__ = ["Group", "GroupError", "Partial", "RolloutBuffer", "RolloutClient", "Sample",
-           "Sampling", "Stale", "Taken", "engine_logprobs_mode"]
+__all__ = ["Group", "GroupError", "GroupRefused", "Partial", "RolloutBuffer", "RolloutClient",
+           "Sample", "Sampling", "Stale", "Taken", "engine_logprobs_mode"]

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 
 from rolloutcore.engine.controller import Binding
+from rolloutcore.errors import GatewayRefused, Refused
 from rolloutcore.trajectories.format import LOGPROBS_MODES, Decoding, Timing, TrajectoryRecord
 
 H_GENERATION = "x-rolloutcore-generation"
@@ -43,8 +44,13 @@ class Partial(StrEnum):
     RESUBMIT = "resubmit"  # aborted by the drain: thrown away and generated again, whole
 
 
-class GroupError(RuntimeError):
+class GroupError(Refused, RuntimeError):
     """A group that could not be served whole (refused, broken, aborted too often)."""
+
+
+class GroupRefused(GroupError, GatewayRefused):
+    """The gateway refused the group: its refusal ``code`` (``stale``, ``fleet_closed``,
+    ...) and HTTP ``status`` as the gateway sent them, for the trainer to act on."""
 
 
 @dataclass(frozen=True)
@@ -195,8 +201,8 @@ class RolloutClient:
     def _group(self, r: httpx.Response, prompt: tuple[int, ...], n: int, sampling: Sampling,
                started: float, seconds: float, attempt: int) -> Group:
         if r.status_code != 200:
-            raise GroupError(f"the gateway refused the group: HTTP {r.status_code}: "
-                             f"{r.text[:300]}")
+            raise GroupRefused(f"the gateway refused the group: HTTP {r.status_code}: "
+                               f"{r.text[:300]}", code=_refusal_code(r), status=r.status_code)
         h = r.headers
         try:
             generation, seq = int(h[H_GENERATION]), int(h[H_SEQ])
@@ -225,5 +231,15 @@ class RolloutClient:
                      label, self.logprobs_mode, sampling, started, seconds, attempt)
 
 
-__all__ = ["Group", "GroupError", "Partial", "RolloutClient", "Sample", "Sampling",
+def _refusal_code(r: httpx.Response) -> str | None:
+    """The OpenAI-style ``error.code`` of a refusal's body, if it has one."""
+    try:
+        code = r.json()["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return code if isinstance(code, str) else None
+
+
+__all__ = ["Group", "GroupError", "GroupRefused", "Partial", "RolloutClient", "Sample", "Sampling",
            "engine_logprobs_mode"]
+

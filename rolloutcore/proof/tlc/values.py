@@ -11,8 +11,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rolloutcore.errors import RolloutCoreError
 
-class TlaParseError(ValueError):
+
+class TlaParseError(RolloutCoreError, ValueError):
     """Text that is not a value or state as TLC prints them."""
 
 
