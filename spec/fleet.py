@@ -295,6 +295,15 @@ def quorum(f: FleetView, b: UpdatePolicy) -> bool:
 FIRST_GENERATION = 1
 
 
+def admission_floor(frontier: int, min_generation: int = 0, max_staleness: int | None = None,
+                    floor: int = 0) -> int:
+    """The oldest generation a rollout may be admitted under: the caller's minimum, at
+    most ``max_staleness`` generations behind the ``frontier``, and never below a
+    ``floor`` (the gateway's fleet-wide one). The one statement of the minimum-generation
+    and staleness rule: the fleet's admission and the gateway's refusal both ask it."""
+    return max(min_generation, floor, 0 if max_staleness is None else frontier - max_staleness)
+
+
 def bootstrapped(_f: FleetView, s: MemberView) -> bool:
     """A member its bootstrap left READY on the first generation, every piece of evidence
     in hand: what the fleet opens on."""
@@ -1010,20 +1019,31 @@ def explore_fleet(spec: FleetSpec = FLEET, *, max_states: int = 3_000_000,
 
 
 __all__ = [
+    "FIRST_GENERATION",
     "FLEET",
     "MIGRATION",
     "ROLLING_STEPS",
     "FleetAction",
     "FleetBounds",
     "FleetExploration",
+    "FleetSnapshot",
     "FleetSpec",
     "FleetState",
+    "FleetView",
+    "MemberSnapshot",
+    "MemberView",
     "Migration",
+    "Policy",
+    "SlotsView",
+    "UpdatePolicy",
+    "admission_floor",
+    "bootstrapped",
     "explore_fleet",
     "fleet_half",
     "floor_free",
     "held_back",
     "quorum",
+    "recovered_phase",
     "serving",
     "settled",
     "update_policy_error",

@@ -17,7 +17,14 @@ from rolloutcore.engine.controller import (
     IllegalTransition,
 )
 from rolloutcore.fleet.base import FleetBase, FleetError, Lease, Member, MigrationLost
-from rolloutcore.spec.fleet import MIGRATION, FleetPhase, MemberSnapshot, quorum, serving
+from rolloutcore.spec.fleet import (
+    MIGRATION,
+    FleetPhase,
+    MemberSnapshot,
+    admission_floor,
+    quorum,
+    serving,
+)
 from rolloutcore.spec.lifecycle import Phase
 
 #: Fleet phases that admit rollouts (the spec's admit guard).
@@ -41,8 +48,7 @@ class Admission(FleetBase):
         refused = set(exclude)  # and members that refused it (suspected meanwhile)
         with self._changed:
             while True:
-                floor = max(min_generation, 0 if max_staleness is None
-                            else self.committed - max_staleness)
+                floor = admission_floor(self.committed, min_generation, max_staleness)
                 open_now = [m for m in self._admissible() if m.name not in refused]
                 candidates = [m for m in open_now
                               if m.controller.control.committed >= floor]

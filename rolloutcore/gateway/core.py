@@ -34,6 +34,7 @@ from rolloutcore.fleet import Fleet, FleetCycleReport, FleetError, Lease, Target
 from rolloutcore.gateway.collector import RecordWriter
 from rolloutcore.gateway.metrics import GatewayMetrics
 from rolloutcore.journal import JournalError
+from rolloutcore.spec.fleet import admission_floor
 from rolloutcore.spec.lifecycle import Phase
 
 log = logging.getLogger("rolloutcore.gateway")
@@ -177,7 +178,7 @@ class Gateway:
         queued requests cannot starve admissions and releases of threads. ``exclude``:
         engines this request failed on already. ``max_staleness``: serve it only on a
         member at most that many generations behind the frontier."""
-        floor = max(min_generation, self.floor)
+        floor = admission_floor(self.fleet.committed, min_generation, floor=self.floor)
         if self._closing:
             raise Refusal(503, "the gateway is shutting down", type="server_error",
                           code="shutting_down", retry_after=self.config.retry_after_s)
