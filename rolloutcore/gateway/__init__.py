@@ -9,9 +9,11 @@ the identity of the weights and the engine that produced it.
 * :mod:`.core`: admission through a bounded queue, the staleness floor, admin operations;
 * :mod:`.app`: the Starlette application (OpenAI routes, admin API, ``/metrics``);
 * :mod:`.metrics`: Prometheus metrics in a registry of their own;
-* :mod:`.records`: trajectory records of answered requests;
+* :mod:`.collector`: trajectory records of answered requests;
+* :mod:`.wire`: the headers a client sends and every answer carries;
 * :mod:`.server`: uvicorn with a clean stop, on the main thread or a thread of its own;
-* :mod:`.cli`: the ``serve`` command (imports nothing heavy until it runs).
+* :mod:`.standby`: what answers while another controller leads (the ``serve`` command
+  is :mod:`rolloutcore.cli.serve`).
 
 Nothing is imported here, so that the command line stays quick to start.
 """

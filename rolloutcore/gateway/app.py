@@ -47,18 +47,20 @@ from rolloutcore.gateway.collector import (
     wants_injection,
 )
 from rolloutcore.gateway.core import Busy, Gateway, Refusal
+from rolloutcore.gateway.wire import (
+    H_ENGINE,
+    H_GENERATION,
+    H_IDENTITY,
+    H_LABEL,
+    H_MAX_STALENESS,
+    H_MIN_GENERATION,
+    H_ROLLOUT,
+    H_SEQ,
+)
 from rolloutcore.trajectories.format import Segment
 
 log = logging.getLogger("rolloutcore.gateway")
 
-H_GENERATION = "x-rolloutcore-generation"
-H_IDENTITY = "x-rolloutcore-identity"
-H_ENGINE = "x-rolloutcore-engine"
-H_ROLLOUT = "x-rolloutcore-rollout-id"
-H_LABEL = "x-rolloutcore-label"
-H_SEQ = "x-rolloutcore-admission-seq"
-H_MIN_GENERATION = "x-rolloutcore-min-generation"
-H_MAX_STALENESS = "x-rolloutcore-max-staleness"
 #: Not forwarded either way: hop-by-hop, recomputed, or the gateway's own.
 _HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
                   "proxy-connection", "te", "trailer", "trailers", "transfer-encoding",

@@ -25,16 +25,17 @@ import httpx
 
 from rolloutcore.engine.controller import Binding
 from rolloutcore.errors import GatewayRefused, Refused
+from rolloutcore.gateway.wire import (
+    H_ENGINE,
+    H_GENERATION,
+    H_IDENTITY,
+    H_LABEL,
+    H_MAX_STALENESS,
+    H_MIN_GENERATION,
+    H_ROLLOUT,
+    H_SEQ,
+)
 from rolloutcore.trajectories.format import LOGPROBS_MODES, Decoding, Timing, TrajectoryRecord
-
-H_GENERATION = "x-rolloutcore-generation"
-H_IDENTITY = "x-rolloutcore-identity"
-H_ENGINE = "x-rolloutcore-engine"
-H_ROLLOUT = "x-rolloutcore-rollout-id"
-H_LABEL = "x-rolloutcore-label"
-H_SEQ = "x-rolloutcore-admission-seq"
-H_MIN_GENERATION = "x-rolloutcore-min-generation"
-H_MAX_STALENESS = "x-rolloutcore-max-staleness"
 
 
 class Partial(StrEnum):
