@@ -18,7 +18,8 @@ class Greedy:
 
 
 def greedy_reference(
-    model: Any, prompt_ids: Sequence[int], max_tokens: int, eos_id: int | None
+    model: Any, prompt_ids: Sequence[int], max_tokens: int, eos_id: int | None, *,
+    first_inputs: dict[str, Any] | None = None,
 ) -> Greedy:
     """Greedy decoding with ``min_tokens == max_tokens``: EOS is masked at every step.
 
@@ -26,15 +27,17 @@ def greedy_reference(
     min_new_tokens=N)`` and to vLLM's ``temperature=0, max_tokens=N, min_tokens=N``.
     Log-probabilities and margins are of the raw logits (before the EOS mask),
     which is what vLLM returns by default (``logprobs_mode=raw_logprobs``).
+    ``first_inputs``: what the first step feeds instead of the prompt's ids (a multimodal
+    model's prompt embeddings, the image's in place of its placeholder tokens).
     """
     import torch
 
     out = Greedy([], [], [])
-    ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
+    step_in = first_inputs or {"input_ids": torch.tensor([list(prompt_ids)], dtype=torch.long)}
     past: Any = None
     with torch.no_grad():
         for _ in range(max_tokens):
-            res = model(input_ids=ids, past_key_values=past, use_cache=True)
+            res = model(**step_in, past_key_values=past, use_cache=True)
             past = res.past_key_values
             logits: torch.Tensor = res.logits[0, -1].to(torch.float32)
             logp = torch.log_softmax(logits, dim=-1)
@@ -46,7 +49,7 @@ def greedy_reference(
             out.token_ids.append(tok)
             out.logprobs.append(float(logp[tok].item()))
             out.margins.append(float((top2[0] - top2[1]).item()))
-            ids = torch.tensor([[tok]], dtype=torch.long)
+            step_in = {"input_ids": torch.tensor([[tok]], dtype=torch.long)}
     return out
 
 
