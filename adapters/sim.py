@@ -19,11 +19,13 @@ against the real server. What it reproduces:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from rolloutcore.adapters.contract import (
     AdapterError,
@@ -49,8 +51,22 @@ BLOCK = 4  # tokens per prefix-cache block (small: sim prompts are short)
 
 
 def sim_identity(checkpoint: str) -> str:
-    """Content identity of a simulated checkpoint (its "tensors" are its name)."""
+    """Content identity of a simulated checkpoint (its "tensors" are its name). A name
+    that is a directory holding safetensors files is digested as a real checkpoint is
+    (what a fleet file's engines are described by), so that a simulated engine loaded
+    from it reports what the command line expects of those bytes."""
+    p = Path(checkpoint)
+    files = sorted(p.glob("*.safetensors")) if p.is_dir() else []
+    if files:
+        return _directory_identity(str(p.resolve()), tuple(f.stat().st_mtime_ns for f in files))
     return hashlib.sha256(f"sim-weights:{checkpoint}".encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=64)
+def _directory_identity(path: str, _stamp: tuple[int, ...]) -> str:
+    from rolloutcore.engine.identity import checkpoint_identity
+
+    return checkpoint_identity(path)
 
 
 def _extend(context: bytes, tokens: tuple[int, ...] | list[int]) -> bytes:

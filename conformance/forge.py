@@ -351,6 +351,89 @@ def run(journals: list[Journal_], *, limit: int | None = None, stride: int = 1,
     return tally
 
 
+# ----------------------------------------------------------- cross-record forgeries
+
+#: Forgeries of two or more records, each valid alone and inconsistent together, and the
+#: fleet journal property (spec.fleet.JOURNAL_PROPERTIES) that must reject each.
+CROSS_RECORD: dict[str, str] = {
+    "identity_split": "OneIdentityPerGeneration",
+    "rollout_on_two_members": "OneRolloutOneMember",
+    "outcome_adopted_after_takeover": "TakeoverAdoptsNothing",
+}
+_OTHER_IDENTITY = "f" * 64
+
+
+def _resealed(records: list[Record]) -> list[Record]:
+    """Records renumbered (seq) and sealed again (the chain): a forger's best effort."""
+    out = [dict(r, seq=i) for i, r in enumerate(records)]
+    return rechain(out)
+
+
+def _replaced(value: Any, old: str, new: str) -> Any:
+    if value == old:
+        return new
+    if isinstance(value, dict):
+        return {k: _replaced(v, old, new) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_replaced(v, old, new) for v in value]
+    return value
+
+
+def identity_split(records: list[Record]) -> tuple[list[Record], int] | None:
+    """The second member to publish a generation publishes it under another identity,
+    consistently in every record of its own from its update request on (its own cycle
+    is self-consistent): two policies under one generation number. Returns the forged
+    journal and the 1-based line of the forged publish, or None (no such generation)."""
+    firsts: dict[int, str] = {}
+    for i, r in enumerate(records):
+        if r.get("step") != "publish" or not isinstance(r.get("engine"), str):
+            continue
+        gen, name = int(r.get("committed") or 0), r["engine"]
+        if gen in firsts and firsts[gen] != name:
+            old = r["detail"]["identity"]
+            start = max(k for k in range(i) if records[k].get("engine") == name
+                        and records[k].get("step") == "request_update")
+            out = [(_replaced(x, old, _OTHER_IDENTITY) if k >= start
+                    and x.get("engine") == name else x) for k, x in enumerate(records)]
+            return _resealed(out), i + 1
+        firsts.setdefault(gen, name)
+    return None
+
+
+def rollout_on_two_members(records: list[Record]) -> tuple[list[Record], int] | None:
+    """A rollout admitted on one member is admitted again on another, with no migrate."""
+    engines = sorted({r["engine"] for r in records if isinstance(r.get("engine"), str)})
+    for i, r in enumerate(records):
+        if r.get("step") == "admit" and isinstance(r.get("engine"), str) and len(engines) > 1:
+            other = next(e for e in engines if e != r["engine"])
+            twin = dict(r, engine=other)
+            return _resealed([*records[:i + 1], twin, *records[i + 1:]]), i + 2
+    return None
+
+
+def outcome_adopted_after_takeover(records: list[Record]) -> tuple[list[Record], int] | None:
+    """After a takeover a member's restart is left out: its next record is a step the new
+    leader takes as if the member had not been in the deposed leader's hands."""
+    takeovers = [i for i, r in enumerate(records) if r.get("step") == "fleet_takeover"]
+    for after in reversed(takeovers):
+        for restart in range(after + 1, len(records)):
+            if not str(records[restart].get("step", "")).startswith("restart_"):
+                continue
+            name = records[restart]["engine"]
+            nxt = next((i for i in range(restart + 1, len(records))
+                        if records[i].get("engine") == name), None)
+            if nxt is not None:  # its 1-based line once the restart is gone
+                return _resealed([*records[:restart], *records[restart + 1:]]), nxt
+    return None
+
+
+CROSS_FORGERS: dict[str, Callable[[list[Record]], tuple[list[Record], int] | None]] = {
+    "identity_split": identity_split,
+    "rollout_on_two_members": rollout_on_two_members,
+    "outcome_adopted_after_takeover": outcome_adopted_after_takeover,
+}
+
+
 def all_journals(tmp: Path) -> list[Journal_]:
     return [*corpus(), *fleet_journals(tmp), takeover_journal(tmp), simulated_journal(tmp)]
 

@@ -649,6 +649,23 @@ def _moved(f: FleetState, g: FleetState) -> list[tuple[int, int]]:
     return [(a, c) for a in left for c in joined]
 
 
+#: Fleet-wide properties of a fleet journal. The model names a generation's weights by
+#: the generation number itself and a rollout by its slot, so these hold there by
+#: construction; the fleet trace checker checks them on every journal (each name is the
+#: verdict it gives).
+JOURNAL_PROPERTIES: Mapping[str, str] = {
+    "OneIdentityPerGeneration":
+        "Every member that requests, publishes or is re-admitted onto generation g names "
+        "g's one identity (the base's and the adapter's together when an adapter is served): "
+        "two members never serve two policies under one generation number.",
+    "OneRolloutOneMember":
+        "A rollout id is bound on at most one member at a time; it moves to another only by "
+        "migrate.",
+    "TakeoverAdoptsNothing":
+        "After a takeover every member's next step is its restart: no outcome of a call made "
+        "under an older epoch is taken as an outcome under the new one.",
+}
+
 #: The fleet steps of a rolling update (their records state the floor).
 ROLLING_STEPS = frozenset({"fleet_roll", "fleet_publish_wave", "fleet_end_wave",
                            "fleet_abort_wave", "fleet_raise_floor"})

@@ -413,7 +413,7 @@ def test_cluster_survives_one_member_and_fails_closed_without_quorum() -> None:
             return True
 
         wait_until(has_quorum, "a quorum of two")
-        assert store.current_endpoint == cluster.endpoints[first]
+        # (The lease's keepalive may have met the dead member first and moved already.)
         for i in range(5):
             _admit(sink, f"one-down-{i}")
         assert store.current_endpoint != cluster.endpoints[first]

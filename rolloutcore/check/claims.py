@@ -86,7 +86,8 @@ _APPLICATION = Info("the application's own notes about the rollout (token counts
                     "route it came by): RolloutCore decides nothing by them")
 _WHO = Info("who asked, in words")
 _CHECKPOINT = Info("where the bytes came from (a path on the writer's machine): the "
-                   "identity, not the path, is what was verified")
+                   "identity, not the path, is what was verified; recovery, the one reader, "
+                   "digests the bytes there and refuses them unless they have it")
 _TARGET_LABEL = Claim("the label of the target the update request named")
 _TARGET_IDENTITY = Claim("the identity of the target the update request named")
 _COMMITTED_LABEL = Claim("the committed generation's label")

@@ -50,6 +50,7 @@ from rolloutcore.spec.failover import FLEET_JOURNAL_STEPS, succeeds
 from rolloutcore.spec.fleet import (
     FLEET,
     FLEET_ACTIONS,
+    JOURNAL_PROPERTIES,
     LIFTED,
     MEMBER_GUARDS,
     MIGRATION,
@@ -89,6 +90,10 @@ _FLEET_PHASES = frozenset({FleetPhase.READY, FleetPhase.UPDATING, FleetPhase.ABO
 _UPDATE_PHASES = frozenset({FleetPhase.UPDATING, FleetPhase.ROLLING})
 _AUDIT_OUTCOMES = frozenset({"audit_ok", "audit_failed", "audit_mismatch"})
 _FLEET_STEP = {a.name: a for a in FLEET_ACTIONS}
+_ONE_IDENTITY, _ONE_MEMBER, _TAKEOVER = JOURNAL_PROPERTIES
+#: Member steps that name an identity, and the record field holding its generation.
+_IDENTITY_OF = {"request_update": "target", "cancel_update": "target",
+                "mutate_begin": "target", "publish": "committed", "readmit_begin": "committed"}
 
 
 @dataclass
@@ -120,6 +125,9 @@ class FleetTraceChecker:
     epoch: int | None = None  # the epoch of the last takeover (None: no store)
     unfenced: set[str] = field(default_factory=set)  # members this epoch has not fenced
     named: set[str] = field(default_factory=set)  # every member the last takeover named
+    #: generation -> (its identity, the member that first named it)
+    identities: dict[int, tuple[Any, str]] = field(default_factory=dict)
+    restarting: set[str] = field(default_factory=set)  # taken over, not yet restarted
 
     def clone(self) -> FleetTraceChecker:
         """An independent checker in this one's state."""
@@ -129,6 +137,7 @@ class FleetTraceChecker:
         out.last_audit = dict(self.last_audit)
         out.participants = list(self.participants)
         out.moves = dict(self.moves)
+        out.identities, out.restarting = dict(self.identities), set(self.restarting)
         out._views = {}
         out.on_unused = out._quorum_origin = None
         return out
@@ -202,6 +211,11 @@ class FleetTraceChecker:
         # A release elsewhere commutes with the publish too (a rolling fleet serves on
         # while a wave publishes; releases do not take the fleet's lock).
         bystander = step == "release" and name not in self.group
+        if name in self.restarting and not (isinstance(step, str) and step in _RESTARTS):
+            return _TAKEOVER, (f"{name} {step} after the takeover of epoch {self.epoch} "
+                               "before its restart (an outcome of a call the deposed leader "
+                               "made)")
+        self.restarting.discard(name)
         if self.group and isinstance(step, str) and step in _RESTARTS:
             # The controller died in the middle of the group (its successor, or itself
             # restarted, replays the journal): the members not yet published restart by
@@ -238,6 +252,11 @@ class FleetTraceChecker:
         self._views.pop(name, None)
         param, before = r.get("param"), checker.control.phase
         released = checker.bound.get(param) if isinstance(param, str) else None
+        if step == "admit" and isinstance(param, str):
+            elsewhere = [n for n, c in self.members.items() if n != name and param in c.bound]
+            if elsewhere:
+                return _ONE_MEMBER, (f"{name} admits rollout {param!r}, still bound on "
+                                     f"{elsewhere[0]} (only a migrate moves it)")
         bad = checker.feed({**r, "seq": self.member_seq[name]}, line)
         if bad is not None:
             return bad.violated, f"member {name}: {bad.message}"
@@ -252,6 +271,9 @@ class FleetTraceChecker:
             return "DetailContradictsFleet", (f"{name} request_update names "
                                               f"{r['detail']['target']!r}; the fleet's update "
                                               f"is {self.flabel!r}")
+        bad_identity = self._identity(name, str(step), r)
+        if bad_identity:
+            return _ONE_IDENTITY, bad_identity
         if step == "publish" and name in self.group:
             self.group.remove(name)
         if step in _AUDIT_OUTCOMES:
@@ -333,6 +355,28 @@ class FleetTraceChecker:
                             f"{self.fcommitted}, target {self.ftarget})")
         return None if self.group else self._invariants()
 
+    def _identity(self, name: str, step: str, r: Mapping[str, Any]) -> str | None:
+        """Why ``name``'s ``step`` names another identity for its generation than the one
+        the fleet published it with (None: it does not, names none, or the generation is
+        not published yet: an update aborted before any publish may be retried with
+        other weights). The first publish of a generation fixes its identity."""
+        field = _IDENTITY_OF.get(step)
+        detail = r.get("detail")
+        if field is None or not isinstance(detail, dict) or "identity" not in detail:
+            return None
+        gen = r.get(field)
+        if not isinstance(gen, int) or gen < 1:
+            return None
+        identity, held = detail["identity"], self.identities.get(gen)
+        if held is None:
+            if step == "publish":
+                self.identities[gen] = (identity, name)
+            return None
+        if held[0] != identity:
+            return (f"{name} {step} names identity {str(identity)[:24]} for generation {gen};"
+                    f" {held[1]} named {str(held[0])[:24]}")
+        return None
+
     def _take_half(self, fa: FleetAction) -> None:
         """The fleet's half of the spec's step ``fa`` (its guard already checked)."""
         g = fleet_half(fa, FleetState(self.fphase, self.fcommitted, self.ftarget, (), 0,
@@ -355,6 +399,7 @@ class FleetTraceChecker:
                                                   f"unfenced {sorted(unfenced)}: every member "
                                                   f"once ({sorted(self.members)})")
             self.epoch, self.unfenced, self.named = epoch, unfenced, fenced | unfenced
+            self.restarting = set(self.members)  # each member's next step: its restart
             return None
         if epoch != self.epoch or not fenced or not fenced <= self.unfenced:
             return "DetailContradictsFleet", (f"{step} by epoch {epoch} names {sorted(fenced)}; "

@@ -47,6 +47,10 @@ class Admission(FleetBase):
         deadline = time.monotonic() + wait
         refused = set(exclude)  # and members that refused it (suspected meanwhile)
         with self._changed:
+            holder = next((m.name for m in self.members.values()
+                           if rollout_id in m.controller.bindings), None)
+            if holder is not None:  # one rollout, one member (it moves only by migrate)
+                raise FleetError(f"rollout {rollout_id!r} is already bound on {holder}")
             while True:
                 floor = admission_floor(self.committed, min_generation, max_staleness)
                 open_now = [m for m in self._admissible() if m.name not in refused]

@@ -51,7 +51,7 @@ class Recovery(FleetBase):
             except IllegalTransition as e:
                 raise FleetError(f"{path}:{line}: {engine}: the journal does not replay "
                                  f"through the spec: {e}") from None
-            self._replay_target(m, rec, target_of)
+            self._replay_target(m, rec, target_of, f"{path}:{line}: ")
             if rec.get("step") in AUDIT_OUTCOMES:
                 m.last_audit = _audit_record(rec)
         report = reader.report
@@ -75,8 +75,12 @@ class Recovery(FleetBase):
             self.min_admitting = int(detail.get("min_admitting", 0))
 
     @staticmethod
-    def _replay_target(m: Member, rec: Mapping[str, Any], target_of: TargetFactory | None
-                       ) -> None:
+    def _replay_target(m: Member, rec: Mapping[str, Any], target_of: TargetFactory | None,
+                       where: str = "") -> None:
+        """The target a record names, rebuilt from its checkpoint path. The path is only
+        where the bytes came from: recovery believes it only once the bytes there have
+        the identity the journal verified for that generation (a forged or moved path:
+        FleetError, nothing bound)."""
         detail = rec.get("detail")
         step = rec.get("step")
         if step == Trigger.REQUEST_UPDATE and isinstance(detail, dict):
@@ -85,16 +89,25 @@ class Recovery(FleetBase):
             return
         gen = int(rec.get("committed") or 0)
         if step == Trigger.REQUEST_UPDATE:  # the target, known before it is published
-            source, label, target = (detail.get("checkpoint"), detail.get("target"),
-                                     int(rec.get("target") or 0))
-            if isinstance(source, str) and isinstance(label, str) and target > 0:
-                m.runner.targets[target] = target_of(source, target, label)
-            return
-        if step == Trigger.PUBLISH or (step == Trigger.BOOTSTRAP_OK and gen == 1):
+            source, label, gen = (detail.get("checkpoint"), detail.get("target"),
+                                  int(rec.get("target") or 0))
+            if not (isinstance(source, str) and isinstance(label, str) and gen > 0):
+                return
+        elif step == Trigger.PUBLISH or (step == Trigger.BOOTSTRAP_OK and gen == 1):
             source, label = detail.get("checkpoint"), detail.get("label")
-            if isinstance(source, str) and isinstance(label, str):
-                m.runner.targets[gen] = target_of(source, gen, label)
-                m.controller.identity = m.runner.targets[gen].identity
+            if not (isinstance(source, str) and isinstance(label, str)):
+                return
+        else:
+            return
+        target = target_of(source, gen, label)
+        journalled = _journalled_identity(rec)
+        if journalled is not None and target.identity != journalled:
+            raise FleetError(f"{where}{m.name}: generation {gen}'s checkpoint {source} holds "
+                             f"identity {str(target.identity)[:16]}, the journal verified "
+                             f"{journalled[:16]}: refusing to recover on it (nothing bound)")
+        m.runner.targets[gen] = target
+        if step != Trigger.REQUEST_UPDATE:
+            m.controller.identity = target.identity
 
     def _restart(self) -> None:
         """After a replay: every member takes the restart the single-engine spec allows
@@ -168,6 +181,18 @@ class Recovery(FleetBase):
         for name, ok in self._parallel(fence, todo).items():
             log.info("recovery: %s was TAINTED: fence %s", name,
                      "confirmed" if ok else "not confirmed")
+
+
+def _journalled_identity(rec: Mapping[str, Any]) -> str | None:
+    """The identity a record verified (or, for an update request, asked for): the
+    detail's, else the evidence's expected identity (a bootstrap's)."""
+    detail, evidence = rec.get("detail"), rec.get("evidence")
+    if isinstance(detail, dict) and isinstance(detail.get("identity"), str):
+        return str(detail["identity"])
+    expected = evidence.get("expected") if isinstance(evidence, dict) else None
+    if isinstance(expected, dict) and isinstance(expected.get("identity"), str):
+        return str(expected["identity"])
+    return None
 
 
 def _audit_record(rec: Mapping[str, Any]) -> dict[str, Any]:
