@@ -296,42 +296,48 @@ def _on(engine: str, rec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _migrated_journal(second_generation: int = 1) -> list[dict[str, Any]]:
-    """Rollout ``m`` admitted on e0, moved to e1 (released there, admitted here), ended;
-    rollout ``n`` admitted on e1 alone."""
+    """Rollout ``m`` admitted on e0, moved to e1 (the fleet's migrate, released there,
+    admitted here), ended; rollout ``n`` admitted on e1 alone."""
     return [_verified(_step(1, "bootstrap_ok", detail={"label": "gen-1"}, typ="ok"), ID1),
             _on("e0", _step(2, "admit", "m")),
-            _on("e0", _step(3, "release", "m", detail={"migrated_to": "e1"})),
-            _on("e1", _step(4, "admit", "m", second_generation,
+            _step(3, "migrate", detail={"rollout": "m", "members": ["e0", "e1"],
+                                        "generation": 1}),
+            _on("e0", _step(4, "release", "m", detail={"migrated_to": "e1"})),
+            _on("e1", _step(5, "admit", "m", second_generation,
                             detail={"migrated_from": "e0"})),
-            _on("e1", _step(5, "admit", "n")),
-            _on("e1", _step(6, "release", "m", second_generation)),
-            _on("e1", _step(7, "release", "n"))]
+            _on("e1", _step(6, "admit", "n")),
+            _on("e1", _step(7, "release", "m", second_generation)),
+            _on("e1", _step(8, "release", "n"))]
 
 
 def _migrated(*parts: tuple[str, int, int], rollout: str = "m") -> TrajectoryRecord:
     """A record of four tokens in ``parts`` (engine, seq, generation), two tokens each
     but the last, which takes the rest."""
-    at, segments = 0, []
+    at, segments, first = 0, [], parts[0][1]
+    if len(parts) == 1:  # not split: a plain record of its first admission
+        parts = ()
     for k, (engine, seq, generation) in enumerate(parts):
         end = 4 if k == len(parts) - 1 else at + 2
         segments.append(Segment(engine, seq, generation, at, end))
         at = end
-    whole = record_from(Binding(rollout, 1, ID1, parts[0][1]), "gen-1", (1, 2, 3),
+    whole = record_from(Binding(rollout, 1, ID1, first), "gen-1", (1, 2, 3),
                         GenerationResult((1, 2, 3), (4, 5, 6, 7), "length", None),
                         Decoding(0.0), Timing(1.0, 0.1))
     return dataclasses.replace(whole, segments=tuple(segments))
 
 
 @pytest.mark.parametrize(("journal_gen", "parts", "reason"), [
-    (1, [("e0", 2, 1), ("e1", 4, 1)], None),
-    (2, [("e0", 2, 1), ("e1", 4, 1)], "segment 1 (e1, tokens 2..4): admitted under "
+    (1, [("e0", 2, 1), ("e1", 5, 1)], None),
+    (2, [("e0", 2, 1), ("e1", 5, 1)], "segment 1 (e1, tokens 2..4): admitted under "
                                       "generation 2, the rollout under 1: one rollout, two "
                                       "policies"),
-    (1, [("e0", 2, 1), ("e1", 4, 2)], "claims generation 2, the rollout's binding 1"),
-    (1, [("e0", 2, 1), ("e0", 4, 1)], "claims member 'e0', journal seq 4 admitted it on "
+    (1, [("e0", 2, 1), ("e1", 5, 2)], "claims generation 2, the rollout's binding 1"),
+    (1, [("e0", 2, 1), ("e0", 5, 1)], "claims member 'e0', journal seq 5 admitted it on "
                                       "'e1'"),
-    (1, [("e0", 2, 1), ("e1", 5, 1)], "journal seq 5 admits another rollout than 'm'"),
-    (1, [("e0", 2, 1), ("e1", 6, 1)], "no admission at journal seq 6"),
+    (1, [("e0", 2, 1), ("e1", 6, 1)], "journal seq 6 admits another rollout than 'm'"),
+    (1, [("e0", 2, 1), ("e1", 7, 1)], "no admission at journal seq 7"),
+    # The journal migrated m: a record of its first admission alone omits the rest.
+    (1, [("e0", 2, 1)], "the journal migrated the rollout off its admission at seq 2"),
 ])
 def test_each_segment_of_a_migrated_rollout_is_checked_against_the_journal(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], journal_gen: int,
@@ -349,3 +355,17 @@ def test_each_segment_of_a_migrated_rollout_is_checked_against_the_journal(
     else:
         assert rc == 1 and verdict["verdict"] == "rejected", verdict
         assert any(reason in r for r in verdict["reasons"]), verdict["reasons"]
+
+
+def test_segments_claim_a_move_only_where_the_journal_migrated(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The same journal without its migrate record (m released on e0 and admitted on e1
+    with no move announced): the record's two segments claim a move it never made."""
+    steps = [r for r in _migrated_journal() if r["step"] != "migrate"]
+    journal = _write_journal(tmp_path / "j.jsonl", steps)
+    path = tmp_path / "r.jsonl"
+    write_jsonl(path, [_migrated(("e0", 2, 1), ("e1", 5, 1))])
+    rc = main(["records", "verify", str(path), "--journal", str(journal), "--json"])
+    (verdict,) = json.loads(capsys.readouterr().out)["verdicts"]
+    assert rc == 1 and any("never migrated it off its admission at seq 2" in r
+                           for r in verdict["reasons"]), verdict

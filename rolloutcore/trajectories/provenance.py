@@ -15,7 +15,11 @@ re-admission. A record is
   second record for one admission, an admission never released, a record that says it
   finished of a rollout the drain aborted (``release_aborted``) or the other way round;
   for a migrated rollout, each segment's admission is checked the same way and must be
-  on the member it names and on the rollout's one generation;
+  on the member it names and on the rollout's one generation; the journal's ``migrate``
+  records are read too: an admission the rollout left by a migration must be followed by
+  a segment (a record that stops there, or has no segments at all, omits what the
+  rollout did on the member it moved to), and a segment may end before the last only
+  where the journal migrated it;
 * ``unverifiable`` when nothing contradicts it but the journal does not name the
   identity of its generation: said, never passed silently;
 * ``consistent`` otherwise.
@@ -55,7 +59,8 @@ class ProvenanceInputError(BadInput, ValueError):
 class Fact:
     """What one journal record says about provenance (see :func:`journal_fact`)."""
 
-    kind: str  # "admit" | "release" | "identity" | "verified" (the target's) | "publish"
+    #: "admit" | "release" | "identity" | "verified" (the target's) | "publish" | "migrate"
+    kind: str
     seq: int
     rollout_id: str | None = None
     generation: int = 0
@@ -92,6 +97,9 @@ def journal_fact(rec: Mapping[str, Any]) -> Fact | None:
                     engine=engine)
     if step == "publish":  # committed is the generation it establishes
         return Fact("publish", rec["seq"], None, rec["committed"], engine=engine)
+    detail = rec.get("detail")
+    if step == "migrate" and engine is None and isinstance(detail, dict):
+        return Fact("migrate", rec["seq"], str(detail.get("rollout")))
     return None
 
 
@@ -141,6 +149,7 @@ class JournalIndex:
         self.generations = array("q")
         self.released = bytearray()
         self.claimed = array("q")  # 1 + position of the first record claiming it; 0: none
+        self.migrated = bytearray()  # 1: the rollout left this admission by a migration
         #: The same for the other samples of a group: (admission index, sample) -> 1 +
         #: position (only groups' records fill it).
         self.claimed_samples: dict[tuple[int, int], int] = {}
@@ -163,10 +172,15 @@ class JournalIndex:
                 self.generations.append(fact.generation)
                 self.released.append(0)
                 self.claimed.append(0)
+                self.migrated.append(0)
                 if fact.engine not in engine_ids:
                     engine_ids[fact.engine] = len(self.engine_names)
                     self.engine_names.append(fact.engine)
                 self.engines.append(engine_ids[fact.engine])
+            elif fact.kind == "migrate" and fact.rollout_id is not None:
+                i = open_.get(fact.rollout_id)
+                if i is not None:
+                    self.migrated[i] = 1
             elif fact.kind == "release" and fact.rollout_id is not None:
                 i = open_.pop(fact.rollout_id, None)
                 if i is not None:
@@ -252,6 +266,12 @@ class JournalIndex:
                 self.claimed[i] = position + 1
             else:
                 self.claimed_samples[(i, record.sample)] = position + 1
+            if last and self.migrated[i]:
+                reasons.append(f"{what}the journal migrated the rollout off its admission at "
+                               f"seq {seq}: the record omits the segments that followed")
+            elif not last and not self.migrated[i]:
+                reasons.append(f"{what}ends before the rollout did, but the journal never "
+                               f"migrated it off its admission at seq {seq}")
             if not self.released[i]:
                 reasons.append(f"{what}its admission (seq {seq}) was never released in the "
                                "journal")
