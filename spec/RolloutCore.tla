@@ -906,6 +906,27 @@ Next ==
 
 Spec == Init /\ [][Next]_vars
 
+\* The spec with its fairness assumptions (liveness is checked under it).
+FairSpec == Spec
+    /\ WF_vars(BootstrapOk \/ BootstrapFailed \/ BootstrapMismatch \/ PauseOk \/ PauseFailed \/ PauseAbortOk \/ PauseAbortFailed \/ MutateOk \/ MutateOkUnlabelled \/ MutateOkWrongWeights \/ MutateOkBroken \/ MutateRefused \/ MutateAmbiguous \/ (\E t \in Tiers : ResetOk(t)) \/ (\E t \in Tiers : ResetFailed(t)) \/ ValidateOk \/ ValidateFailed \/ ValidateMismatch \/ ResumeOk \/ ResumeFailed \/ ProbeOk \/ ProbeFailed \/ ProbeMismatch \/ FenceOk \/ FenceFailed \/ ReadmitOk \/ ReadmitMismatch \/ ReadmitFailed \/ AuditOk \/ AuditMismatch \/ AuditFailed)  \* OperationsReturn
+    /\ WF_vars((\E i \in Slots : EngineFinish(i)))  \* EngineFinishes
+    /\ WF_vars(AbandonUpdate)  \* Controller_abandon_update
+    /\ WF_vars(BootstrapBegin)  \* Controller_bootstrap_begin
+    /\ WF_vars(CancelUpdate)  \* Controller_cancel_update
+    /\ WF_vars(GiveUp)  \* Controller_give_up
+    /\ WF_vars(Invalidated)  \* Controller_invalidated
+    /\ WF_vars(MutateBegin)  \* Controller_mutate_begin
+    /\ WF_vars(PauseAbortBegin)  \* Controller_pause_abort_begin
+    /\ WF_vars(PauseBegin)  \* Controller_pause_begin
+    /\ WF_vars(ProbeBegin)  \* Controller_probe_begin
+    /\ WF_vars(Publish)  \* Controller_publish
+    /\ WF_vars((\E i \in Slots : ReleaseAborted(i)))  \* Controller_release_aborted
+    /\ WF_vars(Reopen)  \* Controller_reopen
+    /\ WF_vars((\E t \in Tiers : ResetBegin(t)))  \* Controller_reset_begin
+    /\ WF_vars(ResumeBegin)  \* Controller_resume_begin
+    /\ WF_vars(ValidateBegin)  \* Controller_validate_begin
+    /\ SF_vars(FenceBegin)  \* Controller_fence_begin
+
 \* ---- invariants
 \* Every rollout, from admission to release, sees exactly the weights of the generation it was admitted under (on an engine not replaced out of band since it was last verified: a replacement is found by the next audit, which releases the rollouts bound to it as aborted); every engine request runs to its end on the weights it started on.
 OneRolloutOnePolicy ==
@@ -1017,5 +1038,14 @@ EvidenceOnlyWhileClosed ==
                /\ \A i \in Slots : bind[i] = 0
             \/ /\ phase = "READY" /\ pending = "audit"
                /\ evidence' = AllEvidence]_vars
+
+\* ---- liveness (under FairSpec's fairness)
+\* Every update requested ends: published (READY with no target) or TAINTED (fenced, to be re-admitted), whatever the clients do with their rollouts.
+UpdateEnds ==
+    (target # 0 /\ phase # "TAINTED") ~> ((phase = "READY" /\ target = 0) \/ phase = "TAINTED")
+
+\* A TAINTED engine is fenced (its fence confirmed) unless it leaves TAINTED first (re-admitted): failing closed ends in a fence, not in a wait.
+TaintedIsFenced ==
+    (phase = "TAINTED" /\ "fenced" \notin evidence) ~> (phase # "TAINTED" \/ "fenced" \in evidence)
 
 ==============================================================================

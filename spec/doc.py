@@ -9,7 +9,13 @@ from rolloutcore.spec.failover import __doc__ as failover_doc
 from rolloutcore.spec.fleet import JOURNAL_PROPERTIES, FleetSpec
 from rolloutcore.spec.fleet import __doc__ as fleet_doc
 from rolloutcore.spec.lifecycle import Action, Kind, Phase, Spec
-from rolloutcore.spec.mutants import FAILOVER_MUTANTS, FLEET_MUTANTS, MUTANTS, ROLLING
+from rolloutcore.spec.mutants import (
+    FAILOVER_MUTANTS,
+    FLEET_MUTANTS,
+    LIVENESS_MUTANTS,
+    MUTANTS,
+    ROLLING,
+)
 from rolloutcore.spec.tla import tla_name, world_conjuncts
 
 
@@ -186,6 +192,21 @@ def document(spec: Spec, *, states: int, edges: int, fleet: FleetSpec | None = N
     out += [f"- **{i.name}**: {i.doc}" for i in spec.invariants]
     out += ["", "## Action properties (every step)", ""]
     out += [f"- **{p.name}**: {p.doc}" for p in spec.action_properties]
+    out += ["", "## Liveness (under fairness)", "",
+            "Checked by the explorer (a fair strongly connected set of states reachable "
+            "without the goal: a lasso) and by TLC under the module's `FairSpec`, one run "
+            "per property; the verdicts must be equal. Faults stay bounded by the fault "
+            "budget (a run has finitely many, as the runner's retries are bounded); "
+            "clients, the trainer and the operator are not assumed fair.", ""]
+    out += [f"- **{lp.name}** (`{lp.when_tla}` ~> `{lp.then_tla}`): {lp.doc}"
+            for lp in spec.liveness]
+    out += ["", "Fairness assumptions:", ""]
+    out += [f"- **{f.name}** ({'strong' if f.strong else 'weak'}: "
+            f"{', '.join(sorted(f.actions)) if len(f.actions) < 4 else 'every outcome'}): "
+            f"{f.doc}" for f in spec.fairness]
+    out += ["", "Liveness mutants (each passes every safety check, breaks its property, "
+            "and is caught by the explorer and by TLC):", ""]
+    out += [f"- **{m.name}** (breaks {prop}): {m.doc}" for m, prop in LIVENESS_MUTANTS]
     out += [
         "",
         "## Bounds and size",

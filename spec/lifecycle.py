@@ -1133,6 +1133,80 @@ ACTION_PROPERTIES: tuple[ActionProperty, ...] = (
 # ---------------------------------------------------------------------------- the spec
 
 
+# ------------------------------------------------------------------- liveness
+
+@dataclass(frozen=True)
+class Fairness:
+    """A weak-fairness assumption: a behaviour in which one of ``actions`` (any
+    parameter) stays enabled from some point on takes one of them eventually."""
+
+    name: str
+    doc: str
+    actions: frozenset[str]
+    #: Strong: one of ``actions`` enabled again and again (not necessarily all along) is
+    #: eventually taken.
+    strong: bool = False
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """``when ~> then``: whenever ``when`` holds, ``then`` holds then or later, in every
+    behaviour that meets the spec's fairness assumptions."""
+
+    name: str
+    doc: str
+    when: Callable[[State], bool]
+    then: Callable[[State], bool]
+    when_tla: str
+    then_tla: str
+
+
+#: Steps the controller takes of its own accord (its runner does, each within its
+#: deadline): every one is weakly fair. Not fair, so that a liveness property cannot lean
+#: on them: the clients' admit and release (an agentic episode may hold a rollout for
+#: ever; the drain's deadline, not the client, ends an update), the trainer's update
+#: request, the operator's audit and re-admission, suspicion, and faults (an engine's
+#: replacement, the controller's crash), which the fault budget bounds instead: a run
+#: has finitely many, the honest assumption for a controller whose retries are bounded.
+CONTROLLER_STEPS = frozenset({
+    "bootstrap_begin", "cancel_update", "pause_begin", "pause_abort_begin", "abandon_update",
+    "mutate_begin", "reset_begin", "invalidated", "validate_begin", "resume_begin",
+    "probe_begin", "publish", "reopen", "give_up", "fence_begin", "release_aborted"})
+FAIRNESS: tuple[Fairness, ...] = (
+    Fairness("OperationsReturn",
+             "An operation in flight returns: an answer, or its deadline's (the outcomes of "
+             "the operation pending, together).",
+             frozenset(a.name for a in ACTIONS if a.kind is Kind.OUTCOME)),
+    Fairness("EngineFinishes", "The engine finishes a request it runs.",
+             frozenset({"engine_finish"})),
+    *(Fairness(f"Controller_{n}", f"The controller takes {n} when it may.", frozenset({n}))
+      for n in sorted(CONTROLLER_STEPS - {"fence_begin"})),
+    Fairness("Controller_fence_begin",
+             "The controller fences a TAINTED engine whenever it may, again after every "
+             "failed re-admission (the runner fences right after one): strong, so that an "
+             "operator retrying re-admission cannot starve the fence.",
+             frozenset({"fence_begin"}), strong=True),
+)
+LIVENESS: tuple[Liveness, ...] = (
+    Liveness(
+        "UpdateEnds",
+        "Every update requested ends: published (READY with no target) or TAINTED "
+        "(fenced, to be re-admitted), whatever the clients do with their rollouts.",
+        lambda s: s.target != 0 and s.phase is not Phase.TAINTED,
+        lambda s: (s.phase is Phase.READY and s.target == 0) or s.phase is Phase.TAINTED,
+        'target # 0 /\\ phase # "TAINTED"',
+        '(phase = "READY" /\\ target = 0) \\/ phase = "TAINTED"'),
+    Liveness(
+        "TaintedIsFenced",
+        "A TAINTED engine is fenced (its fence confirmed) unless it leaves TAINTED first "
+        "(re-admitted): failing closed ends in a fence, not in a wait.",
+        lambda s: s.phase is Phase.TAINTED and FENCED not in s.evidence,
+        lambda s: s.phase is not Phase.TAINTED or FENCED in s.evidence,
+        f'phase = "TAINTED" /\\ "{FENCED}" \\notin evidence',
+        f'phase # "TAINTED" \\/ "{FENCED}" \\in evidence'),
+)
+
+
 @dataclass(frozen=True)
 class Spec:
     """A complete, named specification: the table, the properties and the bounds."""
@@ -1141,6 +1215,8 @@ class Spec:
     actions: tuple[Action, ...] = ACTIONS
     invariants: tuple[Invariant, ...] = INVARIANTS
     action_properties: tuple[ActionProperty, ...] = ACTION_PROPERTIES
+    fairness: tuple[Fairness, ...] = FAIRNESS
+    liveness: tuple[Liveness, ...] = LIVENESS
     bounds: Bounds = Bounds()
     #: Phases in which the system may legitimately stop for good: none (a TAINTED engine
     #: can always be fenced or re-admitted), so every state without a successor is a

@@ -176,6 +176,30 @@ def _audit_failure_keeps_evidence(spec: Spec) -> Spec:
         control_tla={"pending": '"none"'})
 
 
+#: Liveness mutants: each breaks a liveness property (named) and no safety property, so
+#: that only the liveness checks (the explorer's fair-cycle search, TLC under FairSpec)
+#: can catch it; the safety checks passing on them is their negative control.
+LIVENESS_MUTANTS: tuple[tuple[Mutant, str], ...] = (
+    (Mutant("retry_without_budget",
+            "A cache reset that fails is retried for ever: its failure no longer spends the "
+            "fault budget (a retry loop without a bound).",
+            lambda spec: spec.replace_action("reset_failed", fault=False)),
+     "UpdateEnds"),
+    (Mutant("drain_without_deadline",
+            "The drain waits for its rollouts with no deadline: the controller neither "
+            "cancels the update nor aborts the rollouts that are not released.",
+            lambda spec: spec.replace_action("cancel_update", when=lambda _c, _p: False,
+                                             when_tla="FALSE")
+            .replace_action("release_aborted", when=lambda _c, _p: False, when_tla="FALSE")),
+     "UpdateEnds"),
+    (Mutant("fence_never_starts",
+            "A TAINTED engine is never fenced: the controller waits for an operator instead.",
+            lambda spec: spec.replace_action("fence_begin", when=lambda _c, _p: False,
+                                             when_tla="FALSE")),
+     "TaintedIsFenced"),
+)
+
+
 MUTANTS: tuple[Mutant, ...] = (
     Mutant("drop_drain_guard",
            "Pause (and so mutate) without waiting for bound rollouts to be released.",

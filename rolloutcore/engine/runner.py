@@ -225,6 +225,7 @@ class LifecycleRunner:
         self.policy = policy
         self.on_step = on_step
         self.targets: dict[int, WeightTarget] = {}  # generation -> what it is
+        self.requested: WeightTarget | None = None  # the last update requested
         self.stuck_calls: list[str] = []
         self._collective = CallPool()  # a stuck transfer blocks nothing else
 
@@ -499,6 +500,7 @@ class LifecycleRunner:
     def _cycle(self, target: WeightTarget, report: CycleReport) -> None:
         try:
             self._fire(Trigger.REQUEST_UPDATE, **self.request_detail(target))
+            self.requested = target  # what a later fence names while it is in doubt
         except IllegalTransition as e:  # not now (a fleet's guard, read as the step is
             # taken: the member may not leave service): the update never began
             self._record(report, "request_update", "refused", e.reason,
@@ -633,6 +635,13 @@ class LifecycleRunner:
         if outcome.trigger == Trigger.READMIT_OK:
             self.targets[target.generation] = target
             self.controller.identity = target.identity
+        elif c.phase is Phase.TAINTED:
+            # Still out: fenced again (the reload may have left other weights under a
+            # serving label), labelled after the update in doubt if there is one.
+            pending = c.control.target
+            doubt = self.requested if pending else target
+            if doubt is not None and doubt.generation == (pending or target.generation):
+                self.fence(doubt)
         return outcome
 
     @contextmanager

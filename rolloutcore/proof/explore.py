@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -152,3 +153,180 @@ def explore(spec: Spec, *, max_states: int = 2_000_000,
         unreachable_actions=unreachable, seconds=time.perf_counter() - t0,
         complete=not stopped,
     )
+
+
+# ------------------------------------------------------------------------ liveness
+
+
+@dataclass(frozen=True)
+class Lasso:
+    """A behaviour that violates a liveness property under the spec's fairness: the
+    ``prefix`` from an initial state to the cycle's first state, then the ``cycle`` (steps
+    back to that state, repeated for ever; empty: the behaviour stutters there, no fair
+    step being enabled)."""
+
+    prop: str
+    prefix: tuple[Step, ...]
+    cycle: tuple[Step, ...]
+
+    def describe(self) -> str:
+        lines = [f"liveness {self.prop} violated: a lasso of {len(self.prefix) - 1} steps, "
+                 f"then a cycle of {len(self.cycle)} (0: stuttering) for ever:"]
+        lines += [f"  {n:2d}. {s.label()}" for n, s in enumerate(self.prefix)]
+        lines += [f"   ↻  {s.label()}" for s in self.cycle]
+        lines.append(f"  cycle state: {format_state(self.prefix[-1].state)}")
+        return "\n".join(lines)
+
+
+def check_liveness(ex: Exploration) -> dict[str, Lasso | None]:
+    """Each liveness property of the explored spec: None if it holds, else a lasso.
+
+    ``P ~> Q`` fails iff from a reachable state where P holds and Q does not, a path that
+    stays out of Q reaches a *fair* strongly connected set of states: one that, for every
+    fairness assumption, either takes one of its actions on an edge inside the set or has
+    a state where none of them is enabled (weak fairness; a single state counts, since a
+    behaviour may stutter there, exactly when no fair action is enabled in it). Under
+    weak fairness a maximal strongly connected component is fair whenever any part of it
+    is, so the components suffice."""
+    spec, g = ex.spec, ex.graph
+    classes = [f.actions for f in spec.fairness]
+    enabled: dict[State, set[int]] = {}
+    for s in g.nodes:
+        names = {k[0] for _u, _v, k in g.out_edges(s, keys=True)}
+        enabled[s] = {i for i, acts in enumerate(classes) if acts & names}
+    out: dict[str, Lasso | None] = {}
+    for prop in spec.liveness:
+        out[prop.name] = _lasso(ex, prop.name, prop.when, prop.then, classes, enabled)
+    return out
+
+
+def _lasso(ex: Exploration, name: str, when: Callable[[State], bool],
+           then: Callable[[State], bool], classes: list[frozenset[str]],
+           enabled: dict[State, set[int]]) -> Lasso | None:
+    g = ex.graph
+    starts = [s for s in g.nodes if when(s) and not then(s)]
+    # Multi-source BFS from the obligations, never through a state where Q holds.
+    parent: dict[State, tuple[State, str, Param] | None] = dict.fromkeys(starts)
+    queue = deque(starts)
+    while queue:
+        s = queue.popleft()
+        for _u, t, k in g.out_edges(s, keys=True):
+            if t not in parent and not then(t):
+                parent[t] = (s, k[0], k[1])
+                queue.append(t)
+    strong = {i for i, f in enumerate(ex.spec.fairness) if f.strong}
+    found = _fair_component(g, set(parent), classes, strong, enabled)
+    if found is None:
+        return None
+    comp, inside, needed = found
+    return _build_lasso(ex, name, comp, inside, parent, classes, needed)
+
+
+Edge = tuple[State, State, tuple[str, Param]]
+
+
+def _fair_component(g: nx.MultiDiGraph, states: set[State], classes: list[frozenset[str]],
+                    strong: set[int], enabled: dict[State, set[int]]
+                    ) -> tuple[set[State], list[Edge], set[int]] | None:
+    """A fair strongly connected set of ``states`` (with its inside edges and the classes
+    a cycle through it must take), or None. A weakly fair class is met by a component
+    that takes it inside or has a state where it is disabled (no part of a component
+    failing that does better); a strongly fair class by one that takes it inside or never
+    enables it, so a component failing only strong classes is searched again without the
+    states that enable them (Emerson-Lei)."""
+    sub = g.subgraph(states)
+    for comp in sorted(nx.strongly_connected_components(sub), key=len):
+        inside = [(u, v, k) for u, v, k in sub.edges(comp, keys=True) if v in comp]
+        taken = {i for _u, _v, k in inside for i, acts in enumerate(classes) if k[0] in acts}
+        somewhere = set().union(*(enabled[s] for s in comp))
+        everywhere = set.intersection(*(enabled[s] for s in comp))
+        weak_unmet = (everywhere - strong) - taken
+        strong_unmet = (somewhere & strong) - taken
+        if weak_unmet:
+            continue
+        if strong_unmet:
+            rest = {s for s in comp if not enabled[s] & strong_unmet}
+            found = _fair_component(g, rest, classes, strong, enabled) if rest else None
+            if found is not None:
+                return found
+            continue
+        return comp, inside, (everywhere - strong) | (somewhere & strong)
+    return None
+
+
+def _build_lasso(ex: Exploration, name: str, comp: set[State], inside: list[Edge],
+                 parent: dict[State, tuple[State, str, Param] | None],
+                 classes: list[frozenset[str]], needed: set[int]) -> Lasso:
+    entry = min(comp, key=lambda s: _hops(parent, s))
+    # Prefix: the initial state to the obligation, then within not-Q to the entry.
+    tail: list[Step] = []
+    cur = entry
+    while (link := parent[cur]) is not None:
+        tail.append(Step(link[1], link[2], cur))
+        cur = link[0]
+    head = _path(ex.graph, set(ex.initial), cur)
+    prefix = (*head, *reversed(tail))
+    # Cycle: through an edge of every fairness class enabled all around it, back home.
+    out = {u: [(v, k) for uu, v, k in inside if uu == u] for u in comp}
+    cycle: list[Step] = []
+    at = entry
+    for i in sorted(needed):
+        u, v, k = next(e for e in inside if e[2][0] in classes[i])
+        cycle += _within(out, at, u)
+        cycle.append(Step(k[0], k[1], v))
+        at = v
+    if at != entry or (not cycle and len(comp) > 1):
+        if at == entry:  # a non-trivial component with no class to cover: any loop
+            u, v, k = inside[0]
+            cycle += _within(out, at, u)
+            cycle.append(Step(k[0], k[1], v))
+            at = v
+        cycle += _within(out, at, entry)
+    return Lasso(name, prefix, tuple(cycle))
+
+
+def _hops(parent: dict[State, tuple[State, str, Param] | None], s: State) -> int:
+    n = 0
+    while (link := parent[s]) is not None:
+        s, n = link[0], n + 1
+    return n
+
+
+def _path(g: nx.MultiDiGraph, sources: set[State], target: State) -> tuple[Step, ...]:
+    """Shortest path from an initial state to ``target``, as steps (the first: init)."""
+    back: dict[State, tuple[State, str, Param] | None] = dict.fromkeys(sources)
+    queue = deque(sources)
+    while queue and target not in back:
+        s = queue.popleft()
+        for _u, t, k in g.out_edges(s, keys=True):
+            if t not in back:
+                back[t] = (s, k[0], k[1])
+                queue.append(t)
+    steps: list[Step] = []
+    cur = target
+    while (link := back[cur]) is not None:
+        steps.append(Step(link[1], link[2], cur))
+        cur = link[0]
+    steps.append(Step("init", None, cur))
+    return tuple(reversed(steps))
+
+
+def _within(out: dict[State, list[tuple[State, tuple[str, Param]]]], a: State,
+            b: State) -> list[Step]:
+    """Shortest path from ``a`` to ``b`` inside one component."""
+    if a == b:
+        return []
+    back: dict[State, tuple[State, tuple[str, Param]] | None] = {a: None}
+    queue = deque([a])
+    while queue and b not in back:
+        s = queue.popleft()
+        for t, k in out[s]:
+            if t not in back:
+                back[t] = (s, k)
+                queue.append(t)
+    steps: list[Step] = []
+    cur = b
+    while (link := back[cur]) is not None:
+        steps.append(Step(link[1][0], link[1][1], cur))
+        cur = link[0]
+    return list(reversed(steps))

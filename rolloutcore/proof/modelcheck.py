@@ -12,7 +12,7 @@ from typing import Any
 
 import rolloutcore.spec as spec_pkg
 from rolloutcore.proof import tlc
-from rolloutcore.proof.explore import Exploration, Violation, explore
+from rolloutcore.proof.explore import Exploration, Lasso, Violation, check_liveness, explore
 from rolloutcore.spec import doc as spec_doc
 from rolloutcore.spec import tla as spec_tla
 from rolloutcore.spec import triggers_gen
@@ -188,6 +188,59 @@ def _tlc_on(spec: Spec, *, dump_graph: bool, timeout_s: float) -> tlc.TlcResult:
         # end (the explorer's rule): TLC checks deadlocks only when no phase is.
         return tlc.run_tlc(module, cfg, workers=1, dump_graph=dump_graph, timeout_s=timeout_s,
                            deadlock_check=not spec.terminal_phases)
+
+
+@dataclass(frozen=True)
+class LivenessVerdict:
+    """One liveness property, by both checkers: the explorer's lasso (None: it holds) and
+    TLC's verdict under the same fairness (None: TLC not run)."""
+
+    prop: str
+    explorer_holds: bool
+    tlc_holds: bool | None
+    lasso: Lasso | None
+    tlc_seconds: float | None = None
+
+    @property
+    def agree(self) -> bool:
+        return self.tlc_holds is None or self.tlc_holds == self.explorer_holds
+
+    def as_json(self) -> dict[str, Any]:
+        return {"property": self.prop, "explorer_holds": self.explorer_holds,
+                "tlc_holds": self.tlc_holds, "agree": self.agree,
+                "tlc_seconds": self.tlc_seconds,
+                "lasso": None if self.lasso is None else self.lasso.describe()}
+
+
+def tlc_liveness(spec: Spec, prop: str, *, timeout_s: float = 600) -> tlc.TlcResult:
+    """TLC on ``prop`` under the generated ``FairSpec`` (its own run: TLC names no
+    property when a temporal one fails, so each is checked alone)."""
+    with tempfile.TemporaryDirectory(prefix="rolloutcore-tlc-") as tmp:
+        module = Path(tmp) / f"{spec.name}.tla"
+        cfg = Path(tmp) / f"{spec.name}.cfg"
+        module.write_text(spec_tla.module(spec))
+        cfg.write_text(spec_tla.liveness_config(spec, prop))
+        return tlc.run_tlc(module, cfg, workers=1, dump_graph=False, timeout_s=timeout_s)
+
+
+def check_liveness_both(spec: Spec = SPEC, *, exploration: Exploration | None = None,
+                        with_tlc: bool = True, timeout_s: float = 600
+                        ) -> list[LivenessVerdict]:
+    """Every liveness property of ``spec`` by the explorer and (``with_tlc``) by TLC."""
+    ex = exploration or explore(spec)
+    lassos = check_liveness(ex)
+    out = []
+    for lp in spec.liveness:
+        lasso = lassos[lp.name]
+        tlc_holds: bool | None = None
+        seconds: float | None = None
+        if with_tlc:
+            r = tlc_liveness(spec, lp.name, timeout_s=timeout_s)
+            if r.violation not in (None, "property"):
+                raise tlc.TlcError(f"TLC on {lp.name}: {r.violation}: {r.error_message}")
+            tlc_holds, seconds = r.violation is None, r.seconds
+        out.append(LivenessVerdict(lp.name, lasso is None, tlc_holds, lasso, seconds))
+    return out
 
 
 def run_tlc(spec: Spec = SPEC, *, exploration: Exploration | None = None,
