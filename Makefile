@@ -36,11 +36,12 @@ lint: $(STAMP)
 # then the real-server tests in one process, where they share one pool of servers.
 test: $(STAMP)
 	@$(MAKE) --no-print-directory -j2 --output-sync=target lint fast-tests MARKS="not vllm"
-	$(BIN)/pytest -q -p no:cacheprovider -m vllm $(PYTEST_ARGS)
+	$(BIN)/pytest -q -p no:cacheprovider -m vllm --durations=15 $(PYTEST_ARGS)
 
 check: $(STAMP)
 	@$(MAKE) --no-print-directory -j2 --output-sync=target lint fast-tests \
 		MARKS="not vllm and not deep"
 
 fast-tests: $(STAMP)
-	$(BIN)/pytest -q -p no:cacheprovider -m "$(MARKS)" -n $$(nproc) --dist worksteal $(PYTEST_ARGS)
+	$(BIN)/pytest -q -p no:cacheprovider -m "$(MARKS)" -n $$(nproc) --dist worksteal \
+		--durations=15 $(PYTEST_ARGS)

@@ -254,7 +254,7 @@ def test_a_mutation_that_never_answers_is_ambiguous_within_its_deadline(
     assert wait_until(lambda: ma.adapter.read_state(time.monotonic() + 30).identity
                       == target.identity, BOUND, interval=0.1)
     assert ma.controller.phase is Phase.TAINTED and "a" not in [
-        m.name for m in fleet._serving_now()]
+        s.name for s in fleet.status() if s.serving]
     out = fleet.readmit("a", who="test")
     assert out.trigger == "readmit_ok", out.reason
 

@@ -32,8 +32,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rolloutcore.spec.lifecycle import SPEC, TIERS, Kind, Phase
-from rolloutcore.spec.triggers import Trigger
+from rolloutcore.spec.lifecycle import SPEC, TIERS, Kind, Phase, Result
+from rolloutcore.spec.triggers import OUTCOMES, Trigger
 
 # ------------------------------------------------------------------------ schema
 
@@ -80,6 +80,13 @@ class Field:
         return _KINDS[self.kind](v)
 
 
+#: How much later than its attempt's deadline an outcome may be written before the trace
+#: checker reports it: the runner's own grace for a late call, the journal's write and
+#: the clock (wall-clock times can step), together.
+TIMING_SLACK_S = 1.0
+_DEADLINE = Field("num", Info(
+    "the attempt's deadline as the runner's policy set it: the timing check holds the "
+    "outcome to it (plus TIMING_SLACK_S); no decision of the spec reads it"))
 _REASON = Field("str", Info("the decision's reason in words: decide() names it again from "
                             "the evidence"))
 _APPLICATION = Info("the application's own notes about the rollout (token counts, the "
@@ -114,8 +121,7 @@ DETAIL: dict[str, dict[str, Field] | None] = {
     Trigger.MUTATE_BEGIN: {
         "target": Field("str", _TARGET_LABEL, required=True),
         "identity": Field("str", _TARGET_IDENTITY, required=True),
-        "deadline_s": Field("num", Info("the mutation's deadline as the policy set it: a "
-                                        "timing, bounded by the policy, decides nothing")),
+        "deadline_s": _DEADLINE,
         "backend": Field("str", Info("the transfer backend's name")),
         "headers": Field("obj", Info("transport headers, redacted")),
     },
@@ -135,6 +141,12 @@ DETAIL: dict[str, dict[str, Field] | None] = {
     Trigger.SUSPECT: {"error": Field("str", Info("what the application saw, in words")),
                       "rollout": Field("str", Info("the rollout whose request failed"))},
 }
+DETAIL[Trigger.READMIT_BEGIN] = {**(DETAIL[Trigger.READMIT_BEGIN] or {}),
+                                 "deadline_s": _DEADLINE}
+for _op, _outcomes in OUTCOMES.items():  # every attempt's begin states its deadline
+    _begin = _outcomes[Result.BEGIN]
+    if _begin not in DETAIL:
+        DETAIL[_begin] = {"deadline_s": _DEADLINE}
 for _restart in (Trigger.RESTART_READY, Trigger.RESTART_TAINTED, Trigger.RESTART_UNINITIALIZED):
     DETAIL[_restart] = {
         "from_phase": Field("str", Claim("the phase the journal left the controller in"),

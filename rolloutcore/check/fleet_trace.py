@@ -43,6 +43,7 @@ from rolloutcore.check.trace import (
     TraceVerdict,
     chain_verdict,
     header_problem,
+    timing_warnings,
 )
 from rolloutcore.inputs import unreadable
 from rolloutcore.journal import HEADER, SCHEMA, JournalReader, not_a_journal
@@ -128,6 +129,7 @@ class FleetTraceChecker:
     #: generation -> (its identity, the member that first named it)
     identities: dict[int, tuple[Any, str]] = field(default_factory=dict)
     restarting: set[str] = field(default_factory=set)  # taken over, not yet restarted
+    strict_timing: bool = False  # late outcomes rejected (else: a warning)
 
     def clone(self) -> FleetTraceChecker:
         """An independent checker in this one's state."""
@@ -231,7 +233,8 @@ class FleetTraceChecker:
             if self.epoch is not None and name not in self.named:
                 return "DetailContradictsFleet", (f"member {name!r} was not named by the "
                                                   f"takeover of epoch {self.epoch}")
-            checker = self.members[name] = TraceChecker(memo=self._memo)
+            checker = self.members[name] = TraceChecker(memo=self._memo,
+                                                        strict_timing=self.strict_timing)
             checker.feed({"type": HEADER, "schema": SCHEMA, "spec": checker.spec.name, "seq": 0,
                           "t": r.get("t")}, 0)
             self.member_seq[name] = 0
@@ -526,8 +529,9 @@ def _fleet_schema(r: Mapping[str, Any]) -> str | None:
     return detail_problem(step, r.get("detail"), FLEET_DETAIL)
 
 
-def check_fleet_records(records: Iterable[tuple[int, Mapping[str, Any]]]) -> TraceVerdict:
-    checker = FleetTraceChecker()
+def check_fleet_records(records: Iterable[tuple[int, Mapping[str, Any]]], *,
+                        strict: bool = False) -> TraceVerdict:
+    checker = FleetTraceChecker(strict_timing=strict)
     for line, rec in records:
         bad = checker.feed(rec, line)
         if bad is not None:
@@ -539,7 +543,8 @@ def check_fleet_records(records: Iterable[tuple[int, Mapping[str, Any]]]) -> Tra
     sm = max((c.states_max for c in checker.members.values()), default=0)
     return TraceVerdict(True, checker.records, None, None,
                         f"accepted: {checker.records} records conform to {FLEET.name} "
-                        f"({len(checker.members)} members)", sm)
+                        f"({len(checker.members)} members)", sm,
+                        timing_warnings(checker.members.values()))
 
 
 def check_fleet_file(path: str | os.PathLike[str], *, strict: bool = False) -> TraceVerdict:
@@ -559,7 +564,7 @@ def check_fleet_file(path: str | os.PathLike[str], *, strict: bool = False) -> T
         yield first
         yield from it
 
-    verdict = check_fleet_records(records())
+    verdict = check_fleet_records(records(), strict=strict)
     if not verdict.accepted:
         return verdict
     return chain_verdict(verdict, reader.report, strict=strict)

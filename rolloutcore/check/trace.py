@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from rolloutcore.adapters.contract import EvidenceFormatError
-from rolloutcore.check.claims import TOP_LEVEL, Claims
+from rolloutcore.check.claims import TIMING_SLACK_S, TOP_LEVEL, Claims
 from rolloutcore.engine import postconditions as post
 from rolloutcore.engine.controller import triggers_of
 from rolloutcore.errors import BadInput
@@ -284,8 +284,14 @@ class TraceChecker:
     #: The memo of spec steps (a pure cache: checkers of one spec may share one, as a
     #: fleet's members do).
     memo: Memo | None = None
+    #: Reject (True) or report (False: warnings) an outcome written later than its
+    #: attempt's declared deadline plus TIMING_SLACK_S.
+    strict_timing: bool = False
+    late: list[str] = field(default_factory=list)  # the first few late outcomes, in words
+    late_count: int = 0
 
     def __post_init__(self) -> None:
+        self._began: tuple[int, float, float] | None = None  # (line, t, deadline_s)
         self.spec = self.spec.with_bounds(Bounds(rollouts=1, generations=UNBOUNDED,
                                                  faults=UNBOUNDED))
         self.types = jepsen_types(self.spec)
@@ -322,6 +328,7 @@ class TraceChecker:
         out.segment = copy.copy(self.segment)
         out.claims = self.claims.copy()
         out._admitted = {}
+        out.late = list(self.late)
         return out
 
     # ------------------------------------------------------------------ representation
@@ -422,7 +429,35 @@ class TraceChecker:
         if spec_bad is not None:
             return Rejection(line, spec_bad[0], spec_bad[1])
         self.claims.advance(r, line, self.control.committed, self.control.target)
+        late = self._timing(r, line)
+        if late is not None:
+            if self.strict_timing:
+                return Rejection(line, "DeadlineExceeded", late)
+            self.late_count += 1
+            if len(self.late) < 3:
+                self.late.append(late)
         return None
+
+    def _timing(self, r: Mapping[str, Any], line: int) -> str | None:
+        """Why outcome ``r`` came later than its attempt's declared deadline plus the
+        slack (None: in time, or nothing declared). A begin with ``deadline_s`` starts
+        the clock; the next outcome or restart stops it."""
+        detail, t = r.get("detail"), r.get("t")
+        kind = r.get("type")
+        if kind == "invoke":
+            d = detail.get("deadline_s") if isinstance(detail, dict) else None
+            self._began = (line, float(t), float(d)) if isinstance(d, (int, float)) \
+                and isinstance(t, (int, float)) else None
+            return None
+        began, self._began = self._began, None
+        if began is None or kind in ("step", "recover") or not isinstance(t, (int, float)):
+            return None
+        at, t0, deadline = began
+        took = float(t) - t0
+        if took <= deadline + TIMING_SLACK_S:
+            return None
+        return (f"{r.get('step')} came {took:.3f} s after its begin (line {at}): past its "
+                f"deadline of {deadline:g} s plus the slack of {TIMING_SLACK_S:g} s")
 
     def _header(self, r: Mapping[str, Any], line: int) -> Rejection | None:
         if self.header_seen:
@@ -755,7 +790,17 @@ def check_records(records: Iterable[tuple[int, Mapping[str, Any]]],
     if not checker.header_seen:
         return TraceVerdict(False, 0, 1, "Schema", "line 1: the journal has no header", 0)
     return TraceVerdict(True, n, None, None, f"accepted: {n} records conform to "
-                        f"{spec.name}", checker.states_max)
+                        f"{spec.name}", checker.states_max, timing_warnings([checker]))
+
+
+def timing_warnings(checkers: Iterable[TraceChecker]) -> tuple[str, ...]:
+    """One warning for the outcomes the checkers saw come past their deadlines."""
+    late = [x for c in checkers for x in c.late]
+    count = sum(c.late_count for c in checkers)
+    if not count:
+        return ()
+    return (f"{count} outcome(s) came past their deadline plus {TIMING_SLACK_S:g} s "
+            f"(--strict rejects them); first: {late[0]}",)
 
 
 def check_trace(records: Iterable[Mapping[str, Any]], spec: Spec = SPEC) -> TraceVerdict:
@@ -784,7 +829,7 @@ def check_file(path: str | os.PathLike[str], spec: Spec = SPEC, *,
 def _check_path(p: Path, spec: Spec, *, after: str | os.PathLike[str] | None = None,
                 strict: bool = False) -> tuple[TraceVerdict, TraceChecker]:
     link: str | None = None
-    checker = TraceChecker(spec)
+    checker = TraceChecker(spec, strict_timing=strict)
     if after is not None:
         prev, prev_checker = _check_path(Path(after), spec)
         if not prev.accepted and prev.violated != "HashChain":
@@ -795,7 +840,7 @@ def _check_path(p: Path, spec: Spec, *, after: str | os.PathLike[str] | None = N
         for _ in prev_reader:
             pass
         link = prev_reader.report.last_hash
-        checker = TraceChecker(spec, previous=prev_checker)
+        checker = TraceChecker(spec, previous=prev_checker, strict_timing=strict)
     try:
         reader = JournalReader(p)
         it = iter(reader)
@@ -839,7 +884,7 @@ def chain_verdict(verdict: TraceVerdict, report: Any, *, strict: bool) -> TraceV
                                 f"line {report.first_bad_line}: a torn final record "
                                 "(--strict)", verdict.states_max)
         return TraceVerdict(True, verdict.records, None, None, verdict.message,
-                            verdict.states_max, (warning,))
+                            verdict.states_max, (*verdict.warnings, warning))
     return verdict
 
 

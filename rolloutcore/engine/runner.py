@@ -247,7 +247,8 @@ class LifecycleRunner:
         outcome = Outcome(OUTCOMES[op][Result.FAILED], "not attempted")
         n = 0
         for n in range(1, (self.policy.retries if retry else 0) + 2):
-            self._fire(OUTCOMES[op][Result.BEGIN], param)
+            self._fire(OUTCOMES[op][Result.BEGIN], param,
+                       deadline_s=round(max(deadline - time.monotonic(), 0.0), 3))
             started = time.monotonic()
             try:
                 decision = attempt(deadline)
@@ -608,7 +609,8 @@ class LifecycleRunner:
                              f"{c.control.committed}, not {target.generation}")
         deadline_s = self.policy.mutation_deadline(target) + 4 * self.policy.step_timeout_s
         self._fire(Trigger.READMIT_BEGIN, who=who, target=target.label,
-                   identity=target.identity, checkpoint=target.source)
+                   identity=target.identity, checkpoint=target.source,
+                   deadline_s=round(deadline_s, 3))
         deadline = time.monotonic() + deadline_s
         evidence: list[Any] = []
         error: str | None = None
