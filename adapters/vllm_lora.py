@@ -94,7 +94,9 @@ def identity_of(name: str, held_ids: set[int] | None) -> dict[str, Any]:
         if not loads:
             return {"name": name, "identity": None, "loaded": False,
                     "reason": f"no adapter {name!r} loaded"}
-        int_id, _name, path = max(loads)
+        # The last load, in the order the worker did them: an in-place reload keeps the
+        # adapter's int id, so neither the id nor the path can order them.
+        int_id, _name, path = loads[-1]
         identity = _STAGED.get(path)
     out: dict[str, Any] = {"name": name, "loaded": True, "int_id": int_id, "path": path,
                            "held": None if held_ids is None else int_id in held_ids}

@@ -86,6 +86,10 @@ def test_identity_is_the_newest_load_under_the_name_and_only_if_staged(
     vllm_lora._LOADS.append((5, "pol", str(adapters["a1"])))  # someone loaded a user path
     unvouched = vllm_lora.identity_of("pol", None)
     assert unvouched["identity"] is None and "did not stage" in unvouched["reason"]
+    # An in-place reload keeps the int id; a path that sorts before the staged one must
+    # still count as the newest load (the order of loads decides, not the path).
+    vllm_lora._LOADS.extend([(6, "pol", staged), (6, "pol", "/a/user/path")])
+    assert vllm_lora.identity_of("pol", None)["identity"] is None
 
 
 # ------------------------------------------------------------------ the HTTP sequence
