@@ -88,11 +88,13 @@ def corpus() -> list[Journal_]:
 def fleet_journals(tmp: Path) -> list[Journal_]:
     """Fleet journals written by the fleet on simulated engines: a clean update with live
     rollouts, a load dying halfway (quarantine, re-admission, catch-up), an engine
-    restarted out of band (audit, quarantine, re-admission)."""
+    restarted out of band (audit, quarantine, re-admission), a rolling update whose
+    draining members' rollouts migrate."""
     from rolloutcore.conformance.fleet_scenarios import FleetRig, run_fleet_scenario
 
     out = []
-    for name in ("clean_update_live", "dies_halfway_quorum", "restarted_out_of_band"):
+    for name in ("clean_update_live", "dies_halfway_quorum", "restarted_out_of_band",
+                 "rolling_update_migrated"):
         (tmp / name).mkdir(parents=True, exist_ok=True)
         rig = FleetRig.sim(tmp / name)
         try:
@@ -384,19 +386,24 @@ def identity_split(records: list[Record]) -> tuple[list[Record], int] | None:
     consistently in every record of its own from its update request on (its own cycle
     is self-consistent): two policies under one generation number. Returns the forged
     journal and the 1-based line of the forged publish, or None (no such generation)."""
-    firsts: dict[int, str] = {}
+    firsts: dict[int, tuple[str, int]] = {}  # generation -> (first publisher, its index)
     for i, r in enumerate(records):
         if r.get("step") != "publish" or not isinstance(r.get("engine"), str):
             continue
         gen, name = int(r.get("committed") or 0), r["engine"]
-        if gen in firsts and firsts[gen] != name:
+        if gen in firsts and firsts[gen][0] != name:
             old = r["detail"]["identity"]
             start = max(k for k in range(i) if records[k].get("engine") == name
                         and records[k].get("step") == "request_update")
             out = [(_replaced(x, old, _OTHER_IDENTITY) if k >= start
                     and x.get("engine") == name else x) for k, x in enumerate(records)]
-            return _resealed(out), i + 1
-        firsts.setdefault(gen, name)
+            # Caught at its first record naming the identity once the generation is
+            # published: its publish, or its request if it catches up after the publish.
+            first = next(k for k in range(max(start, firsts[gen][1] + 1), i + 1)
+                         if records[k].get("engine") == name
+                         and old in json.dumps(records[k].get("detail")))
+            return _resealed(out), first + 1
+        firsts.setdefault(gen, (name, i))
     return None
 
 

@@ -304,6 +304,15 @@ def admission_floor(frontier: int, min_generation: int = 0, max_staleness: int |
     return max(min_generation, floor, 0 if max_staleness is None else frontier - max_staleness)
 
 
+def wave_width(serving_now: int, on_frontier: int, min_admitting: int) -> int:
+    """How many members a rolling update's wave takes at once: every member on the
+    frontier that can leave while ``min_admitting`` others keep serving (the spec lets
+    them join one by one under that guard; the runtime takes them together). The runtime
+    picks its wave by it, and the fleet checker holds a ``fleet_roll``'s member list to
+    it (a list that is shorter, or a C forged lower, shows)."""
+    return max(0, min(on_frontier, serving_now - min_admitting))
+
+
 def bootstrapped(_f: FleetView, s: MemberView) -> bool:
     """A member its bootstrap left READY on the first generation, every piece of evidence
     in hand: what the fleet opens on."""

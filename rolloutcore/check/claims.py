@@ -213,8 +213,13 @@ FLEET_DETAIL: dict[str, dict[str, Field]] = {
         "identity": Field("str", Info("the first wave member's target identity (each "
                                       "member's own request names its own, checked there)")),
         "members": Field("list[str]", Claim("the wave: members on the frontier, each "
-                                            "joining while min_admitting others serve"),
+                                            "joining while min_admitting others serve, "
+                                            "as many as wave_width allows"),
                          required=True),
+        "max_live": Field("int", Claim("the fleet's K, as its fleet_open stated it"),
+                          required=True),
+        "min_admitting": Field("int", Claim("the fleet's C, as its fleet_open stated it"),
+                               required=True),
         "floor": _FLOOR},
     "fleet_publish_wave": {
         "members": Field("list[str]", Claim("exactly the validated members"), required=True),

@@ -69,6 +69,7 @@ from rolloutcore.spec.fleet import (
     serving,
     update_policy_error,
     validated,
+    wave_width,
 )
 from rolloutcore.spec.lifecycle import SPEC, Kind, Phase
 
@@ -426,6 +427,20 @@ class FleetTraceChecker:
                    or self.members[n].control.committed != self.fcommitted]
             if bad:
                 return f"fleet_roll names {bad}, not members on the frontier"
+            for key, opened in (("max_live", self.max_live),
+                                ("min_admitting", self.min_admitting)):
+                if d.get(key) != opened:
+                    return (f"fleet_roll says {key} {d.get(key)!r}; the fleet opened with "
+                            f"{opened}")
+            named = d.get("members") or []
+            now = self._names(serving)
+            on_frontier = [n for n in now if self.members[n].control.committed
+                           == self.fcommitted]
+            width = wave_width(len(now), len(on_frontier), self.min_admitting)
+            if len(set(named)) != len(named) or len(named) != width:
+                return (f"fleet_roll names {len(named)} member(s) {sorted(named)}; the wave is "
+                        f"{width} ({len(now)} serving, {len(on_frontier)} on the frontier, "
+                        f"min_admitting {self.min_admitting})")
         elif step == "fleet_publish_wave":
             want["label"] = self.flabel
         elif step == "fleet_end_wave":
@@ -468,6 +483,9 @@ class FleetTraceChecker:
             return f"migrate names members {names!r:.60}, not the two it moves between"
         if not isinstance(rollout, str) or rollout in self.moves or type(gen) is not int:
             return f"migrate of {rollout!r:.40}: not a rollout, already moving, or no generation"
+        if self.members[str(names[0])].bound.get(rollout) != gen:
+            return (f"migrate of {rollout!r:.40} off {names[0]}: not bound there on "
+                    f"generation {gen}")
         self.moves[rollout] = (str(names[0]), str(names[1]), gen, False)
         return None
 

@@ -20,7 +20,7 @@ from rolloutcore.fleet.base import (
     Member,
     PendingDecision,
 )
-from rolloutcore.spec.fleet import FleetPhase, bootstrapped, held_back, validated
+from rolloutcore.spec.fleet import FleetPhase, bootstrapped, held_back, validated, wave_width
 from rolloutcore.spec.lifecycle import Phase
 
 
@@ -182,9 +182,9 @@ class Updates(FleetBase):
                     f"{self.committed + 1} would be more than {self.max_live} above the "
                     f"floor {self.floor}, or fewer than {self.min_serving} members serve")
             serving_now = self._serving()
-            width = len(serving_now) - self.min_admitting
             frontier = [m for m in serving_now if m.view().committed == self.committed]
-            wave = sorted(frontier, key=lambda m: (m.outstanding, m.name))[:max(width, 0)]
+            width = wave_width(len(serving_now), len(frontier), self.min_admitting)
+            wave = sorted(frontier, key=lambda m: (m.outstanding, m.name))[:width]
             if not wave:
                 raise FleetError(f"{len(serving_now)} members serve: none can leave while "
                                  f"min_admitting {self.min_admitting} keep serving (nothing "
@@ -194,7 +194,8 @@ class Updates(FleetBase):
                 raise FleetError(f"the target is not generation {self.committed + 1}")
             first = targets[wave[0].name]
             self._take("fleet_roll", target=first.label, identity=first.identity,
-                       members=[m.name for m in wave])
+                       members=[m.name for m in wave], max_live=self.max_live,
+                       min_admitting=self.min_admitting)
         report = FleetCycleReport(first, published=False, aborted=False)
         report.waves.append([m.name for m in wave])
         report.members = {m.name: CycleReport(targets[m.name], published=False,
