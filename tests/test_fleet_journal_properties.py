@@ -104,3 +104,15 @@ def test_recovery_refuses_a_checkpoint_path_that_does_not_hold_the_journalled_id
         assert fleet.committed == 2 and fleet.admit("r").generation == 2
     finally:
         fleet.close()
+
+
+def test_a_takeover_that_names_a_member_twice_is_rejected(
+        journals: list[forge.Journal_]) -> None:
+    j = next(j for j in journals if j.name == "takeover")
+    records = [dict(r) for r in j.records]
+    i = next(k for k, r in enumerate(records)
+             if r.get("step") == "fleet_takeover" and r["detail"].get("fenced"))
+    fenced = records[i]["detail"]["fenced"]
+    records[i] = dict(records[i], detail={**records[i]["detail"], "fenced": fenced + fenced[:1]})
+    verdict = check_fleet_records(numbered(forge._resealed(records)))
+    assert (verdict.violated, verdict.first_bad_line) == ("DetailContradictsFleet", i + 1)

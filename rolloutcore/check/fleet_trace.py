@@ -80,7 +80,8 @@ FLEET_RECOVER = "fleet_recover"
 #: A controller with a new epoch took over (the failover spec's campaign and fence): it
 #: fenced the members named (their engines refuse every older epoch from then on);
 #: ``fleet_fenced`` names those its takeover could not fence, fenced later (fence).
-FLEET_TAKEOVER, FLEET_FENCED = sorted(FLEET_JOURNAL_STEPS)[::-1]
+FLEET_TAKEOVER, FLEET_FENCED = "fleet_takeover", "fleet_fenced"
+assert {FLEET_TAKEOVER, FLEET_FENCED} == set(FLEET_JOURNAL_STEPS)
 _FLEET_STEPS = frozenset({FLEET_RECOVER, *FLEET_JOURNAL_STEPS, MIGRATION.name,
                           *(a.name for a in FLEET_ACTIONS)})
 #: The single-engine spec's restart steps: a controller (re)started on the journal.
@@ -393,6 +394,9 @@ class FleetTraceChecker:
         order: the journal never forks); it names every member once, fenced or not. A
         later ``fleet_fenced`` is of the same epoch and names members still unfenced."""
         epoch, fenced = d["epoch"], set(d["fenced"])
+        named = [*d["fenced"], *d.get("unfenced", [])]
+        if len(set(named)) != len(named):
+            return "DetailContradictsFleet", f"{step} names a member twice: {sorted(named)}"
         if step == FLEET_TAKEOVER:
             if not succeeds(epoch, self.epoch):
                 return "JournalOneWriterPerEpoch", (f"takeover by epoch {epoch} after epoch "
