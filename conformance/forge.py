@@ -419,16 +419,19 @@ def rollout_on_two_members(records: list[Record]) -> tuple[list[Record], int] | 
 
 
 def outcome_adopted_after_takeover(records: list[Record]) -> tuple[list[Record], int] | None:
-    """After a takeover a member's restart is left out: its next record is a step the new
-    leader takes as if the member had not been in the deposed leader's hands."""
+    """After a takeover a member's restart is left out: the fleet recovers, or the member
+    takes its next step, as if it had not been in the deposed leader's hands."""
     takeovers = [i for i, r in enumerate(records) if r.get("step") == "fleet_takeover"]
     for after in reversed(takeovers):
         for restart in range(after + 1, len(records)):
             if not str(records[restart].get("step", "")).startswith("restart_"):
                 continue
             name = records[restart]["engine"]
+            # The first record that needs the restart: the member's next one, or the
+            # fleet's recovery (which waits for every member's restart).
             nxt = next((i for i in range(restart + 1, len(records))
-                        if records[i].get("engine") == name), None)
+                        if records[i].get("engine") == name
+                        or str(records[i].get("step", "")).startswith("fleet_recover")), None)
             if nxt is not None:  # its 1-based line once the restart is gone
                 return _resealed([*records[:restart], *records[restart + 1:]]), nxt
     return None

@@ -3,7 +3,8 @@
 \* Do not edit: change the Python spec and regenerate.
 EXTENDS Integers, FiniteSets, Sequences
 
-CONSTANTS NumEngines, NumSlots, MaxGen, MaxFaults, MinServing, MaxLive, MinAdmitting
+CONSTANTS NumEngines, NumSlots, MaxGen, MaxFaults, MinServing, MaxLive, MinAdmitting,
+    MaxCrashes
 
 Engines == 1..NumEngines
 Slots == 1..NumSlots
@@ -18,8 +19,8 @@ BROKEN == -2
 TAINT == -3
 TierOrder == <<"prefix", "encoder", "mm">>
 
-VARIABLES fphase, fcommitted, ftarget, eng, faults, ffloor
-vars == <<fphase, fcommitted, ftarget, eng, faults, ffloor>>
+VARIABLES fphase, fcommitted, ftarget, eng, faults, ffloor, fdown, fcrashes
+vars == <<fphase, fcommitted, ftarget, eng, faults, ffloor, fdown, fcrashes>>
 
 Init ==
     /\ fphase = "UNINITIALIZED"
@@ -28,6 +29,8 @@ Init ==
     /\ eng = [n \in Engines |-> [phase |-> "READY", committed |-> 1, target |-> 0, pending |-> "none", bind |-> [i \in Slots |-> 0], cleared |-> {}, evidence |-> AllEvidence, weights |-> 1, label |-> 1, paused |-> FALSE, req |-> [i \in Slots |-> 0], caches |-> [t \in Tiers |-> {}], amb |-> FALSE, stale |-> FALSE, replaced |-> FALSE, doubt |-> FALSE, faults |-> 0]]
     /\ faults = 0
     /\ ffloor = 1
+    /\ fdown = {}
+    /\ fcrashes = 0
 
 TierFirst(e, t) == \A k \in 1..Len(TierOrder) : TierOrder[k] = t =>
     \A j \in 1..(k - 1) : TierOrder[j] \in e.cleared
@@ -38,39 +41,39 @@ Serving(e) == e.phase = "READY" /\ e.committed >= ffloor /\ e.committed <= fcomm
 \* admit [member, control]
 MAdmit(n, i) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"READY"}
     /\ e.bind[i] = 0 /\ e.evidence = AllEvidence
     /\ e.req[i] = 0
     /\ fphase \in {"READY", "ROLLING"} /\ e.committed >= ffloor /\ e.committed <= fcommitted /\ Cardinality({m \in Engines : Serving(eng[m])}) >= MinServing
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.bind = [e.bind EXCEPT ![i] = e.committed], !.req = [e.req EXCEPT ![i] = e.weights], !.stale = (e.stale \/ \E t \in Tiers : e.caches[t] \ {e.weights} # {}), !.caches = [t \in Tiers |-> e.caches[t] \cup {e.weights}]]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* engine_finish [member, environment]
 MEngineFinish(n, i) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"UNINITIALIZED", "READY", "DRAINING", "QUIESCED", "UPDATING", "INVALIDATING", "VALIDATING", "RESUMING", "TAINTED"}
     /\ e.req[i] # 0
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.req = [e.req EXCEPT ![i] = 0]]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* release [member, control]
 MRelease(n, i) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"READY", "DRAINING"}
     /\ e.bind[i] # 0
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.bind = [e.bind EXCEPT ![i] = 0]]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* request_update [member, control]
 MRequestUpdate(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"READY"}
     /\ e.pending = "none" /\ e.evidence = AllEvidence
     /\ \/ (fphase = "UPDATING" /\ e.committed = fcommitted)
@@ -82,127 +85,127 @@ MRequestUpdate(n) ==
     /\ e.committed < MaxGen
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "DRAINING", !.target = e.committed + 1]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* cancel_update [member, control]
 MCancelUpdate(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"DRAINING"}
     /\ e.pending = "none" /\ "resumed" \in e.evidence
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "READY", !.target = 0]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* pause_begin [member, control]
 MPauseBegin(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"DRAINING"}
     /\ e.pending = "none" /\ \A j \in Slots : e.bind[j] = 0
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "pause"]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* pause_ok [member, outcome]
 MPauseOk(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"DRAINING"}
     /\ e.pending = "pause"
     /\ \A j \in Slots : e.req[j] = 0
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "QUIESCED", !.evidence = e.evidence \ {"resumed"}, !.pending = "none", !.paused = TRUE]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* pause_failed [member, outcome]
 MPauseFailed(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"DRAINING"}
     /\ e.pending = "pause"
     /\ Scheduled(n)
     /\ faults < MaxFaults
     /\ \E w0 \in {e.paused, TRUE} : eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = e.evidence \ {"resumed"}, !.pending = "none", !.paused = w0]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* abandon_update [member, control]
 MAbandonUpdate(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"QUIESCED"}
     /\ e.pending = "none"
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "RESUMING", !.target = 0]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* mutate_begin [member, control]
 MMutateBegin(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"QUIESCED"}
     /\ e.pending = "none" /\ e.target # 0
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "UPDATING", !.evidence = {}, !.cleared = {}, !.pending = "mutate"]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* mutate_ok [member, outcome]
 MMutateOk(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"UPDATING"}
     /\ e.pending = "mutate"
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "INVALIDATING", !.pending = "none", !.weights = e.target, !.label = e.target]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* mutate_ok_unlabelled [member, outcome]
 MMutateOkUnlabelled(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"UPDATING"}
     /\ e.pending = "mutate"
     /\ Scheduled(n)
     /\ faults < MaxFaults
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "INVALIDATING", !.pending = "none", !.weights = e.target]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* mutate_ok_wrong_weights [member, outcome]
 MMutateOkWrongWeights(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"UPDATING"}
     /\ e.pending = "mutate"
     /\ Scheduled(n)
     /\ faults < MaxFaults
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "INVALIDATING", !.pending = "none", !.weights = MIXED, !.label = e.target]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* mutate_ok_broken [member, outcome]
 MMutateOkBroken(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"UPDATING"}
     /\ e.pending = "mutate"
     /\ Scheduled(n)
     /\ faults < MaxFaults
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "INVALIDATING", !.pending = "none", !.weights = BROKEN, !.label = e.target]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* mutate_refused [member, outcome]
 MMutateRefused(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"UPDATING"}
     /\ e.pending = "mutate"
     /\ e.label = e.committed /\ e.weights = e.committed
@@ -210,368 +213,368 @@ MMutateRefused(n) ==
     /\ faults < MaxFaults
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "QUIESCED", !.target = 0, !.evidence = WeightEvidence, !.pending = "none"]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* mutate_ambiguous [member, outcome]
 MMutateAmbiguous(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"UPDATING"}
     /\ e.pending = "mutate"
     /\ Scheduled(n)
     /\ faults < MaxFaults
     /\ \E w0 \in {e.committed, e.target, MIXED} : \E w1 \in {e.committed, e.target} : eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "TAINTED", !.pending = "none", !.weights = w0, !.label = w1, !.amb = TRUE]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* reset_begin [member, control]
 MResetBegin(n, t) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"INVALIDATING"}
     /\ e.pending = "none" /\ t \notin e.cleared
     /\ TierFirst(e, t)
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "reset_" \o t]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* reset_ok [member, outcome]
 MResetOk(n, t) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"INVALIDATING"}
     /\ e.pending = "reset_" \o t
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.cleared = e.cleared \cup {t}, !.pending = "none", !.caches = [e.caches EXCEPT ![t] = {}]]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* reset_failed [member, outcome]
 MResetFailed(n, t) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"INVALIDATING"}
     /\ e.pending = "reset_" \o t
     /\ Scheduled(n)
     /\ faults < MaxFaults
     /\ \E w0 \in {e.caches, [e.caches EXCEPT ![t] = {}]} : eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "none", !.caches = w0]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* invalidated [member, control]
 MInvalidated(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"INVALIDATING"}
     /\ e.pending = "none" /\ e.cleared = Tiers
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "VALIDATING"]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* validate_begin [member, control]
 MValidateBegin(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"VALIDATING"}
     /\ e.pending = "none"
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "validate"]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* validate_ok [member, outcome]
 MValidateOk(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"VALIDATING"}
     /\ e.pending = "validate"
     /\ e.label = e.target /\ e.weights \in {e.target, BROKEN}
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "RESUMING", !.evidence = e.evidence \cup {"version", "identity"}, !.pending = "none"]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* validate_failed [member, outcome]
 MValidateFailed(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"VALIDATING"}
     /\ e.pending = "validate"
     /\ Scheduled(n)
     /\ faults < MaxFaults
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "none"]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* validate_mismatch [member, outcome]
 MValidateMismatch(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"VALIDATING"}
     /\ e.pending = "validate"
     /\ e.label # e.target \/ e.weights \notin {e.target, BROKEN}
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "TAINTED", !.pending = "none", !.amb = TRUE]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* resume_begin [member, control]
 MResumeBegin(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"DRAINING", "RESUMING"}
     /\ e.pending = "none" /\ "resumed" \notin e.evidence
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "resume"]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* resume_ok [member, outcome]
 MResumeOk(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"DRAINING", "RESUMING"}
     /\ e.pending = "resume"
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = e.evidence \cup {"resumed"}, !.pending = "none", !.paused = FALSE]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* resume_failed [member, outcome]
 MResumeFailed(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"DRAINING", "RESUMING"}
     /\ e.pending = "resume"
     /\ Scheduled(n)
     /\ faults < MaxFaults
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "none"]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* probe_begin [member, control]
 MProbeBegin(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"RESUMING"}
     /\ e.pending = "none" /\ e.target # 0 /\ "resumed" \in e.evidence /\ "probe" \notin e.evidence
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "probe"]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* probe_ok [member, outcome]
 MProbeOk(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"RESUMING"}
     /\ e.pending = "probe"
     /\ e.weights = e.target
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = e.evidence \cup {"probe"}, !.pending = "none", !.stale = (e.stale \/ \E t \in Tiers : e.caches[t] \ {e.weights} # {}), !.caches = [t \in Tiers |-> e.caches[t] \cup {e.weights}]]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* probe_failed [member, outcome]
 MProbeFailed(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"RESUMING"}
     /\ e.pending = "probe"
     /\ Scheduled(n)
     /\ faults < MaxFaults
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "none"]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* probe_mismatch [member, outcome]
 MProbeMismatch(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"RESUMING"}
     /\ e.pending = "probe"
     /\ e.weights # e.target
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "TAINTED", !.pending = "none", !.amb = TRUE]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* publish [member, control]
 MPublish(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"RESUMING"}
     /\ e.pending = "none" /\ e.target # 0 /\ e.evidence = AllEvidence
     /\ e.target <= fcommitted
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "READY", !.committed = e.target, !.target = 0]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* reopen [member, control]
 MReopen(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"RESUMING"}
     /\ e.pending = "none" /\ e.target = 0 /\ e.evidence = AllEvidence
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "READY"]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* give_up [member, control]
 MGiveUp(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"DRAINING", "INVALIDATING", "VALIDATING", "RESUMING"}
     /\ e.pending = "none" /\ ("resumed" \notin e.evidence \/ (e.target # 0 /\ e.phase # "DRAINING"))
     /\ Scheduled(n)
     /\ faults < MaxFaults
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "TAINTED"]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* fence_begin [member, control]
 MFenceBegin(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"TAINTED"}
     /\ e.pending = "none" /\ "fenced" \notin e.evidence
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "fence"]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* fence_ok [member, outcome]
 MFenceOk(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"TAINTED"}
     /\ e.pending = "fence"
     /\ \A j \in Slots : e.req[j] = 0
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = e.evidence \cup {"fenced"}, !.pending = "none", !.paused = TRUE, !.label = TAINT]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* fence_failed [member, outcome]
 MFenceFailed(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"TAINTED"}
     /\ e.pending = "fence"
     /\ faults < MaxFaults
     /\ \E w0 \in {e.paused, TRUE} : \E w1 \in {e.label, TAINT} : eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "none", !.paused = w0, !.label = w1]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* readmit_begin [member, control]
 MReadmitBegin(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"TAINTED"}
     /\ e.pending = "none"
     /\ fphase \notin {"UPDATING", "ROLLING"}
     /\ \E w0 \in {e.committed, MIXED, BROKEN} : \E w1 \in {e.committed, e.label} : eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = {}, !.pending = "readmit", !.weights = w0, !.label = w1, !.paused = TRUE, !.req = [i \in Slots |-> 0], !.caches = [t \in Tiers |-> {}], !.amb = FALSE]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* readmit_ok [member, outcome]
 MReadmitOk(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"TAINTED"}
     /\ e.pending = "readmit"
     /\ e.weights = e.committed /\ e.label = e.committed
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "READY", !.target = 0, !.evidence = AllEvidence, !.cleared = Tiers, !.pending = "none", !.paused = FALSE, !.stale = (e.stale \/ \E t \in Tiers : e.caches[t] \ {e.weights} # {}), !.caches = [t \in Tiers |-> e.caches[t] \cup {e.weights}], !.replaced = FALSE, !.doubt = FALSE]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* readmit_mismatch [member, outcome]
 MReadmitMismatch(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"TAINTED"}
     /\ e.pending = "readmit"
     /\ e.weights # e.committed \/ e.label # e.committed
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = {}, !.pending = "none", !.paused = FALSE]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* readmit_failed [member, outcome]
 MReadmitFailed(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"TAINTED"}
     /\ e.pending = "readmit"
     /\ faults < MaxFaults
     /\ \E w0 \in {e.paused, FALSE} : eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = {}, !.pending = "none", !.paused = w0]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* audit_begin [member, control]
 MAuditBegin(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"READY"}
     /\ e.pending = "none"
     /\ fphase # "UPDATING"
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "audit"]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* audit_ok [member, outcome]
 MAuditOk(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"READY"}
     /\ e.pending = "audit"
     /\ e.weights = e.committed /\ e.label = e.committed /\ ~e.paused
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = AllEvidence, !.pending = "none", !.replaced = FALSE, !.doubt = FALSE]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* audit_mismatch [member, outcome]
 MAuditMismatch(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"READY"}
     /\ e.pending = "audit"
     /\ ~(e.weights = e.committed /\ e.label = e.committed /\ ~e.paused)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "TAINTED", !.bind = [i \in Slots |-> 0], !.evidence = {}, !.pending = "none"]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* audit_failed [member, outcome]
 MAuditFailed(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"READY"}
     /\ e.pending = "audit"
     /\ faults < MaxFaults
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = {}, !.pending = "none", !.doubt = TRUE]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* suspect [member, control]
 MSuspect(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"READY"}
     /\ e.evidence = AllEvidence
     /\ faults < MaxFaults
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = {}, !.doubt = TRUE]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* engine_restart [member, environment]
 MEngineRestart(n) ==
     LET e == eng[n] IN
-    /\ fphase # "UNINITIALIZED"
+    /\ fphase \notin {"UNINITIALIZED", "RECOVERING"}
     /\ e.phase \in {"READY", "DRAINING", "QUIESCED", "UPDATING", "INVALIDATING", "VALIDATING", "RESUMING", "TAINTED"}
     /\ faults < MaxFaults
     /\ \E w0 \in {e.committed, MIXED} : \E w1 \in {1, e.committed, MIXED} : eng' = [eng EXCEPT ![n] = [e EXCEPT !.weights = w0, !.label = w1, !.paused = FALSE, !.req = [i \in Slots |-> 0], !.caches = [t \in Tiers |-> {}], !.replaced = TRUE]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* fleet_open [fleet]: At least min_serving members are verified on the first generation (their bootstrap adopted it): the fleet opens on it, its frontier and floor.
 FleetOpen ==
@@ -581,7 +584,7 @@ FleetOpen ==
     /\ fcommitted' = 1
     /\ ftarget' = 0
     /\ ffloor' = 1
-    /\ UNCHANGED <<eng, faults>>
+    /\ UNCHANGED <<eng, faults, fdown, fcrashes>>
 
 \* fleet_request_update [fleet]: The trainer asks for the next generation (a quorum serving): admissions close on every member (the strict update: max_live 1).
 FleetRequestUpdate ==
@@ -590,7 +593,7 @@ FleetRequestUpdate ==
     /\ fcommitted < MaxGen
     /\ fphase' = "UPDATING"
     /\ ftarget' = fcommitted + 1
-    /\ UNCHANGED <<fcommitted, eng, faults, ffloor>>
+    /\ UNCHANGED <<fcommitted, eng, faults, ffloor, fdown, fcrashes>>
 
 \* fleet_publish [fleet]: Every member has settled and at least min_serving validated the target: commit it on every validated member at once.
 FleetPublish ==
@@ -601,7 +604,7 @@ FleetPublish ==
     /\ ftarget' = 0
     /\ ffloor' = ftarget
     /\ eng' = [n \in Engines |-> LET e == eng[n] IN IF e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none" THEN [e EXCEPT !.phase = "READY", !.committed = e.target, !.target = 0] ELSE e]
-    /\ UNCHANGED <<faults>>
+    /\ UNCHANGED <<faults, fdown, fcrashes>>
 
 \* fleet_abort [fleet]: Every member has settled or is held back (READY with rollouts bound: its drain timed out), and fewer than min_serving validated or a member is held back: the fleet stays on its generation; validated members give up and are re-admitted onto it, held-back members keep serving it.
 FleetAbort ==
@@ -609,14 +612,14 @@ FleetAbort ==
     /\ (\A n \in Engines : Settled(eng[n]) \/ (eng[n].phase = "READY" /\ eng[n].pending = "none" /\ eng[n].committed = fcommitted /\ \E i \in Slots : eng[n].bind[i] # 0))
     /\ (Cardinality({n \in Engines : LET e == eng[n] IN e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none"}) < MinServing \/ \E n \in Engines : eng[n].phase = "READY" /\ eng[n].pending = "none" /\ eng[n].committed = fcommitted /\ \E i \in Slots : eng[n].bind[i] # 0)
     /\ fphase' = "ABORTING"
-    /\ UNCHANGED <<fcommitted, ftarget, eng, faults, ffloor>>
+    /\ UNCHANGED <<fcommitted, ftarget, eng, faults, ffloor, fdown, fcrashes>>
 
 \* fleet_close [fleet]: Fewer than min_serving members serve (audits found members replaced or unreachable, or they were suspected): admissions close until a quorum serves again (fleet_reopen).
 FleetClose ==
     /\ fphase \in {"READY"}
     /\ Cardinality({m \in Engines : Serving(eng[m])}) < MinServing
     /\ fphase' = "ABORTING"
-    /\ UNCHANGED <<fcommitted, ftarget, eng, faults, ffloor>>
+    /\ UNCHANGED <<fcommitted, ftarget, eng, faults, ffloor, fdown, fcrashes>>
 
 \* fleet_reopen [fleet]: The aborted update is undone (or the fleet was closed): no member is left on the target, and at least min_serving members serve the committed generation again: admissions reopen.
 FleetReopen ==
@@ -624,7 +627,7 @@ FleetReopen ==
     /\ (\A n \in Engines : eng[n].phase \in {"READY", "TAINTED"} /\ eng[n].pending = "none") /\ Cardinality({m \in Engines : Serving(eng[m])}) >= MinServing
     /\ fphase' = "READY"
     /\ ftarget' = 0
-    /\ UNCHANGED <<fcommitted, eng, faults, ffloor>>
+    /\ UNCHANGED <<fcommitted, eng, faults, ffloor, fdown, fcrashes>>
 
 \* fleet_roll [fleet]: The trainer asks for the next generation as a rolling update (max_live >= 2, the next frontier still within max_live of the floor, a quorum serving): members on the frontier join the wave one by one while min_admitting others keep admitting.
 FleetRoll ==
@@ -633,7 +636,7 @@ FleetRoll ==
     /\ fcommitted < MaxGen
     /\ fphase' = "ROLLING"
     /\ ftarget' = fcommitted + 1
-    /\ UNCHANGED <<fcommitted, eng, faults, ffloor>>
+    /\ UNCHANGED <<fcommitted, eng, faults, ffloor, fdown, fcrashes>>
 
 \* fleet_publish_wave [fleet]: No member is in the middle of the wave and at least one validated the target (with a quorum serving after it): commit it on every validated member at once; the frontier moves, the floor stays (the others serve the old generation until they catch up).
 FleetPublishWave ==
@@ -644,7 +647,7 @@ FleetPublishWave ==
     /\ fcommitted' = ftarget
     /\ ftarget' = 0
     /\ eng' = [n \in Engines |-> LET e == eng[n] IN IF e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none" THEN [e EXCEPT !.phase = "READY", !.committed = e.target, !.target = 0] ELSE e]
-    /\ UNCHANGED <<faults, ffloor>>
+    /\ UNCHANGED <<faults, ffloor, fdown, fcrashes>>
 
 \* fleet_end_wave [fleet]: No member is in the middle of the wave, none validated the target, and a quorum serves: the rolling update ends on the generations served.
 FleetEndWave ==
@@ -653,7 +656,7 @@ FleetEndWave ==
     /\ Cardinality({n \in Engines : LET e == eng[n] IN e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none"}) = 0 /\ Cardinality({m \in Engines : Serving(eng[m])}) >= MinServing
     /\ fphase' = "READY"
     /\ ftarget' = 0
-    /\ UNCHANGED <<fcommitted, eng, faults, ffloor>>
+    /\ UNCHANGED <<fcommitted, eng, faults, ffloor, fdown, fcrashes>>
 
 \* fleet_abort_wave [fleet]: No member is in the middle of the wave and fewer than min_serving would serve after it (faults took members out): admissions close as in an aborted strict update; validated members give up and are re-admitted, and the fleet reopens with a quorum (fleet_reopen).
 FleetAbortWave ==
@@ -661,7 +664,23 @@ FleetAbortWave ==
     /\ (\A n \in Engines : LET e == eng[n] IN (e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none") \/ (e.pending = "none" /\ e.phase \in {"READY", "TAINTED"}))
     /\ Cardinality({m \in Engines : Serving(eng[m])}) + Cardinality({n \in Engines : LET e == eng[n] IN e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none"}) < MinServing
     /\ fphase' = "ABORTING"
-    /\ UNCHANGED <<fcommitted, ftarget, eng, faults, ffloor>>
+    /\ UNCHANGED <<fcommitted, ftarget, eng, faults, ffloor, fdown, fcrashes>>
+
+\* fleet_recover [fleet]: The controller restarted after a crash and every member took the restart the single-engine spec gives it (a member left in doubt restarts TAINTED), and a quorum serves: the fleet reopens on the journal's frontier and floor; any update in progress is dropped.
+FleetRecover ==
+    /\ fphase \in {"RECOVERING"}
+    /\ fdown = {} /\ Cardinality({m \in Engines : Serving(eng[m])}) >= MinServing
+    /\ fphase' = "READY"
+    /\ ftarget' = 0
+    /\ UNCHANGED <<fcommitted, eng, faults, ffloor, fdown, fcrashes>>
+
+\* fleet_recover_closed [fleet]: As fleet_recover, but fewer than min_serving members serve: the fleet stays closed (re-admission brings members back, and fleet_reopen opens it).
+FleetRecoverClosed ==
+    /\ fphase \in {"RECOVERING"}
+    /\ fdown = {} /\ Cardinality({m \in Engines : Serving(eng[m])}) < MinServing
+    /\ fphase' = "ABORTING"
+    /\ ftarget' = 0
+    /\ UNCHANGED <<fcommitted, eng, faults, ffloor, fdown, fcrashes>>
 
 \* fleet_raise_floor [fleet]: No member serves, or holds rollouts of, a generation below the frontier any more (each caught up, or is out of service): the floor moves up to the frontier.
 FleetRaiseFloor ==
@@ -669,7 +688,7 @@ FleetRaiseFloor ==
     /\ ffloor < fcommitted /\ \A n \in Engines : eng[n].committed >= fcommitted \/ (~Serving(eng[n]) /\ \A i \in Slots : eng[n].bind[i] = 0)
     /\ ffloor' = fcommitted
     /\ fphase' = "READY"
-    /\ UNCHANGED <<fcommitted, ftarget, eng, faults>>
+    /\ UNCHANGED <<fcommitted, ftarget, eng, faults, fdown, fcrashes>>
 
 \* migrate [fleet, two members]: A rollout bound on a member that drains for an update moves to a member serving its own generation (an open fleet with a quorum): released on the one, admitted on the other; the drain need not wait for it.
 MigrateLeave(e, i) == [e EXCEPT !.bind = [e.bind EXCEPT ![i] = 0]]
@@ -682,7 +701,72 @@ Migrate(src, i, dst, j) ==
     /\ e.phase = "DRAINING" /\ e.bind[i] # 0
     /\ Serving(t) /\ t.committed = e.bind[i] /\ t.bind[j] = 0 /\ t.req[j] = 0
     /\ eng' = [eng EXCEPT ![src] = MigrateLeave(e, i), ![dst] = MigrateJoin(t, j)]
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, faults, ffloor>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, faults, ffloor, fdown, fcrashes>>
+
+\* fleet_crash [fleet, environment]: The fleet controller crashes (in any phase after the fleet opened, its recovery included): every member is left to restart.
+FleetCrash ==
+    /\ fphase \in {"ABORTING", "READY", "RECOVERING", "ROLLING", "UPDATING"}
+    /\ fcrashes < MaxCrashes
+    /\ fphase' = "RECOVERING"
+    /\ fdown' = Engines
+    /\ fcrashes' = fcrashes + 1
+    /\ UNCHANGED <<fcommitted, ftarget, eng, faults, ffloor>>
+
+InFlightWorlds(e) ==
+    {e}
+    \cup (IF e.pending # "none" /\ e.phase \in {"UNINITIALIZED"} /\ (e.pending = "bootstrap") /\ (e.weights = 1 /\ e.label = 1 /\ ~e.paused) THEN {e} ELSE {})
+    \cup (IF e.pending # "none" /\ e.phase \in {"UNINITIALIZED"} /\ (e.pending = "bootstrap") THEN {e} ELSE {})
+    \cup (IF e.pending # "none" /\ e.phase \in {"UNINITIALIZED"} /\ (e.pending = "bootstrap") /\ (e.weights # 1 \/ e.label # 1) THEN {e} ELSE {})
+    \cup (IF e.pending # "none" /\ e.phase \in {"DRAINING"} /\ (e.pending = "pause") /\ (\A j \in Slots : e.req[j] = 0) THEN {[e EXCEPT !.paused = TRUE]} ELSE {})
+    \cup (IF e.pending # "none" /\ e.phase \in {"DRAINING"} /\ (e.pending = "pause") THEN {[e EXCEPT !.paused = w0] : w0 \in {e.paused, TRUE}} ELSE {})
+    \cup (IF e.pending # "none" /\ e.phase \in {"DRAINING"} /\ (e.pending = "pause_abort") /\ (\A j \in Slots : e.req[j] = 0) THEN {[e EXCEPT !.paused = TRUE]} ELSE {})
+    \cup (IF e.pending # "none" /\ e.phase \in {"DRAINING"} /\ (e.pending = "pause_abort") THEN {[e EXCEPT !.paused = w0] : w0 \in {e.paused, TRUE}} ELSE {})
+    \cup (IF e.pending # "none" /\ e.phase \in {"UPDATING"} /\ (e.pending = "mutate") THEN {[e EXCEPT !.weights = e.target, !.label = e.target]} ELSE {})
+    \cup (IF e.pending # "none" /\ e.phase \in {"UPDATING"} /\ (e.pending = "mutate") THEN {[e EXCEPT !.weights = e.target]} ELSE {})
+    \cup (IF e.pending # "none" /\ e.phase \in {"UPDATING"} /\ (e.pending = "mutate") THEN {[e EXCEPT !.weights = MIXED, !.label = e.target]} ELSE {})
+    \cup (IF e.pending # "none" /\ e.phase \in {"UPDATING"} /\ (e.pending = "mutate") THEN {[e EXCEPT !.weights = BROKEN, !.label = e.target]} ELSE {})
+    \cup (IF e.pending # "none" /\ e.phase \in {"UPDATING"} /\ (e.pending = "mutate") /\ (e.label = e.committed /\ e.weights = e.committed) THEN {e} ELSE {})
+    \cup (IF e.pending # "none" /\ e.phase \in {"UPDATING"} /\ (e.pending = "mutate") THEN {[e EXCEPT !.weights = w0, !.label = w1, !.amb = TRUE] : w0 \in {e.committed, e.target, MIXED}, w1 \in {e.committed, e.target}} ELSE {})
+    \cup (UNION {(IF e.pending # "none" /\ e.phase \in {"INVALIDATING"} /\ (e.pending = "reset_" \o t) THEN {[e EXCEPT !.caches = [e.caches EXCEPT ![t] = {}]]} ELSE {}) : t \in Tiers})
+    \cup (UNION {(IF e.pending # "none" /\ e.phase \in {"INVALIDATING"} /\ (e.pending = "reset_" \o t) THEN {[e EXCEPT !.caches = w0] : w0 \in {e.caches, [e.caches EXCEPT ![t] = {}]}} ELSE {}) : t \in Tiers})
+    \cup (IF e.pending # "none" /\ e.phase \in {"VALIDATING"} /\ (e.pending = "validate") /\ (e.label = e.target /\ e.weights \in {e.target, BROKEN}) THEN {e} ELSE {})
+    \cup (IF e.pending # "none" /\ e.phase \in {"VALIDATING"} /\ (e.pending = "validate") THEN {e} ELSE {})
+    \cup (IF e.pending # "none" /\ e.phase \in {"VALIDATING"} /\ (e.pending = "validate") /\ (e.label # e.target \/ e.weights \notin {e.target, BROKEN}) THEN {[e EXCEPT !.amb = TRUE]} ELSE {})
+    \cup (IF e.pending # "none" /\ e.phase \in {"DRAINING", "RESUMING"} /\ (e.pending = "resume") THEN {[e EXCEPT !.paused = FALSE]} ELSE {})
+    \cup (IF e.pending # "none" /\ e.phase \in {"DRAINING", "RESUMING"} /\ (e.pending = "resume") THEN {e} ELSE {})
+    \cup (IF e.pending # "none" /\ e.phase \in {"RESUMING"} /\ (e.pending = "probe") /\ (e.weights = e.target) THEN {[e EXCEPT !.stale = (e.stale \/ \E t \in Tiers : e.caches[t] \ {e.weights} # {}), !.caches = [t \in Tiers |-> e.caches[t] \cup {e.weights}]]} ELSE {})
+    \cup (IF e.pending # "none" /\ e.phase \in {"RESUMING"} /\ (e.pending = "probe") THEN {e} ELSE {})
+    \cup (IF e.pending # "none" /\ e.phase \in {"RESUMING"} /\ (e.pending = "probe") /\ (e.weights # e.target) THEN {[e EXCEPT !.amb = TRUE]} ELSE {})
+    \cup (IF e.pending # "none" /\ e.phase \in {"TAINTED"} /\ (e.pending = "fence") /\ (\A j \in Slots : e.req[j] = 0) THEN {[e EXCEPT !.paused = TRUE, !.label = TAINT]} ELSE {})
+    \cup (IF e.pending # "none" /\ e.phase \in {"TAINTED"} /\ (e.pending = "fence") THEN {[e EXCEPT !.paused = w0, !.label = w1] : w0 \in {e.paused, TRUE}, w1 \in {e.label, TAINT}} ELSE {})
+    \cup (IF e.pending # "none" /\ e.phase \in {"TAINTED"} /\ (e.pending = "readmit") /\ (e.weights = e.committed /\ e.label = e.committed) THEN {[e EXCEPT !.paused = FALSE, !.stale = (e.stale \/ \E t \in Tiers : e.caches[t] \ {e.weights} # {}), !.caches = [t \in Tiers |-> e.caches[t] \cup {e.weights}], !.replaced = FALSE, !.doubt = FALSE]} ELSE {})
+    \cup (IF e.pending # "none" /\ e.phase \in {"TAINTED"} /\ (e.pending = "readmit") /\ (e.weights # e.committed \/ e.label # e.committed) THEN {[e EXCEPT !.paused = FALSE]} ELSE {})
+    \cup (IF e.pending # "none" /\ e.phase \in {"TAINTED"} /\ (e.pending = "readmit") THEN {[e EXCEPT !.paused = w0] : w0 \in {e.paused, FALSE}} ELSE {})
+    \cup (IF e.pending # "none" /\ e.phase \in {"READY"} /\ (e.pending = "audit") /\ (e.weights = e.committed /\ e.label = e.committed /\ ~e.paused) THEN {[e EXCEPT !.replaced = FALSE, !.doubt = FALSE]} ELSE {})
+    \cup (IF e.pending # "none" /\ e.phase \in {"READY"} /\ (e.pending = "audit") /\ (~(e.weights = e.committed /\ e.label = e.committed /\ ~e.paused)) THEN {e} ELSE {})
+    \cup (IF e.pending # "none" /\ e.phase \in {"READY"} /\ (e.pending = "audit") THEN {[e EXCEPT !.doubt = TRUE]} ELSE {})
+
+\* restart_ready [member, restart, in a recovery]
+MRestartReady(n) ==
+    LET e == eng[n] IN
+    /\ fphase = "RECOVERING"
+    /\ n \in fdown
+    /\ e.phase \in {"READY", "DRAINING"}
+    /\ (e.pending = "none" /\ (e.phase = "READY" \/ (e.phase = "DRAINING" /\ "resumed" \in e.evidence))) \/ (e.phase = "READY" /\ e.pending = "audit")
+    /\ \E w \in InFlightWorlds(e) : eng' = [eng EXCEPT ![n] = [w EXCEPT !.phase = "READY", !.pending = "none", !.target = 0, !.bind = [i \in Slots |-> 0], !.evidence = IF e.pending = "none" THEN e.evidence ELSE {}]]
+    /\ fdown' = fdown \ {n}
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, faults, ffloor, fcrashes>>
+
+\* restart_tainted [member, restart, in a recovery]
+MRestartTainted(n) ==
+    LET e == eng[n] IN
+    /\ fphase = "RECOVERING"
+    /\ n \in fdown
+    /\ e.phase \in {"READY", "DRAINING", "QUIESCED", "UPDATING", "INVALIDATING", "VALIDATING", "RESUMING", "TAINTED"}
+    /\ ~((e.pending = "none" /\ (e.phase = "READY" \/ (e.phase = "DRAINING" /\ "resumed" \in e.evidence))) \/ (e.phase = "READY" /\ e.pending = "audit"))
+    /\ \E w \in InFlightWorlds(e) : eng' = [eng EXCEPT ![n] = [w EXCEPT !.phase = "TAINTED", !.pending = "none", !.bind = [i \in Slots |-> 0], !.evidence = IF e.phase = "TAINTED" THEN e.evidence \cap {"fenced"} ELSE {}]]
+    /\ fdown' = fdown \ {n}
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, faults, ffloor, fcrashes>>
 
 Next ==
     \/ \E n \in Engines : \E i \in Slots : MAdmit(n, i)
@@ -742,8 +826,13 @@ Next ==
     \/ FleetPublishWave
     \/ FleetEndWave
     \/ FleetAbortWave
+    \/ FleetRecover
+    \/ FleetRecoverClosed
     \/ FleetRaiseFloor
     \/ \E src, dst \in Engines : \E i, j \in Slots : Migrate(src, i, dst, j)
+    \/ FleetCrash
+    \/ \E n \in Engines : MRestartReady(n)
+    \/ \E n \in Engines : MRestartTainted(n)
 
 Spec == Init /\ [][Next]_vars
 
@@ -843,6 +932,10 @@ NoPublishAfterAmbiguity ==
 \* A serving member leaves service for an update only while at least min_admitting members go on serving.
 CapacityKeptThroughUpdates ==
     [][(\E n \in Engines : Serving(eng[n]) /\ eng'[n].phase = "DRAINING") => Cardinality({m \in Engines : eng'[m].phase = "READY" /\ eng'[m].committed >= ffloor' /\ eng'[m].committed <= fcommitted' /\ eng'[m].evidence = AllEvidence}) >= MinAdmitting]_vars
+
+\* A recovery (after the controller crashed) ends only with every member READY or TAINTED with nothing in flight: no call the crashed controller made, and no update cycle it left half done, survives into the recovered fleet.
+RecoveryLeavesNothingInDoubt ==
+    [][(fphase = "RECOVERING" /\ fphase' # "RECOVERING") => \A n \in Engines : eng'[n].pending = "none" /\ eng'[n].phase \in {"READY", "TAINTED"}]_vars
 
 \* A rollout that leaves one member and joins another in one step (a migration) keeps the generation it was admitted under: one rollout, one policy.
 MigrationKeepsGeneration ==

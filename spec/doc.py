@@ -15,6 +15,7 @@ from rolloutcore.spec.mutants import (
     LIVENESS_MUTANTS,
     MUTANTS,
     ROLLING,
+    ROLLING_CRASH,
 )
 from rolloutcore.spec.tla import tla_name, world_conjuncts
 
@@ -62,7 +63,7 @@ def mermaid(spec: Spec) -> str:
 
 
 def fleet_section(fleet: FleetSpec, *, states: int, edges: int, rolling_states: int,
-                  rolling_edges: int) -> list[str]:
+                  rolling_edges: int, crash_states: int = 0, crash_edges: int = 0) -> list[str]:
     b = fleet.bounds
     doc = (fleet_doc or "").split("Theory of operation\n-------------------\n", 1)[-1]
     out = ["", "## The fleet", "", "Generated from `spec/fleet.py` (its module and config: "
@@ -111,6 +112,17 @@ def fleet_section(fleet: FleetSpec, *, states: int, edges: int, rolling_states: 
             f"Reachable: **{rolling_states} states, {rolling_edges} edges** (explorer and TLC "
             "agree edge for edge; CI also compares three members, and two with a fault). "
             "The mutants above that name a rolling bug are checked at rolling bounds."]
+    c = ROLLING_CRASH
+    out += ["", "### The controller's crash and recovery", "",
+            f"The crash (**{fleet.crash.name}**, {tla_name(fleet.crash.name)}): {fleet.crash.doc} "
+            "Its recovery's member steps are the single-engine restarts "
+            f"({', '.join(fleet.restarts)}), each member once; then fleet_recover or "
+            "fleet_recover_closed (above). The default bounds explore no crash; CI explores "
+            f"one over {c.engines} members with max_live {c.max_live}, min_admitting "
+            f"{c.min_admitting}, min_serving {c.min_serving}, {c.generations} generations, "
+            f"{c.rollouts} rollout slot(s), {c.faults} other fault(s): **{crash_states} states, "
+            f"{crash_edges} edges** (explorer and TLC agree edge for edge; `make test` also "
+            "compares a strict fleet of two members, both needed, crashing once)."]
     return out
 
 
@@ -138,7 +150,8 @@ def failover_section(fo: FailoverSpec, *, states: int, edges: int) -> list[str]:
 
 def document(spec: Spec, *, states: int, edges: int, fleet: FleetSpec | None = None,
              fleet_states: int = 0, fleet_edges: int = 0, rolling_states: int = 0,
-             rolling_edges: int = 0, failover: FailoverSpec | None = None,
+             rolling_edges: int = 0, crash_states: int = 0, crash_edges: int = 0,
+             failover: FailoverSpec | None = None,
              failover_states: int = 0, failover_edges: int = 0) -> str:
     """The review document; ``states``/``edges`` come from exploring ``spec`` (and the
     fleet's from exploring ``fleet``)."""
@@ -226,7 +239,8 @@ def document(spec: Spec, *, states: int, edges: int, fleet: FleetSpec | None = N
     out += [f"- **{m.name}**: {m.doc}" for m in MUTANTS]
     if fleet is not None:
         out += fleet_section(fleet, states=fleet_states, edges=fleet_edges,
-                             rolling_states=rolling_states, rolling_edges=rolling_edges)
+                             rolling_states=rolling_states, rolling_edges=rolling_edges,
+                             crash_states=crash_states, crash_edges=crash_edges)
     if failover is not None:
         out += failover_section(failover, states=failover_states, edges=failover_edges)
     return "\n".join(out) + "\n"

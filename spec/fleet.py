@@ -45,6 +45,15 @@ up to the fleet's generation, publishing each alone because nobody is bound to i
 catch up while the fleet is READY or ABORTING (an aborted fleet may need it to regain its
 quorum), never during the fleet's own update.
 
+The controller's own crash (``fleet_crash``, an environment step: nothing is journalled;
+the bound ``crashes`` says how many the model explores). Its recovery replays the journal
+and restarts every member once, in any order, each by the single-engine spec's restart
+actions: a member left in doubt restarts TAINTED (it serves again only after
+re-admission), and whatever its call in flight did to its engine may or may not have
+happened. Nothing else happens meanwhile (RECOVERING). Once every member has restarted,
+``fleet_recover`` reopens the fleet if a quorum serves, ``fleet_recover_closed`` keeps it
+closed (ABORTING) if not; frontier and floor are kept, an update in progress is dropped.
+
 Rolling updates (``max_live`` K >= 2, ``min_admitting`` C). The fleet's committed
 generation is its *frontier*; its *floor* (``ffloor``) is the oldest generation still
 served, and members serve any generation from the floor to the frontier. With K = 1 the
@@ -77,12 +86,8 @@ The fleet opens (``fleet_open``, from UNINITIALIZED, where no member takes a ste
 at least ``min_serving`` members are verified on the first generation, as the
 single-engine bootstrap leaves them (the bootstrap itself is the engine spec's).
 
-Not modelled here: the drain policy's abort path, and the controller's own crash. On
-restart each member's records in the fleet journal decide its restart by the
-single-engine spec's restart actions (a member left in doubt restarts TAINTED, so it
-serves again only after re-admission), and ``fleet_recover`` takes the fleet half
-:func:`recovered_phase` states. A takeover by a new epoch (``fleet_takeover``,
-``fleet_fenced``) is the failover spec's ``campaign`` and ``fence``
+Not modelled here: the drain policy's abort path. A takeover by a new epoch
+(``fleet_takeover``, ``fleet_fenced``) is the failover spec's ``campaign`` and ``fence``
 (:data:`rolloutcore.spec.failover.FLEET_JOURNAL_STEPS`): it changes no fleet variable.
 """
 
@@ -130,6 +135,7 @@ class FleetPhase:
     UPDATING = "UPDATING"
     ABORTING = "ABORTING"
     ROLLING = "ROLLING"  # a rolling update: a wave prepares while the rest serve
+    RECOVERING = "RECOVERING"  # the controller crashed: members restart, then the fleet
 
 
 #: Fleet phases in which a member behind the fleet may catch up (not during the fleet's
@@ -190,6 +196,8 @@ class FleetView(Protocol):
     def ffloor(self) -> int: ...
     @property
     def eng(self) -> Sequence[MemberView]: ...
+    @property
+    def fdown(self) -> frozenset[object]: ...
 
 
 class UpdatePolicy(Protocol):
@@ -214,6 +222,8 @@ class FleetSnapshot:
     ftarget: int
     ffloor: int
     eng: tuple[MemberView, ...] = ()
+    #: The members (by name) a recovery has yet to restart.
+    fdown: frozenset[object] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -255,10 +265,11 @@ class FleetBounds:
     rollouts: int = 1  # slots per member
     max_live: int = 1  # K: generations served at once (1: the strict fleet-wide update)
     min_admitting: int = 0  # C: members that keep admitting through a rolling update
+    crashes: int = 0  # crashes of the fleet controller (each followed by its recovery)
 
     def __post_init__(self) -> None:
         if not (1 <= self.min_serving <= self.engines) or self.rollouts < 0 \
-                or self.generations < 1 or self.faults < 0:
+                or self.generations < 1 or self.faults < 0 or self.crashes < 0:
             raise ValueError(f"fleet bounds out of range: {self}")
         bad = update_policy_error(self.max_live, self.min_admitting, self.engines)
         if bad:
@@ -272,6 +283,8 @@ class FleetState(NamedTuple):
     eng: tuple[State, ...]
     faults: int
     ffloor: int  # the oldest generation still served (the frontier, with max_live 1)
+    fdown: frozenset[int] = frozenset()  # members (from 1) a recovery has yet to restart
+    fcrashes: int = 0  # controller crashes so far (bounded by FleetBounds.crashes)
 
 
 def next_tier(s: State) -> str | None:
@@ -319,13 +332,10 @@ def bootstrapped(_f: FleetView, s: MemberView) -> bool:
     return s.phase is Phase.READY and s.committed == FIRST_GENERATION and verified(s)
 
 
-def recovered_phase(f: FleetView, b: UpdatePolicy) -> str:
-    """``fleet_recover``'s fleet half, once every member has taken the restart the
-    single-engine spec gives it (a member left in doubt restarts TAINTED): the fleet
-    reopens READY if a quorum serves, else it stays closed (ABORTING) until one does; its
-    frontier and floor are the journal's, and any update in progress is dropped (target
-    0). The runtime's recovery and the fleet trace checker both ask this."""
-    return FleetPhase.READY if quorum(f, b) else FleetPhase.ABORTING
+def may_restart(f: FleetView, member: object) -> bool:
+    """Whether ``member`` may take its restart step: the fleet controller crashed and its
+    recovery has not restarted that member yet (each member restarts once per recovery)."""
+    return f.fphase == FleetPhase.RECOVERING and member in f.fdown
 
 
 def validated(f: FleetView, s: MemberView) -> bool:
@@ -496,6 +506,7 @@ _PUBLISH_TLA = ('[n \\in Engines |-> LET e == eng[n] IN IF ' + _VALIDATED_TLA +
 FLEET_REOPEN_WHEN_TLA = ('(\\A n \\in Engines : eng[n].phase \\in {"READY", "TAINTED"} '
                          '/\\ eng[n].pending = "none") /\\ ' + _N_SERVING_TLA + ' >= MinServing')
 
+FLEET_RECOVER_WHEN_TLA = f"fdown = {{}} /\\ {N_SERVING_TLA} >= MinServing"
 N_BOOTSTRAPPED_TLA = (f"Cardinality({{n \\in Engines : eng[n].phase = \"READY\" "
                       f"/\\ eng[n].committed = {FIRST_GENERATION} /\\ "
                       + VERIFIED_TLA.replace("evidence", "eng[n].evidence") + "})")
@@ -606,6 +617,26 @@ FLEET_ACTIONS: tuple[FleetAction, ...] = (
         f"({_WAVE_SETTLED_TLA})\n    /\\ {N_SERVING_TLA} + {N_VALIDATED_TLA} < MinServing",
         lambda f: f._replace(fphase=FleetPhase.ABORTING), {"fphase": '"ABORTING"'}),
     FleetAction(
+        "fleet_recover",
+        "The controller restarted after a crash and every member took the restart the "
+        "single-engine spec gives it (a member left in doubt restarts TAINTED), and a "
+        "quorum serves: the fleet reopens on the journal's frontier and floor; any update "
+        "in progress is dropped.",
+        frozenset({FleetPhase.RECOVERING}), FleetPhase.READY,
+        lambda f, b: not f.fdown and quorum(f, b),
+        FLEET_RECOVER_WHEN_TLA,
+        lambda f: f._replace(fphase=FleetPhase.READY, ftarget=0),
+        {"fphase": '"READY"', "ftarget": "0"}),
+    FleetAction(
+        "fleet_recover_closed",
+        "As fleet_recover, but fewer than min_serving members serve: the fleet stays closed "
+        "(re-admission brings members back, and fleet_reopen opens it).",
+        frozenset({FleetPhase.RECOVERING}), FleetPhase.ABORTING,
+        lambda f, b: not f.fdown and not quorum(f, b),
+        f"fdown = {{}} /\\ {N_SERVING_TLA} < MinServing",
+        lambda f: f._replace(fphase=FleetPhase.ABORTING, ftarget=0),
+        {"fphase": '"ABORTING"', "ftarget": "0"}),
+    FleetAction(
         "fleet_raise_floor",
         "No member serves, or holds rollouts of, a generation below the frontier any more "
         "(each caught up, or is out of service): the floor moves up to the frontier.",
@@ -646,6 +677,41 @@ MIGRATION = Migration(
     f'fphase \\in {{"READY", "ROLLING"}} /\\ {N_SERVING_TLA} >= MinServing\n'
     '    /\\ e.phase = "DRAINING" /\\ e.bind[i] # 0\n'
     '    /\\ Serving(t) /\\ t.committed = e.bind[i] /\\ t.bind[j] = 0 /\\ t.req[j] = 0')
+
+
+# ----------------------------------------------------------------- controller crash
+
+
+@dataclass(frozen=True)
+class ControllerCrash:
+    """The fleet controller's process dies (an environment step: nothing is journalled).
+    Its recovery replays the journal and restarts every member once (each takes the one
+    restart step the single-engine spec allows it: :data:`MEMBER_RESTARTS`), then takes
+    ``fleet_recover`` or ``fleet_recover_closed``. The controller is down in between: no
+    other member or fleet step is taken (an engine's own faults while it is down commute
+    with the restarts, which read only the controller's state)."""
+
+    name: str
+    doc: str
+    sources: frozenset[str]
+
+    def apply(self, f: FleetState) -> FleetState:
+        return f._replace(fphase=FleetPhase.RECOVERING, fcrashes=f.fcrashes + 1,
+                          fdown=frozenset(range(1, len(f.eng) + 1)))
+
+
+CRASH = ControllerCrash(
+    "fleet_crash",
+    "The fleet controller crashes (in any phase after the fleet opened, its recovery "
+    "included): every member is left to restart.",
+    frozenset({FleetPhase.READY, FleetPhase.UPDATING, FleetPhase.ABORTING, FleetPhase.ROLLING,
+               FleetPhase.RECOVERING}))
+
+#: The single-engine restart steps a member takes in a recovery (the fleet's members are
+#: past their bootstrap: restart_uninitialized is the bootstrap's).
+MEMBER_RESTARTS: tuple[str, ...] = tuple(
+    a.name for a in ACTIONS if a.kind is Kind.RESTART
+    and a.sources != frozenset({Phase.UNINITIALIZED}))
 
 
 def _moved(f: FleetState, g: FleetState) -> list[tuple[int, int]]:
@@ -791,6 +857,16 @@ FLEET_ACTION_PROPERTIES: tuple[FleetActionProperty, ...] = (
                                 for s, t in zip(f.eng, g.eng, strict=True))
         or _count(g, serving) >= b.min_admitting),
     FleetActionProperty(
+        "RecoveryLeavesNothingInDoubt",
+        "A recovery (after the controller crashed) ends only with every member READY or "
+        "TAINTED with nothing in flight: no call the crashed controller made, and no update "
+        "cycle it left half done, survives into the recovered fleet.",
+        f'(fphase = "{FleetPhase.RECOVERING}" /\\ fphase\' # "{FleetPhase.RECOVERING}") => '
+        '\\A n \\in Engines : eng\'[n].pending = "none" '
+        '/\\ eng\'[n].phase \\in {"READY", "TAINTED"}',
+        lambda f, g, _b: f.fphase != FleetPhase.RECOVERING or g.fphase == FleetPhase.RECOVERING
+        or all(t.pending == "none" and t.phase in (Phase.READY, Phase.TAINTED) for t in g.eng)),
+    FleetActionProperty(
         "MigrationKeepsGeneration",
         "A rollout that leaves one member and joins another in one step (a migration) "
         "keeps the generation it was admitted under: one rollout, one policy.",
@@ -829,6 +905,8 @@ class FleetSpec:
     invariants: tuple[FleetInvariant, ...] = FLEET_INVARIANTS
     action_properties: tuple[FleetActionProperty, ...] = FLEET_ACTION_PROPERTIES
     migration: Migration = MIGRATION
+    crash: ControllerCrash = CRASH
+    restarts: tuple[str, ...] = MEMBER_RESTARTS
     bounds: FleetBounds = FleetBounds()
 
     def with_bounds(self, bounds: FleetBounds) -> FleetSpec:
@@ -896,8 +974,11 @@ class FleetSpec:
         ms, b = self.member_spec, self.bounds
         memo = {} if memo is None else memo
         opened = f.fphase != FleetPhase.UNINITIALIZED
+        if f.fphase == FleetPhase.RECOVERING:
+            out += self.recovery_steps(f, memo)
+        up = opened and f.fphase != FleetPhase.RECOVERING  # the controller takes steps
         for a, guard, fault in (self._enabled_by_phase(frozenset(s.phase for s in f.eng))
-                                if opened else ()):
+                                if up else ()):
             for n, s in enumerate(f.eng):
                 if s.phase not in a.sources or not guard(f, s, b):
                     continue
@@ -922,8 +1003,33 @@ class FleetSpec:
             if fa.needs_generation and f.fcommitted >= b.generations:
                 continue
             out.append((fa.name, None, fa.apply(f)))
-        if opened:
+        if f.fphase in self.crash.sources and f.fcrashes < b.crashes:
+            out.append((self.crash.name, None, self.crash.apply(f)))
+        if up:
             out += self.migrations(f)
+        return out
+
+    def recovery_steps(self, f: FleetState, memo: dict[tuple[str, State, Param], list[State]]
+                       ) -> list[tuple[str, Param, FleetState]]:
+        """Every member restart a recovery may take next: each member not yet restarted
+        takes the restart the single-engine spec allows it (with whatever its call in
+        flight may have done to its engine), in any order; no fault budget is spent (the
+        crash was the fault)."""
+        out: list[tuple[str, Param, FleetState]] = []
+        ms = self.member_spec
+        for n, s in enumerate(f.eng):
+            if not may_restart(f, n + 1):
+                continue
+            for name in self.restarts:
+                a = self.engine.action(name)
+                key = (name, s, None)
+                nxt = memo.get(key)
+                if nxt is None:
+                    nxt = memo[key] = ms.step(a, s, None)
+                for t in nxt:
+                    eng = (*f.eng[:n], t._replace(faults=0), *f.eng[n + 1:])
+                    out.append((name, (n + 1, None),
+                                f._replace(eng=eng, fdown=f.fdown - {n + 1})))
         return out
 
     def migrations(self, f: FleetState) -> list[tuple[str, Param, FleetState]]:
@@ -1039,16 +1145,23 @@ def explore_fleet(spec: FleetSpec = FLEET, *, max_states: int = 3_000_000,
                 if len(parent) > max_states:
                     raise RuntimeError(f"more than {max_states} fleet states")
     names = [*spec.lifted, *(a.name for a in spec.actions), spec.migration.name]
+    if b.crashes:
+        names += [spec.crash.name, *spec.restarts]
+    else:  # nothing recovers without a crash
+        names = [n for n in names if not n.startswith("fleet_recover")]
     return FleetExploration(len(parent), len(edges), violations,
                             tuple(n for n in names if n not in fired), edges, set(parent),
                             init, time.perf_counter() - t0)
 
 
 __all__ = [
+    "CRASH",
     "FIRST_GENERATION",
     "FLEET",
+    "MEMBER_RESTARTS",
     "MIGRATION",
     "ROLLING_STEPS",
+    "ControllerCrash",
     "FleetAction",
     "FleetBounds",
     "FleetExploration",
@@ -1068,8 +1181,8 @@ __all__ = [
     "fleet_half",
     "floor_free",
     "held_back",
+    "may_restart",
     "quorum",
-    "recovered_phase",
     "serving",
     "settled",
     "update_policy_error",
@@ -1110,7 +1223,7 @@ def _member_operator(spec: FleetSpec, a: Action) -> str:
     guard = spec.member_guards.get(a.name, _TRUE)[1]
     fault = a.fault or a.name in FAULT_IN_FLEET
     lines = [f"\\* {a.name} [member, {a.kind}]", f"{head} ==", "    LET e == eng[n] IN",
-             f'    /\\ fphase # "{FleetPhase.UNINITIALIZED}"',
+             f'    /\\ fphase \\notin {{"{FleetPhase.UNINITIALIZED}", "{FleetPhase.RECOVERING}"}}',
              f"    /\\ e.phase \\in {sources}"]
     for g in (a.when_tla, a.truth_tla, guard):
         if g.strip() != "TRUE":
@@ -1138,8 +1251,66 @@ def _member_operator(spec: FleetSpec, a: Action) -> str:
     lines.append(f"    /\\ {' '.join(chosen)} eng' = [eng EXCEPT ![n] = {rec}]".replace(
         "/\\  eng'", "/\\ eng'"))
     lines.append("    /\\ faults' = faults + 1" if fault else "    /\\ faults' = faults")
-    lines.append("    /\\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor>>")
+    lines.append("    /\\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>")
     return "\n".join(lines)
+
+
+def _in_flight_worlds(spec: FleetSpec) -> str:
+    """``InFlightWorlds(e)``: member ``e`` with whatever its call in flight may have done to
+    its engine when the controller crashed (itself, or the world effect of an outcome the
+    engine can produce: :meth:`Spec.in_flight_worlds`), as a set of records."""
+    sets = ["{e}"]
+    for o in spec.engine.actions:
+        if o.kind is not Kind.OUTCOME:
+            continue
+        srcs = "{" + ", ".join(f'"{p.value}"' for p in Phase if p in o.sources) + "}"
+        guard = " /\\ ".join(["e.pending # \"none\"", f"e.phase \\in {srcs}"] + [
+            f"({lift_tla(g)})" for g in (o.when_tla, o.truth_tla) if g.strip() != "TRUE"])
+        chosen, updates = [], []
+        for k, (v, x) in enumerate(o.world_tla.items()):
+            if x.startswith("\\in "):
+                chosen.append(f"w{k} \\in {lift_tla(x[4:])}")
+                updates.append(f"!.{v} = w{k}")
+            else:
+                updates.append(f"!.{v} = {lift_tla(x)}")
+        rec = f"[e EXCEPT {', '.join(updates)}]" if updates else "e"
+        worlds = f"{{{rec} : {', '.join(chosen)}}}" if chosen else f"{{{rec}}}"
+        one = f"IF {guard} THEN {worlds} ELSE {{}}"
+        if o.param is not None:
+            v = param_var(o.param)
+            one = f"UNION {{({one}) : {v} \\in {param_domain(o.param)}}}"
+        sets.append(f"({one})")
+    return "InFlightWorlds(e) ==\n    " + "\n    \\cup ".join(sets)
+
+
+def _restart_operator(spec: FleetSpec, a: Action) -> str:
+    """A member's restart in a recovery, over member ``n``."""
+    sources = "{" + ", ".join(f'"{p.value}"' for p in Phase if p in a.sources) + "}"
+    updates = ([f'!.phase = "{a.dest.value}"'] if a.dest is not None else []) + [
+        f"!.{v} = {lift_tla(x)}" for v, x in a.control_tla.items()]
+    lines = [f"\\* {a.name} [member, {a.kind}, in a recovery]", f"M{tla_name(a.name)}(n) ==",
+             "    LET e == eng[n] IN", f'    /\\ fphase = "{FleetPhase.RECOVERING}"',
+             "    /\\ n \\in fdown", f"    /\\ e.phase \\in {sources}"]
+    for g in (a.when_tla, a.truth_tla):
+        if g.strip() != "TRUE":
+            lines.append(f"    /\\ {lift_tla(g)}")
+    world = "InFlightWorlds(e)" if a.in_flight else "{e}"
+    lines += [f"    /\\ \\E w \\in {world} : eng' = [eng EXCEPT ![n] = "
+              f"[w EXCEPT {', '.join(updates)}]]",
+              "    /\\ fdown' = fdown \\ {n}",
+              "    /\\ UNCHANGED <<fphase, fcommitted, ftarget, faults, ffloor, fcrashes>>"]
+    return "\n".join(lines)
+
+
+def _crash_operator(spec: FleetSpec) -> str:
+    c = spec.crash
+    sources = "{" + ", ".join(f'"{p}"' for p in sorted(c.sources)) + "}"
+    return "\n".join([
+        f"\\* {c.name} [fleet, environment]: {c.doc}", f"{tla_name(c.name)} ==",
+        f"    /\\ fphase \\in {sources}", "    /\\ fcrashes < MaxCrashes",
+        f'    /\\ fphase\' = "{FleetPhase.RECOVERING}"', "    /\\ fdown' = Engines",
+        "    /\\ fcrashes' = fcrashes + 1",
+        "    /\\ UNCHANGED <<fcommitted, ftarget, eng, faults, ffloor>>"])
 
 
 def _effect_operator(name: str, a: Action, *, world: bool) -> str:
@@ -1165,7 +1336,7 @@ def _migration_operator(spec: FleetSpec) -> str:
         "    /\\ src # dst",
         f"    /\\ {mig.when_tla}",
         "    /\\ eng' = [eng EXCEPT ![src] = MigrateLeave(e, i), ![dst] = MigrateJoin(t, j)]",
-        "    /\\ UNCHANGED <<fphase, fcommitted, ftarget, faults, ffloor>>"])
+        "    /\\ UNCHANGED <<fphase, fcommitted, ftarget, faults, ffloor, fdown, fcrashes>>"])
 
 
 def _fleet_operator(fa: FleetAction) -> str:
@@ -1185,7 +1356,8 @@ def _fleet_operator(fa: FleetAction) -> str:
     return "\n".join(lines)
 
 
-FLEET_VARIABLES = ("fphase", "fcommitted", "ftarget", "eng", "faults", "ffloor")
+FLEET_VARIABLES = ("fphase", "fcommitted", "ftarget", "eng", "faults", "ffloor", "fdown",
+                   "fcrashes")
 #: Member actions the update schedule orders (FleetSpec.scheduled).
 SCHEDULED = frozenset(
     a.name for a in ACTIONS
@@ -1210,7 +1382,8 @@ def fleet_module(spec: FleetSpec = FLEET) -> str:
         "\\* Do not edit: change the Python spec and regenerate.",
         "EXTENDS Integers, FiniteSets, Sequences",
         "",
-        "CONSTANTS NumEngines, NumSlots, MaxGen, MaxFaults, MinServing, MaxLive, MinAdmitting",
+        "CONSTANTS NumEngines, NumSlots, MaxGen, MaxFaults, MinServing, MaxLive, MinAdmitting,",
+        "    MaxCrashes",
         "",
         "Engines == 1..NumEngines",
         defs.rstrip(),
@@ -1226,6 +1399,8 @@ def fleet_module(spec: FleetSpec = FLEET) -> str:
         f"    /\\ eng = [n \\in Engines |-> [{init_member}]]",
         "    /\\ faults = 0",
         "    /\\ ffloor = 1",
+        "    /\\ fdown = {}",
+        "    /\\ fcrashes = 0",
         "",
         "TierFirst(e, t) == \\A k \\in 1..Len(TierOrder) : TierOrder[k] = t =>",
         "    \\A j \\in 1..(k - 1) : TierOrder[j] \\in e.cleared",
@@ -1239,6 +1414,8 @@ def fleet_module(spec: FleetSpec = FLEET) -> str:
     parts += [_member_operator(spec, a) + "\n" for a in spec.member_actions()]
     parts += [_fleet_operator(fa) + "\n" for fa in spec.actions]
     parts.append(_migration_operator(spec) + "\n")
+    parts += [_crash_operator(spec) + "\n", _in_flight_worlds(spec) + "\n"]
+    parts += [_restart_operator(spec, spec.engine.action(n)) + "\n" for n in spec.restarts]
     disj = []
     for a in spec.member_actions():
         if a.param:
@@ -1250,6 +1427,8 @@ def fleet_module(spec: FleetSpec = FLEET) -> str:
     disj += [tla_name(fa.name) for fa in spec.actions]
     disj.append(f"\\E src, dst \\in Engines : \\E i, j \\in Slots : "
                 f"{tla_name(spec.migration.name)}(src, i, dst, j)")
+    disj.append(tla_name(spec.crash.name))
+    disj += [f"\\E n \\in Engines : M{tla_name(n)}(n)" for n in spec.restarts]
     parts += ["Next ==\n" + "\n".join(f"    \\/ {d}" for d in disj), "",
               "Spec == Init /\\ [][Next]_vars", "", "\\* ---- fleet invariants"]
     for inv in spec.invariants:
@@ -1287,6 +1466,7 @@ def fleet_config(spec: FleetSpec = FLEET) -> str:
         f"    MinServing = {b.min_serving}",
         f"    MaxLive = {b.max_live}",
         f"    MinAdmitting = {b.min_admitting}",
+        f"    MaxCrashes = {b.crashes}",
         "SPECIFICATION Spec",
         "INVARIANTS", *(f"    {n}" for n in invs),
         "PROPERTIES", *(f"    {n}" for n in props),

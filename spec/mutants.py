@@ -18,6 +18,7 @@ from rolloutcore.spec.fleet import (
     FLEET,
     FLEET_ABORT_WHEN_TLA,
     FLEET_PUBLISH_WHEN_TLA,
+    FLEET_RECOVER_WHEN_TLA,
     FLEET_REOPEN_WHEN_TLA,
     N_VALIDATED_TLA,
     FleetBounds,
@@ -280,6 +281,12 @@ def mutant(name: str) -> Mutant:
 
 
 #: Fleet bounds at which a quorum smaller than the fleet shows (a member left behind).
+#: A fleet controller that crashes once (two members, both needed, no other fault).
+CRASHING = FleetBounds(engines=2, min_serving=2, generations=2, faults=0, rollouts=0,
+                       crashes=1)
+#: A rolling fleet (K 2, C 1) whose controller crashes once.
+ROLLING_CRASH = FleetBounds(engines=2, min_serving=1, generations=2, faults=0, rollouts=0,
+                            max_live=2, min_admitting=1, crashes=1)
 PARTIAL_QUORUM = FleetBounds(engines=2, min_serving=1, generations=2, faults=1, rollouts=1)
 #: Fleet bounds of a rolling update: two live generations, one member always admitting.
 ROLLING = FleetBounds(engines=2, min_serving=1, generations=3, faults=0, rollouts=1,
@@ -434,6 +441,20 @@ FLEET_MUTANTS: tuple[FleetMutant, ...] = (
             and t.bind[j - 1] == 0 and t.req[j - 1] == 0,
             't.phase # "TAINTED" /\\ t.committed = e.bind[i] /\\ t.bind[j] = 0 '
             "/\\ t.req[j] = 0"), ROLLING_WIDE),
+    FleetMutant(
+        "recover_before_restarts",
+        "Reopen a recovered fleet as soon as a quorum serves, without waiting for every "
+        "member's restart: a member the crashed controller left in the middle of its update "
+        "goes on as if the new controller knew what its last call did.",
+        lambda s: _fleet_action(
+            s, "fleet_recover", when=lambda f, b: quorum(f, b),
+            when_tla=FLEET_RECOVER_WHEN_TLA.split(" /\\ ", 1)[1]), CRASHING),
+    FleetMutant(
+        "recover_without_quorum",
+        "Reopen a recovered fleet once every member restarted, however few serve (members "
+        "left in doubt restart TAINTED and do not).",
+        lambda s: _fleet_action(s, "fleet_recover", when=lambda f, _b: not f.fdown,
+                                when_tla="fdown = {}"), CRASHING),
     FleetMutant(
         "floor_moves_backwards",
         "A wave that validated nothing ends by widening the window again (the floor one "

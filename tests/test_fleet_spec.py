@@ -22,7 +22,14 @@ from rolloutcore.spec.fleet import (
     serving,
 )
 from rolloutcore.spec.lifecycle import Phase
-from rolloutcore.spec.mutants import FLEET_MUTANTS, PARTIAL_QUORUM, ROLLING, FleetMutant
+from rolloutcore.spec.mutants import (
+    CRASHING,
+    FLEET_MUTANTS,
+    PARTIAL_QUORUM,
+    ROLLING,
+    ROLLING_CRASH,
+    FleetMutant,
+)
 
 #: Bounds CI explores: the default (two members, both needed, one fault), a partial
 #: quorum (a member may be left behind), and three members (no fault, no rollout slot:
@@ -40,7 +47,8 @@ ROLLINGS = [ROLLING, ROLLING_THREE, ROLLING_FAULT]
 ROLLING_IDS = ["two", "three", "fault"]
 DEEP = pytest.mark.deep
 BOUNDS = [FLEET.bounds, pytest.param(PARTIAL_QUORUM, marks=DEEP),
-          pytest.param(THREE, marks=DEEP), *ROLLINGS]
+          pytest.param(THREE, marks=DEEP), *ROLLINGS, ROLLING_CRASH,
+          pytest.param(CRASHING, marks=DEEP)]
 
 
 @functools.cache
@@ -133,14 +141,53 @@ def test_lift_tla_rewrites_variables_not_strings() -> None:
 @pytest.mark.tlc
 @pytest.mark.parametrize("bounds", [
     pytest.param(FLEET.bounds, marks=pytest.mark.deep), pytest.param(THREE, marks=DEEP),
-    ROLLING, pytest.param(ROLLING_THREE, marks=DEEP), pytest.param(ROLLING_FAULT, marks=DEEP)],
-    ids=["two", "three", *(f"rolling-{i}" for i in ROLLING_IDS)])
+    ROLLING, pytest.param(ROLLING_THREE, marks=DEEP), pytest.param(ROLLING_FAULT, marks=DEEP),
+    pytest.param(ROLLING_CRASH, marks=DEEP), pytest.param(CRASHING, marks=DEEP)],
+    ids=["two", "three", *(f"rolling-{i}" for i in ROLLING_IDS), "rolling-crash", "crash"])
 def test_tlc_graph_equals_the_explorer_graph(bounds: FleetBounds) -> None:
     require_tlc()
     run = modelcheck.run_fleet_tlc(FLEET.with_bounds(bounds), exploration=explored(bounds))
     assert run.result.exit_code == 0, run.result.error_message
     assert run.graphs_equal, (run.only_python, run.only_tlc)
     assert run.tlc_states == run.python_states and run.tlc_edges == run.python_edges
+
+
+@pytest.mark.parametrize("bounds", [ROLLING_CRASH, pytest.param(CRASHING, marks=DEEP)],
+                         ids=["rolling", "strict"])
+def test_a_crashed_controller_restarts_every_member_before_the_fleet_moves(
+        bounds: FleetBounds) -> None:
+    """After a crash only restarts happen, each member once, until the fleet recovers; a
+    member the crash caught mid-update restarts TAINTED, and a fleet left without a quorum
+    stays closed and reopens only after re-admission."""
+    ex = explored(bounds)
+    fired = {n for _f, n, _g in ex.graph}
+    assert {"fleet_crash", "restart_ready", "restart_tainted", "fleet_recover",
+            "fleet_recover_closed"} <= fired
+    restarts = set(FLEET.restarts)
+    for f, name, g in ex.graph:
+        if f.fphase == FleetPhase.RECOVERING:
+            assert name in restarts | {"fleet_recover", "fleet_recover_closed"}, name
+            if name in restarts:
+                (k,) = f.fdown - g.fdown  # one member, once
+                assert g.eng[k - 1].phase in (Phase.READY, Phase.TAINTED)
+                if f.eng[k - 1].phase not in (Phase.READY, Phase.DRAINING):
+                    assert g.eng[k - 1].phase is Phase.TAINTED  # caught mid-update
+        if name == "fleet_crash":
+            assert g.fdown == frozenset(range(1, bounds.engines + 1)) and g.eng == f.eng
+    closed = {g for _f, n, g in ex.graph if n == "fleet_recover_closed"}
+    assert all(g.fphase == FleetPhase.ABORTING and not quorum(g, bounds) for g in closed)
+    # From a closed recovery, the fleet reopens (its members re-admitted, or audited back).
+    succ: dict[FleetState, list[tuple[str, FleetState]]] = {}
+    for f, n, g in ex.graph:
+        succ.setdefault(f, []).append((n, g))
+    seen, todo, reopened = set(closed), list(closed), False
+    while todo and not reopened:
+        for n, g in succ.get(todo.pop(), []):
+            reopened |= n == "fleet_reopen"
+            if g not in seen:
+                seen.add(g)
+                todo.append(g)
+    assert reopened
 
 
 @pytest.mark.parametrize("m", FLEET_MUTANTS, ids=lambda m: m.name)

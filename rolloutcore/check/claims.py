@@ -205,8 +205,10 @@ FLEET_DETAIL: dict[str, dict[str, Field]] = {
     "fleet_close": {"serving": Field("list[str]", Claim("exactly the serving members"),
                                      required=True),
                     "min_serving": Field("int", Claim("the quorum"), required=True)},
-    "fleet_recover": {"serving": Field("int", Claim("how many members serve"), required=True),
-                      "min_serving": Field("int", Claim("the quorum"), required=True)},
+    "fleet_recover": (_RECOVERED := {
+        "serving": Field("int", Claim("how many members serve"), required=True),
+        "min_serving": Field("int", Claim("the quorum"), required=True)}),
+    "fleet_recover_closed": _RECOVERED,
     "fleet_roll": {
         "target": Field("str", Claim("the label every wave member's request names"),
                         required=True),

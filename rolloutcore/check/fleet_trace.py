@@ -49,6 +49,7 @@ from rolloutcore.inputs import unreadable
 from rolloutcore.journal import HEADER, SCHEMA, JournalReader, not_a_journal
 from rolloutcore.spec.failover import FLEET_JOURNAL_STEPS, succeeds
 from rolloutcore.spec.fleet import (
+    CRASH,
     FLEET,
     FLEET_ACTIONS,
     JOURNAL_PROPERTIES,
@@ -65,7 +66,7 @@ from rolloutcore.spec.fleet import (
     bootstrapped,
     fleet_half,
     held_back,
-    recovered_phase,
+    may_restart,
     serving,
     update_policy_error,
     validated,
@@ -74,22 +75,22 @@ from rolloutcore.spec.fleet import (
 from rolloutcore.spec.lifecycle import SPEC, Kind, Phase
 
 FLEET_OPEN = "fleet_open"
-#: The fleet controller restarted: its members took their restarts (single-engine spec);
-#: the fleet's half is the spec's recovered_phase.
-FLEET_RECOVER = "fleet_recover"
+#: The fleet controller restarted: its members took their restarts (single-engine spec),
+#: and the fleet reopened (or stayed closed) by the spec's recovery steps.
+FLEET_RECOVERS = frozenset({"fleet_recover", "fleet_recover_closed"})
 #: A controller with a new epoch took over (the failover spec's campaign and fence): it
 #: fenced the members named (their engines refuse every older epoch from then on);
 #: ``fleet_fenced`` names those its takeover could not fence, fenced later (fence).
 FLEET_TAKEOVER, FLEET_FENCED = "fleet_takeover", "fleet_fenced"
 assert {FLEET_TAKEOVER, FLEET_FENCED} == set(FLEET_JOURNAL_STEPS)
-_FLEET_STEPS = frozenset({FLEET_RECOVER, *FLEET_JOURNAL_STEPS, MIGRATION.name,
+_FLEET_STEPS = frozenset({*FLEET_JOURNAL_STEPS, MIGRATION.name,
                           *(a.name for a in FLEET_ACTIONS)})
 #: The single-engine spec's restart steps: a controller (re)started on the journal.
 _RESTARTS = frozenset(a.name for a in SPEC.actions if a.kind is Kind.RESTART)
 #: Member steps that read or use an engine: not on one this epoch has not fenced.
 _NEED_FENCE = frozenset({"admit", "audit_begin"})
 _FLEET_PHASES = frozenset({FleetPhase.READY, FleetPhase.UPDATING, FleetPhase.ABORTING,
-                           FleetPhase.ROLLING})
+                           FleetPhase.ROLLING})  # RECOVERING is never journalled
 _UPDATE_PHASES = frozenset({FleetPhase.UPDATING, FleetPhase.ROLLING})
 _AUDIT_OUTCOMES = frozenset({"audit_ok", "audit_failed", "audit_mismatch"})
 _FLEET_STEP = {a.name: a for a in FLEET_ACTIONS}
@@ -131,6 +132,7 @@ class FleetTraceChecker:
     #: generation -> (its identity, the member that first named it)
     identities: dict[int, tuple[Any, str]] = field(default_factory=dict)
     restarting: set[str] = field(default_factory=set)  # taken over, not yet restarted
+    fdown: frozenset[str] = frozenset()  # members the recovery under way has yet to restart
     strict_timing: bool = False  # late outcomes rejected (else: a warning)
 
     def clone(self) -> FleetTraceChecker:
@@ -169,7 +171,8 @@ class FleetTraceChecker:
 
     def _fleet(self) -> FleetSnapshot:
         return FleetSnapshot(self.fphase, self.fcommitted, self.ftarget, self.ffloor,
-                             tuple(self._view(n) for n in sorted(self.members)))
+                             tuple(self._view(n) for n in sorted(self.members)),
+                             frozenset(self.fdown))
 
     def _bounds(self) -> Policy:
         """The quorum of the update being decided (its request names it), else the
@@ -246,6 +249,17 @@ class FleetTraceChecker:
         if self.fphase == FleetPhase.UNINITIALIZED and step in LIFTED:
             return "FleetGuard", (f"{name} {step} before fleet_open (the fleet spec takes no "
                                   "member step before the fleet opens)")
+        if isinstance(step, str) and step in _RESTARTS \
+                and self.fphase != FleetPhase.UNINITIALIZED:
+            if not may_restart(self._fleet(), name):  # the controller crashed (again)
+                g = CRASH.apply(FleetState(self.fphase, self.fcommitted, self.ftarget,
+                                           (), 0, self.ffloor))
+                self.fphase, self.fdown = g.fphase, frozenset(self.members)
+                self.quorum = None  # the crashed controller's update is dropped
+            self.fdown -= {name}
+        elif self.fphase == FleetPhase.RECOVERING:
+            return "FleetGuard", (f"{name} {step} while the fleet recovers (the spec takes "
+                                  "only member restarts until fleet_recover)")
         if self.fphase != FleetPhase.UNINITIALIZED and isinstance(step, str) \
                 and step in MEMBER_GUARDS:
             guard, tla = MEMBER_GUARDS[step]
@@ -327,11 +341,12 @@ class FleetTraceChecker:
             bad_move = self._migration(detail)
             if bad_move:
                 return "MigrationKeepsGeneration", bad_move
-        elif step == FLEET_RECOVER:
-            if self.fphase == FleetPhase.UNINITIALIZED:
-                return "spec", "fleet_recover before the fleet opened"
-            self.fphase, self.ftarget = recovered_phase(self._fleet(), self._bounds()), 0
         else:
+            if step in FLEET_RECOVERS and self.restarting:
+                return _TAKEOVER, (f"{step} before {sorted(self.restarting)} restarted after "
+                                   f"the takeover of epoch {self.epoch}")
+            if step in FLEET_RECOVERS and self.fdown:
+                return "spec", f"{step} before {sorted(self.fdown)} restarted"
             fa = _FLEET_STEP[step]
             f = self._fleet()
             if self.fphase not in fa.sources or not fa.when(f, self._bounds()):
@@ -468,9 +483,9 @@ class FleetTraceChecker:
             want["serving"] = self._names(serving)
             if step == "fleet_close":
                 want["min_serving"] = self.min_serving
-        elif step == FLEET_RECOVER:
+        elif step in FLEET_RECOVERS:
             want.update(serving=len(self._names(serving)), min_serving=self.min_serving)
-        if step in ("fleet_close", FLEET_RECOVER):
+        if step == "fleet_close" or step in FLEET_RECOVERS:
             self._quorum_origin = None  # the fleet's own quorum compared: used
         for key, value in want.items():
             got = d.get(key)

@@ -27,10 +27,11 @@ from rolloutcore.spec.fleet import (
     FleetState,
     Policy,
     fleet_half,
+    may_restart,
     serving,
 )
 from rolloutcore.spec.lifecycle import Phase, Result
-from rolloutcore.spec.triggers import OUTCOMES, Trigger
+from rolloutcore.spec.triggers import OUTCOMES, RESTARTS, Trigger
 
 UNINITIALIZED = FleetPhase.UNINITIALIZED
 #: The outcomes of an audit, as journalled.
@@ -211,6 +212,7 @@ class FleetBase:
     committed: int  # the frontier: the newest generation published
     target: int
     floor: int  # the oldest generation still served (the frontier, with max_live 1)
+    down: frozenset[str]  # members the recovery under way has yet to restart
     max_live: int  # K: generations served at once (1: the strict fleet-wide update)
     min_admitting: int  # C: members that keep serving through a rolling update
     last_report: FleetCycleReport | None
@@ -254,7 +256,8 @@ class FleetBase:
 
     def _fleet(self) -> FleetSnapshot:
         """The fleet's own half (phase, frontier, target, floor), without its members."""
-        return FleetSnapshot(self.phase, self.committed, self.target, self.floor)
+        return FleetSnapshot(self.phase, self.committed, self.target, self.floor, (),
+                             self.down)
 
     def _fleet_state(self) -> FleetSnapshot:
         """The fleet's state as the fleet spec's predicates read it, members included."""
@@ -276,6 +279,12 @@ class FleetBase:
         def guard(step: str, view: Any) -> str | None:
             if self.phase == UNINITIALIZED and step in LIFTED:
                 return "the fleet spec takes no member step before fleet_open"
+            if step in RESTARTS:
+                if self.phase != UNINITIALIZED and not may_restart(self._fleet(), name):
+                    return "a member restarts once, in a recovery"
+                return None
+            if self.phase == FleetPhase.RECOVERING:
+                return "the fleet spec takes only member restarts while the fleet recovers"
             g = MEMBER_GUARDS.get(step)
             if g is None:
                 return None

@@ -73,6 +73,7 @@ class Fleet(Admission, Readmission, Updates, Recovery):
         self.committed = 0
         self.target = 0
         self.floor = 0
+        self.down = frozenset()
         self.last_report = None
         self.recovered = {}
         if existing:

@@ -21,7 +21,7 @@ from rolloutcore.fleet.base import (
     log,
 )
 from rolloutcore.journal import HEADER, SCHEMA, JournalReader, apply_record, restart_step
-from rolloutcore.spec.fleet import FLEET, FleetState, fleet_half, recovered_phase, serving
+from rolloutcore.spec.fleet import CRASH, FLEET, FleetState, fleet_half, serving
 from rolloutcore.spec.lifecycle import FENCED, Phase
 from rolloutcore.spec.triggers import Trigger
 
@@ -110,19 +110,25 @@ class Recovery(FleetBase):
             m.controller.identity = target.identity
 
     def _restart(self) -> None:
-        """After a replay: every member takes the restart the single-engine spec allows
-        (a member left in doubt restarts TAINTED: quarantined until re-admitted); the
-        fleet reopens only with a quorum serving, else it stays closed."""
+        """After a replay: the previous controller crashed (the spec's ``fleet_crash``),
+        so every member takes the restart the single-engine spec allows (a member left in
+        doubt restarts TAINTED: quarantined until re-admitted); then the fleet takes the
+        spec's recovery step: it reopens only with a quorum serving, else it stays closed."""
+        opened = self.phase != UNINITIALIZED
+        if opened:
+            g = CRASH.apply(FleetState(self.phase, self.committed, self.target, (), 0,
+                                       self.floor))
+            self.phase, self.down = g.fphase, frozenset(self.members)
         for m in self.members.values():
             trigger = restart_step(m.controller)
             m.controller.restart(trigger, {"reason": "the fleet controller restarted"})
+            self.down -= {m.name}
             self.recovered[m.name] = trigger
-        if self.phase == UNINITIALIZED:
+        if not opened:
             return
-        f = self._fleet_state()
-        self.phase, self.target = recovered_phase(f, self._bounds()), 0
-        self._step("fleet_recover", serving=sum(serving(f, v) for v in f.eng),
-                   min_serving=self.min_serving)
+        serving_now = sum(serving(self._fleet(), m.view()) for m in self.members.values())
+        self._take("fleet_recover" if self._enabled("fleet_recover") else
+                   "fleet_recover_closed", serving=serving_now, min_serving=self.min_serving)
 
     def _take_over(self) -> None:
         """A leader with a new epoch (it won the store's leadership) fences every member

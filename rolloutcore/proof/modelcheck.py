@@ -43,6 +43,7 @@ from rolloutcore.spec.mutants import (
     FLEET_MUTANTS,
     MUTANTS,
     ROLLING,
+    ROLLING_CRASH,
     FailoverMutant,
     FleetMutant,
     Mutant,
@@ -78,12 +79,14 @@ def generated_files(spec: Spec = SPEC, exploration: Exploration | None = None, *
         fleet_counts = _fleet_counts_beside(fleet)  # the larger graph, on another core
         ex = exploration or explore(spec)
         rolling = explore_fleet(fleet.with_bounds(ROLLING))
+        crash = explore_fleet(fleet.with_bounds(ROLLING_CRASH))
         fo = explore_failover(FAILOVER)
         fleet_states, fleet_edges = fleet_counts()
         out[DOC_FILE] = spec_doc.document(spec, states=ex.states, edges=ex.edges,
                                           fleet=fleet, fleet_states=fleet_states,
                                           fleet_edges=fleet_edges, rolling_states=rolling.states,
                                           rolling_edges=rolling.edges,
+                                          crash_states=crash.states, crash_edges=crash.edges,
                                           failover=FAILOVER, failover_states=fo.states,
                                           failover_edges=fo.edges)
     return out
@@ -283,9 +286,12 @@ def fleet_state_from_tlc(values: dict[str, object],
         if rec not in seen:
             seen[rec] = state_from_tlc({str(k): v for k, v in rec.items()})
         members.append(seen[rec])
+    down = values["fdown"]
+    assert isinstance(down, frozenset)
     return FleetState(str(values["fphase"]), int(str(values["fcommitted"])),
                       int(str(values["ftarget"])), tuple(members), int(str(values["faults"])),
-                      int(str(values["ffloor"])))
+                      int(str(values["ffloor"])), frozenset(int(str(n)) for n in down),
+                      int(str(values["fcrashes"])))
 
 
 def run_fleet_tlc(spec: FleetSpec = FLEET, *, exploration: FleetExploration | None = None,
@@ -303,7 +309,8 @@ def run_fleet_tlc(spec: FleetSpec = FLEET, *, exploration: FleetExploration | No
     if result.graph is None or result.exit_code != 0:
         return run
     g = result.graph
-    names = {f"M{spec_tla.tla_name(n)}": n for n in spec.lifted}
+    names = {f"M{spec_tla.tla_name(n)}": n for n in (*spec.lifted, *spec.restarts)}
+    names[spec_tla.tla_name(spec.crash.name)] = spec.crash.name
     names.update({spec_tla.tla_name(fa.name): fa.name for fa in spec.actions})
     names[spec_tla.tla_name(spec.migration.name)] = spec.migration.name
     seen: dict[tlc.TlaRecord, State] = {}
