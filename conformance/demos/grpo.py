@@ -194,6 +194,21 @@ def _context_log_softmax(
     return [t if t is not None else torch.zeros(0) for t in result]
 
 
+def token_logprobs(model: torch.nn.Module, samples: Sequence[TrainSample]) -> list[list[float]]:
+    """Every response token's logprob per sample under ``model``, without grad, batched
+    (one forward per distinct sequence length, no padding); ``model`` is left in eval
+    mode only for the call (a trainer's own mode is restored)."""
+    if not samples:
+        return []
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return [t.tolist() for t in _response_logprobs(model, samples)]
+    finally:
+        model.train(training)
+
+
 class GRPOTrainer:
     """Group-relative policy gradient on a float32 torch causal LM, updated in place.
 
@@ -228,13 +243,8 @@ class GRPOTrainer:
         )
 
     def token_logprobs(self, samples: Sequence[TrainSample]) -> list[list[float]]:
-        """Every response token's logprob per sample, without grad, batched (one forward
-        per distinct sequence length, no padding)."""
-        if not samples:
-            return []
-        self.model.eval()
-        with torch.no_grad():
-            return [t.tolist() for t in _response_logprobs(self.model, samples)]
+        """Every response token's logprob per sample (see :func:`token_logprobs`)."""
+        return token_logprobs(self.model, samples)
 
     def step(self, samples: Sequence[TrainSample]) -> StepStats:
         """One optimiser step on ``samples`` (see the module docstring for the loss).

@@ -470,8 +470,8 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    if args.fleet is not None and args.lifecycle:
-        return _bad_input(args, "--fleet and --lifecycle are two different demos: pick one")
+    if sum([args.fleet is not None, args.lifecycle, args.trl]) > 1:
+        return _bad_input(args, "--fleet, --lifecycle and --trl are different demos: pick one")
     if args.fleet is not None:
         if args.fleet < 2:
             return _bad_input(args, f"--fleet needs at least 2 servers, got {args.fleet}")
@@ -485,10 +485,19 @@ def _demo(args: argparse.Namespace) -> int:
     if args.steps is not None and args.steps < 4:
         return _bad_input(args, f"--steps must be at least 4, got {args.steps}")
     from rolloutcore.conformance.demos.rl_run import RLConfig
+
+    cfg = None if args.steps is None else RLConfig(steps=args.steps, fault_step=args.steps // 2)
+    if args.trl:
+        try:
+            import trl  # noqa: F401
+        except ImportError:
+            return _cannot_run(args, "cannot run the TRL demo: TRL is not installed "
+                               "(make install installs it)")
+        from rolloutcore.conformance.demos.trl_run import main as trl_demo_main
+
+        return trl_demo_main(as_json=args.json, cfg=cfg)
     from rolloutcore.conformance.demos.rl_run import main as rl_demo_main
 
-    cfg = RLConfig() if args.steps is None else RLConfig(steps=args.steps,
-                                                         fault_step=args.steps // 2)
     return rl_demo_main(as_json=args.json, cfg=cfg)
 
 
@@ -555,6 +564,8 @@ def _add_demo_conformance_parsers(sub: Any) -> None:
     demo.add_argument("--fleet", type=int, metavar="N", help="a fleet of N servers (about "
                       "2 GiB each): one transactional update, a failing server quarantined "
                       "and re-admitted")
+    demo.add_argument("--trl", action="store_true", help="the RL run with TRL's own "
+                      "GRPOTrainer, generating and publishing through RolloutCore")
     demo.set_defaults(func=_demo)
     conf = sub.add_parser("conformance", help="the scenario corpus against real vLLM and the "
                           "simulator")

@@ -1,0 +1,284 @@
+"""``rolloutcore demo --trl``: TRL's own GRPOTrainer learns through RolloutCore, on real
+vLLM servers.
+
+The rig of ``make demo`` (two vLLM CPU servers with the tiny Llama behind the gateway, the
+successor task, a verified publish over the gloo transfer) with TRL 1.16's
+``GRPOTrainer`` in place of the project's own loop: its loss (``dapo``), advantages,
+optimiser and config are TRL's; RolloutCore enters through :class:`TRLBridge`'s two hooks
+(``rollout_func`` and a callback). Every step: TRL asks for a batch (one group per prompt,
+one admission each, on the generation just published), scores it, takes one optimiser
+step, and the callback publishes the weights (verified on every member). Halfway, one
+member's server is SIGKILLed while the new weights are on their way to it: it is
+quarantined, the other member publishes, the server is restarted and re-admitted while
+training goes on. The checks are ``make demo``'s: reward above the threshold, every
+record against the journal, the journal against the fleet spec, and the engine's
+behaviour logprobs against TRL's model recomputing them.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rolloutcore.conformance.demos.grpo import TrainSample, load_model, token_logprobs
+from rolloutcore.conformance.demos.rl_run import (
+    RLConfig,
+    RLResult,
+    RLRun,
+    Say,
+    _no_checkpoints,
+    write_pictures,
+)
+from rolloutcore.conformance.demos.task import SuccessorTask
+from rolloutcore.conformance.fixtures.tiny_model import DEFAULT_OUT, build_models
+from rolloutcore.conformance.fleet_scenarios import kill_midway
+from rolloutcore.engine.targets import load_references
+from rolloutcore.gateway.core import Gateway, GatewayConfig
+from rolloutcore.gateway.server import ServerThread
+from rolloutcore.integrations.trl import TRLBridge
+from rolloutcore.rl import Group, RolloutClient, Sampling, engine_logprobs_mode
+from rolloutcore.rl.publish import Published, Publisher
+from rolloutcore.rl.weights import LiveSources, state_identity
+from rolloutcore.spec.fleet import FleetPhase
+from rolloutcore.spec.triggers import Trigger
+
+#: TRL's defaults this run changes, each for a reason: fp32 on CPU (TRL defaults to bf16,
+#: which the logprob check could not hold to 1e-4), no gradient checkpointing (a tiny
+#: model), no KL term (TRL's default too), a constant learning rate, no reports or saves.
+TRL_ARGS: dict[str, Any] = dict(bf16=False, use_cpu=True, gradient_checkpointing=False,
+                                beta=0.0, lr_scheduler_type="constant", report_to="none",
+                                save_strategy="no", logging_steps=1, disable_tqdm=True,
+                                temperature=1.0, top_p=1.0)
+
+
+class TRLRun(RLRun):
+    """One run: the rig's fleet behind the gateway, TRL's GRPOTrainer through the bridge."""
+
+    def run(self) -> RLResult:
+        os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked so
+        from datasets import Dataset  # type: ignore[import-untyped]
+        from transformers import AutoTokenizer, PrinterCallback
+        from transformers.utils import logging as hf_logging
+
+        with warnings.catch_warnings():  # TRL warns about the vLLM version: unused here
+            warnings.simplefilter("ignore", UserWarning)
+            from trl.trainer.grpo_config import GRPOConfig
+            from trl.trainer.grpo_trainer import GRPOTrainer
+
+        cfg = self.cfg
+        models = build_models(DEFAULT_OUT)
+        torch.manual_seed(cfg.seed)
+        task = SuccessorTask(models["v1"], tail_tokens=cfg.tail_tokens)
+        by_ids = {p.token_ids: p for p in task.all_prompts()}
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+        hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+        model = load_model(models["v1"])
+        tokenizer = AutoTokenizer.from_pretrained(str(models["v1"]))
+        fleet = self._fleet(sources := LiveSources())
+        boot = fleet.bootstrap(self.rig.targets(1))
+        self.check("both servers bootstrap on v1 and the fleet opens",
+                   all(o.trigger == Trigger.BOOTSTRAP_OK for o in boot.values())
+                   and fleet.phase == FleetPhase.READY, {n: o.trigger for n, o in boot.items()})
+        v1 = self.rig.targets(1)[self.rig.names[0]]
+        self.check("TRL starts from the weights the servers loaded (identity of v1)",
+                   state_identity(dict(model.state_dict())) == v1.identity)
+        self.identities = {1: v1.identity}
+        refs = load_references(models["v1"])
+        probe = next(p for p in refs["probes"] if p["name"] == "long")
+        mode = engine_logprobs_mode(self.rig.urls().values())
+        self.check(f"the servers report raw logprobs (logprobs_mode {mode}): what TRL's "
+                   "model computes at temperature 1", mode == "raw_logprobs", mode)
+        gw = Gateway(fleet, GatewayConfig(model="tiny", queue_wait_s=300.0),
+                     target_of=_no_checkpoints)
+        publisher = Publisher(fleet, sources, probe_prompt=probe["prompt_token_ids"],
+                              probe_tokens=len(probe["output_token_ids"]),
+                              eos_id=refs.get("eos_token_id"), gateway=gw)
+        records = self.work / "trl-records.jsonl"
+        records.unlink(missing_ok=True)
+        self.result.records = str(records)
+        self.model, self.gw = model, gw
+        self.rewards: list[float] = []
+        self.engines: collections.Counter[str] = collections.Counter()
+        self.max_diff, self.compared = 0.0, 0
+        self.restart: threading.Thread | None = None
+        self.killer: threading.Thread | None = None
+        self.box: dict[str, float] = {}
+        self.t_step = time.perf_counter()
+
+        def reward(prompts: list[Any], completions: list[Any], completion_ids: list[Any],
+                   **kw: Any) -> list[float | None]:
+            out: list[float | None] = [task.reward(by_ids[tuple(p)], c)
+                   for p, c in zip(prompts, completion_ids, strict=True)]
+            self.rewards += [r for r in out if r is not None]
+            return out
+
+        rng = random.Random(cfg.seed)
+        ds = Dataset.from_dict({"prompt": [list(p.token_ids) for p in task.prompts(
+            rng, cfg.steps * cfg.groups_per_step)]})
+        batch = cfg.groups_per_step * cfg.samples_per_group
+        args = GRPOConfig(output_dir=str(self.work / "trl"), max_steps=cfg.steps,
+                          per_device_train_batch_size=batch,
+                          num_generations=cfg.samples_per_group, learning_rate=cfg.lr,
+                          max_completion_length=task.max_tokens, seed=cfg.seed, **TRL_ARGS)
+        self.say(f"== task: {task.describe()}")
+        self.say(f"== TRL GRPOTrainer (loss {args.loss_type}): {cfg.steps} steps of "
+                 f"{cfg.groups_per_step} groups x {cfg.samples_per_group} samples; publish "
+                 f"every step; a member killed mid-transfer at step {cfg.fault_step}")
+        try:
+            with ServerThread(gw) as url:
+                client = RolloutClient(url, "tiny", logprobs_mode=mode)
+                bridge = TRLBridge(client, publisher, num_generations=cfg.samples_per_group,
+                                   sampling=Sampling(temperature=1.0, top_p=1.0,
+                                                     max_tokens=task.max_tokens),
+                                   records=records, on_group=self._on_group,
+                                   before_publish=self._before_publish,
+                                   on_publish=self._on_publish)
+                self.bridge = bridge
+                trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args,
+                                      train_dataset=ds, processing_class=tokenizer,
+                                      rollout_func=bridge.rollout_func,
+                                      callbacks=[bridge.callback])
+                trainer.remove_callback(PrinterCallback)  # one line per step: ours
+                trainer.train()
+                client.close()
+        finally:
+            gw.close()
+            fleet.close()
+        ev = self.result.evidence
+        ev.update(logprob_max_abs_diff=self.max_diff, logprob_tokens_compared=self.compared,
+                  lag_histogram={0: sum(self.engines.values())},
+                  trl_version=_version("trl"), transformers_version=_version("transformers"))
+        self._final_checks(None, self.identities)
+        return self.result
+
+    # ------------------------------------------------------------------------ hooks
+
+    def _on_group(self, group: Group) -> None:
+        """Each group as it arrives: TRL's model is the policy that sampled it (it was
+        published before this generation), so its logprobs must match the engine's."""
+        self.engines[group.engine] += 1
+        if group.generation != self.bridge.generation:
+            return
+        sampled = [s for s in group.samples if s.token_ids]
+        samples = [TrainSample(group.prompt_ids, s.token_ids, 0.0, len(s.token_ids))
+                   for s in sampled]
+        for s, mine in zip(sampled, token_logprobs(self.model, samples), strict=True):
+            self.compared += len(mine)
+            self.max_diff = max(self.max_diff, max(abs(a - b) for a, b in zip(
+                s.logprobs, mine, strict=True)))
+
+    def _before_publish(self, step: int) -> None:
+        cfg, rig, ev = self.cfg, self.rig, self.result.evidence
+        victim = rig.victim
+        if self.restart is not None and step == cfg.rejoin_step:
+            self.restart.join(300)  # the operator's restart (the server's start-up time)
+            out = self.gw.start_readmit(victim, f"trl demo: {victim} restarted").result()
+            self.check(f"step {step}: {victim} restarted on v1 and re-admitted (verified), "
+                       f"caught up to generation {self.bridge.generation}",
+                       out.trigger == Trigger.READMIT_OK, out.reason)
+            ev["readmitted_at_step"] = step
+        if step == cfg.fault_step:
+            self.killer = threading.Thread(target=kill_midway, args=(
+                self.adapters[victim], rig.engines[victim], self.box), daemon=True)
+            self.killer.start()
+
+    def _on_publish(self, step: int, pub: Published) -> None:
+        cfg, rig = self.cfg, self.rig
+        victim = rig.victim
+        self.identities[pub.generation] = pub.identity
+        if self.killer is not None:
+            self.killer.join(60)
+            self.killer = None
+            self.check(f"step {step}: {victim}'s server was SIGKILLed mid-transfer; it is "
+                       f"quarantined and generation {pub.generation} is published on the "
+                       "other member", "at" in self.box and victim in pub.quarantined
+                       and victim not in pub.committed_on,
+                       {"killed": self.box, "quarantined": pub.quarantined,
+                        "committed_on": pub.committed_on})
+            self.restart = threading.Thread(target=rig.engines[victim].restart_process,
+                                            args=("v1",), daemon=True)
+            self.restart.start()
+        rewards, self.rewards = self.rewards, []
+        line: dict[str, Any] = {"step": step, "mean_reward": round(statistics.fmean(rewards), 4)
+                if rewards else 0.0, "generation": pub.generation, "lag_mean": 0.0,
+                "lag_max": 0, "update_s": round(pub.seconds, 3),
+                "step_s": round(time.perf_counter() - self.t_step, 3),
+                "serving": sorted(pub.committed_on), "engines": dict(self.engines)}
+        self.engines.clear()
+        self.t_step = time.perf_counter()
+        self.result.steps.append(line)
+        self.say(f"step {step:3d}  reward {line['mean_reward']:.3f}  generation "
+                 f"{pub.generation:3d}  update {pub.seconds:5.2f} s  step {line['step_s']:5.2f}"
+                 f" s  on {','.join(line['serving'])}"
+                 + ("  <- member killed mid-transfer" if step == cfg.fault_step else
+                    "  <- re-admitted" if step == cfg.rejoin_step else ""))
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import version
+
+    return version(package)
+
+
+def run_trl_demo(cfg: RLConfig, artifacts: Path, say: Say, *, pool: Any = None) -> RLResult:
+    """Start the servers (or lease them from ``pool``), train with TRL, check, draw."""
+    from rolloutcore.conformance.fleet_scenarios import FleetRig
+
+    work = artifacts / time.strftime("trl-demo-%Y%m%d-%H%M%S")
+    work.mkdir(parents=True, exist_ok=True)
+    say(f"== building the tiny model and starting {cfg.engines} vLLM servers (under {work})")
+    rig = FleetRig.vllm(build_models(DEFAULT_OUT), work, cfg.engines, pool=pool)
+    run = TRLRun(cfg, rig, work, say)
+    try:
+        run.run()
+    except Exception as e:  # reported as the run's failure, with what was measured
+        run.result.error = f"{type(e).__name__}: {e}"
+    finally:
+        if pool is not None:
+            rig.restore()
+        rig.close()
+    result = run.result
+    if result.journal and Path(result.journal).exists() and result.steps:
+        try:
+            result.pictures = [str(p) for p in write_pictures(result, {}, work / "report")]
+            say(f"== pictures: {work / 'report' / 'index.html'}")
+        except Exception as e:
+            run.check("the pictures were written", False, f"{type(e).__name__}: {e}")
+    (work / "trl-demo.json").write_text(json.dumps(result.as_json(), indent=2, default=str))
+    return result
+
+
+def main(*, as_json: bool = False, artifacts: Path | None = None,
+         cfg: RLConfig | None = None) -> int:
+    from rolloutcore.conformance.demos.lifecycle_story import DEFAULT_ARTIFACTS
+
+    stream = sys.stderr if as_json else sys.stdout
+
+    def say(text: str) -> None:
+        print(text, file=stream, flush=True)
+
+    t0 = time.perf_counter()
+    result = run_trl_demo(cfg or TRL_DEMO, artifacts or DEFAULT_ARTIFACTS, say)
+    if result.error:
+        say(f"error: {result.error}")
+    if as_json:
+        print(json.dumps(result.as_json(), indent=2, sort_keys=True, default=str))
+    say(f"\n{'PASS' if result.passed else 'FAIL'} ({time.perf_counter() - t0:.0f} s)")
+    return 0 if result.passed else 1
+
+
+#: The full TRL run (``rolloutcore demo --trl``).
+TRL_DEMO = RLConfig(steps=30, fault_step=15)
+
+__all__ = ["TRL_DEMO", "TRLRun", "main", "run_trl_demo"]

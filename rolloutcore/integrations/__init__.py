@@ -1,0 +1,1 @@
+"""Adoption glue for the trainers RL teams already run (TRL)."""
