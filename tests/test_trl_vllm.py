@@ -7,15 +7,11 @@ trace, behaviour logprobs against TRL's model to 1e-4 nats, the reward rising)."
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from rolloutcore.conformance.demos.rl_run import RLConfig
 from rolloutcore.conformance.fixtures.server_pool import ServerPool
-from rolloutcore.errors import BadInput
-from rolloutcore.integrations.trl import SAMPLE_FIELDS, TRLBridge
-from rolloutcore.rl import Sampling
 
 pytestmark = pytest.mark.vllm
 
@@ -42,21 +38,31 @@ def test_trl_grpo_learns_through_verified_publishes(tmp_path: Path,
     assert any(s["serving"] == ["e0"] for s in result.steps)  # e1 quarantined meanwhile
 
 
-class _Client:
-    logprobs_mode = "raw_logprobs"
+def test_trls_sync_sequence_with_a_rollout_in_flight_mixes_policies(
+        tmp_path: Path, vllm_pool: ServerPool) -> None:
+    """The negative control: TRL's calls (keep-mode pause, in-place load, a prefix reset
+    judged by its HTTP status, resume) with a rollout in flight. The rollout, stamped v1,
+    has v1's tokens before the load and tokens that are neither v1's nor v2's after it
+    (v2 continued on v1's KV; the reset was refused with HTTP 200). Its twin is the TRL
+    run above, where every token agrees with TRL's model."""
+    from rolloutcore.conformance.demos.trl_control import keep_pause_sync
+    from rolloutcore.conformance.fixtures.tiny_model import DEFAULT_OUT, build_models
+    from rolloutcore.conformance.fleet_scenarios import FleetRig
 
-
-def test_the_bridge_refuses_a_batch_that_does_not_repeat_each_prompt() -> None:
-    """TRL repeats each prompt num_generations times in a row; anything else is not a
-    batch of groups, and nothing is generated for it."""
-    bridge = TRLBridge(_Client(), None, num_generations=2,  # type: ignore[arg-type]
-                       sampling=Sampling(max_tokens=4))
-    trainer: Any = None
-    with pytest.raises(BadInput, match="groups of num_generations"):
-        bridge.rollout_func([[5, 6], [5, 6], [7]], trainer)
-    with pytest.raises(BadInput, match="repeat each prompt"):
-        bridge.rollout_func([[5, 6], [7, 8]], trainer)
-    with pytest.raises(BadInput):
-        TRLBridge(_Client(), None, num_generations=0,  # type: ignore[arg-type]
-                  sampling=Sampling(max_tokens=4))
-    assert set(SAMPLE_FIELDS) >= {"generation", "identity"}
+    models = build_models(DEFAULT_OUT)
+    rig = FleetRig.vllm(models, tmp_path, 2, pool=vllm_pool)
+    try:
+        name = rig.names[0]
+        ev = keep_pause_sync(rig.engines[name], {g: rig.targets(g)[name] for g in (1, 2)},
+                             models)
+    finally:
+        rig.restore()
+        rig.close()
+    verdicts = ev["verdicts"]
+    # v1 sampled the tokens up to the load (at least those streamed before the pause; the
+    # engine may have run a step or two more before the pause reached it), and none after
+    switch = next(i for i, v in enumerate(verdicts) if v != "v1")
+    assert switch >= ev["tokens_before_load"] >= 1, ev
+    assert "v1" not in verdicts[switch:], ev  # the policy changed under the rollout
+    assert verdicts.count("neither") > 0, ev  # v2's weights on v1's KV: a stale prefix
+    assert ev["reset_http_status"] == 200 and ev["reset_success"] is False, ev

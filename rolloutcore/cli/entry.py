@@ -492,7 +492,7 @@ def _demo(args: argparse.Namespace) -> int:
             import trl  # noqa: F401
         except ImportError:
             return _cannot_run(args, "cannot run the TRL demo: TRL is not installed "
-                               "(make install installs it)")
+                               "(make demo and make test install it)")
         from rolloutcore.conformance.demos.trl_run import main as trl_demo_main
 
         return trl_demo_main(as_json=args.json, cfg=cfg)
