@@ -71,6 +71,12 @@ elif mode == "chain":
     r = verify_chain(sys.argv[2])
     print(json.dumps({"seconds": time.perf_counter() - t0, "accepted": r.ok,
                       "records": r.records - 1, "message": r.reason}))
+elif mode == "untimed":  # the same check with its timing check taken out: its cost
+    from rolloutcore.check.trace import TraceChecker
+    TraceChecker._timing = lambda self, r, line: None
+    t0 = time.perf_counter()
+    v = check_file(sys.argv[2])
+    print(json.dumps({"seconds": time.perf_counter() - t0, **v.as_json()}))
 elif mode == "fleet":
     from rolloutcore.check.fleet_trace import check_fleet_file
     t0 = time.perf_counter()
@@ -163,15 +169,25 @@ def _admit_release(c: Controller, ids: list[str], rng: random.Random) -> None:
         c.release(rid, {"tokens": 1 + rng.randrange(4096)})
 
 
+class _Deadlined(Controller):
+    """Every begin states a deadline, as the runner's do (the trace checker's timing check
+    then has something to check on every attempt)."""
+
+    def fire(self, trigger: str, param: Any = None, detail: Any = None) -> Any:
+        if trigger.endswith("_begin"):
+            detail = {**(detail or {}), "deadline_s": 30.0}
+        return super().fire(trigger, param, detail)
+
+
 def build_cycles_journal(path: Path, cycles: int, lo: int, hi: int, *,
                          seed: int = 0) -> dict[str, Any]:
     """``cycles`` update cycles back to back (every third with failed attempts and
     retries), each after ``lo``..``hi`` rollouts bound at once and released: the length of
-    an RL run that publishes every step."""
+    an RL run that publishes every step. Every begin states its deadline."""
     rng = random.Random(seed)
     n = 0
     with Journal(path, fsync=False, clock=FixedClock()) as j:
-        c = Controller(trace=j)
+        c = _Deadlined(trace=j)
         bootstrap(c)
         for i in range(cycles):
             k = rng.randint(lo, hi)
@@ -236,6 +252,11 @@ def run_cycles(cycles: int, fleet_cycles: int, members: int, lo: int, hi: int,
         assert r["accepted"], f"{row} rejected: {r['message']}"
         rows.append({**row, "seconds": r["seconds"], "peak_rss_mb": r["peak_rss_mb"],
                      "us_per_record": r["seconds"] / row["records"] * 1e6})
+        if row["checker"] == "engine":  # the timing check's cost: the same file without it
+            u = measure(path, "untimed")
+            assert u["accepted"], u["message"]
+            rows[-1]["untimed_seconds"] = u["seconds"]
+            rows[-1]["timing_cost_ratio"] = r["seconds"] / u["seconds"]
         path.unlink()
     return rows
 
@@ -321,6 +342,10 @@ def render(result: dict[str, Any]) -> str:
                      f"{x['seconds']:>8.2f} {x['us_per_record']:>9.1f} "
                      f"{x['peak_rss_mb']:>11.1f}  goal < {GOAL_CYCLES_S:.0f} s and < "
                      f"{GOAL_CYCLES_MB:.0f} MB: {'met' if met else 'NOT met'}")
+        if "timing_cost_ratio" in x:
+            lines.append(f"{'':>8} the deadline check (every begin states one): "
+                         f"{x['seconds']:.2f} s with it / {x['untimed_seconds']:.2f} s "
+                         f"without = {x['timing_cost_ratio']:.3f}x")
     g = r.get("goal")
     if g is not None:
         lines.append(f"goal: K={g['k']}, {g['records']:,} records in < {g['goal_seconds']:.0f} s "

@@ -84,3 +84,35 @@ def test_a_call_that_ignores_its_deadline_leaves_a_journal_strict_rejects(
     assert check_file(journal).accepted
     strict = check_file(journal, strict=True)
     assert not strict.accepted and strict.violated == "DeadlineExceeded", strict
+
+
+def test_a_closed_window_longer_than_its_declared_deadlines_is_caught(
+        tmp_path: Path) -> None:
+    """Every attempt in time, but admissions stay closed longer than the request's drain
+    plus every attempt's deadline (the controller sat between its last outcome and the
+    publish): a warning by default, rejected with --strict, naming the window."""
+    simulate(1, journal=tmp_path / "j.jsonl", fsync=False)
+    header, *records = [json.loads(x) for x in (tmp_path / "j.jsonl").read_text().splitlines()]
+    start = next(i for i, r in enumerate(records) if r.get("step") == "request_update")
+    publish = next(i for i, r in enumerate(records) if r.get("step") == "publish")
+    window = records[start:publish]
+    budget = records[start]["detail"]["drain_s"] + sum(
+        r["detail"]["deadline_s"] for r in window if r.get("type") == "invoke")
+    attempts = sum(r.get("type") == "invoke" for r in window)
+    shift = budget + TIMING_SLACK_S * (attempts + 1) + 1.0
+    for r in records[publish:]:
+        r["t"] = r["t"] + shift
+    late = tmp_path / "late.jsonl"
+    late.write_text("".join(json.dumps(r) + "\n" for r in rechain([header, *records])))
+    lenient = check_file(late)
+    assert lenient.accepted and any("past their deadline" in w for w in lenient.warnings)
+    strict = check_file(late, strict=True)
+    assert not strict.accepted and strict.violated == "DeadlineExceeded", strict
+    assert strict.first_bad_line == publish + 2 and "admissions were closed for" in \
+        strict.message, strict
+    # the same delay inside the budget is in time
+    for r in records[publish:]:
+        r["t"] = r["t"] - shift + budget / 2
+    ok = tmp_path / "ok.jsonl"
+    ok.write_text("".join(json.dumps(r) + "\n" for r in rechain([header, *records])))
+    assert check_file(ok, strict=True).accepted

@@ -114,6 +114,9 @@ DETAIL: dict[str, dict[str, Field] | None] = {
         "identity": Field("str", _TARGET_IDENTITY, required=True),
         "probe": _PROBE,
         "checkpoint": Field("str", _CHECKPOINT),
+        "drain_s": Field("num", Info(
+            "how long the drain may wait: the trace checker's closed-window bound adds it "
+            "(timing; a warning unless --strict)")),
     },
     Trigger.CANCEL_UPDATE: {"reason": _REASON,
                             "target": Field("str", _TARGET_LABEL, required=True),

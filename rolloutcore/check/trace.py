@@ -287,11 +287,16 @@ class TraceChecker:
     #: Reject (True) or report (False: warnings) an outcome written later than its
     #: attempt's declared deadline plus TIMING_SLACK_S.
     strict_timing: bool = False
+    #: Hold each closed window (admissions closed for an update) to its attempts' declared
+    #: deadlines. Off for a fleet's members: a member waits for the fleet's decision too.
+    window_check: bool = True
     late: list[str] = field(default_factory=list)  # the first few late outcomes, in words
     late_count: int = 0
 
     def __post_init__(self) -> None:
         self._began: tuple[int, float, float] | None = None  # (line, t, deadline_s)
+        #: The closed window under way: (line, t, its attempts' deadlines, attempts).
+        self._window: tuple[int, float, float, int] | None = None
         self.spec = self.spec.with_bounds(Bounds(rollouts=1, generations=UNBOUNDED,
                                                  faults=UNBOUNDED))
         self.types = jepsen_types(self.spec)
@@ -329,7 +334,7 @@ class TraceChecker:
         out.claims = self.claims.copy()
         out._admitted = {}
         out.late = list(self.late)
-        return out
+        return out  # (the timing fields are tuples: shared safely)
 
     # ------------------------------------------------------------------ representation
 
@@ -439,9 +444,50 @@ class TraceChecker:
         return None
 
     def _timing(self, r: Mapping[str, Any], line: int) -> str | None:
-        """Why outcome ``r`` came later than its attempt's declared deadline plus the
-        slack (None: in time, or nothing declared). A begin with ``deadline_s`` starts
-        the clock; the next outcome or restart stops it."""
+        """Why record ``r`` came too late (None: in time, or nothing declared): an outcome
+        later than its attempt's declared deadline plus the slack (a begin with
+        ``deadline_s`` starts the clock; the next outcome or restart stops it), or the end
+        of a closed window later than the sum of its attempts' deadlines plus the slack
+        per attempt and one more (:meth:`_closed_window`)."""
+        return self._attempt_timing(r, line) or self._closed_window(r, line)
+
+    def _closed_window(self, r: Mapping[str, Any], line: int) -> str | None:
+        """Admissions close at ``request_update`` and reopen (READY) or latch TAINTED
+        after the drain (bounded by the request's ``drain_s``) and the cycle's attempts
+        (each bounded by its declared deadline): the window may last their sum, plus the
+        slack once per attempt and once for the steps between them. A restart ends the
+        window unchecked (the controller was down)."""
+        if not self.window_check:
+            return None
+        t, step, window = r.get("t"), r.get("step"), self._window
+        if not isinstance(t, (int, float)):
+            return None
+        if window is None:
+            if step == Trigger.REQUEST_UPDATE:
+                drain = (r.get("detail") or {}).get("drain_s")
+                self._window = (line, float(t), float(drain) if isinstance(
+                    drain, (int, float)) else 0.0, 0)
+            return None
+        start, t0, budget, attempts = window
+        if r.get("type") == "invoke":
+            d = (r.get("detail") or {}).get("deadline_s")
+            self._window = (start, t0, budget + float(d) if isinstance(d, (int, float))
+                            else budget, attempts + 1)
+            return None
+        if r.get("type") == "recover":
+            self._window = None
+            return None
+        if self.control.phase not in (Phase.READY, Phase.TAINTED):
+            return None
+        self._window = None
+        took, bound = float(t) - t0, budget + TIMING_SLACK_S * (attempts + 1)
+        if took <= bound:
+            return None
+        return (f"admissions were closed for {took:.3f} s (line {start} to {step}): longer "
+                f"than its drain and {attempts} attempts' deadlines ({budget:g} s) plus the "
+                f"slack of {TIMING_SLACK_S:g} s per attempt and one more")
+
+    def _attempt_timing(self, r: Mapping[str, Any], line: int) -> str | None:
         detail, t = r.get("detail"), r.get("t")
         kind = r.get("type")
         if kind == "invoke":
@@ -794,12 +840,13 @@ def check_records(records: Iterable[tuple[int, Mapping[str, Any]]],
 
 
 def timing_warnings(checkers: Iterable[TraceChecker]) -> tuple[str, ...]:
-    """One warning for the outcomes the checkers saw come past their deadlines."""
+    """One warning for the outcomes (and closed windows) the checkers saw come past their
+    deadlines."""
     late = [x for c in checkers for x in c.late]
     count = sum(c.late_count for c in checkers)
     if not count:
         return ()
-    return (f"{count} outcome(s) came past their deadline plus {TIMING_SLACK_S:g} s "
+    return (f"{count} record(s) came past their deadline plus {TIMING_SLACK_S:g} s "
             f"(--strict rejects them); first: {late[0]}",)
 
 

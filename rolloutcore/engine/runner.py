@@ -296,9 +296,13 @@ class LifecycleRunner:
         # The checkpoint too: a controller that recovers from the journal (a successor
         # after a failover) can then catch members up to a generation decided but not yet
         # published on them.
+        # And how long the drain may wait for bound rollouts: the closed window's first
+        # term (the trace checker holds the window to it plus the attempts' deadlines).
+        drain = self.policy.abort_after_s if self.policy.drain_policy is \
+            DrainPolicy.WAIT_THEN_ABORT else self.policy.drain_timeout_s
         return {**request_detail(target.label, target.identity, target.probe_prompt,
                                  e.probe_tokens, e.probe_logprobs, e.tolerance),
-                "checkpoint": target.source}
+                "checkpoint": target.source, "drain_s": float(drain)}
 
     @staticmethod
     def named(target: WeightTarget) -> dict[str, Any]:
