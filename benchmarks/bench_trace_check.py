@@ -252,11 +252,17 @@ def run_cycles(cycles: int, fleet_cycles: int, members: int, lo: int, hi: int,
         assert r["accepted"], f"{row} rejected: {r['message']}"
         rows.append({**row, "seconds": r["seconds"], "peak_rss_mb": r["peak_rss_mb"],
                      "us_per_record": r["seconds"] / row["records"] * 1e6})
-        if row["checker"] == "engine":  # the timing check's cost: the same file without it
-            u = measure(path, "untimed")
-            assert u["accepted"], u["message"]
-            rows[-1]["untimed_seconds"] = u["seconds"]
-            rows[-1]["timing_cost_ratio"] = r["seconds"] / u["seconds"]
+        if row["checker"] == "engine":  # the timing check's cost: the same file without
+            # it, alternated with it (a burst of load from elsewhere hits both alike)
+            timed, untimed = [r["seconds"]], []
+            for mode in ("untimed", "check", "untimed"):
+                m = measure(path, mode)
+                assert m["accepted"], m["message"]
+                (untimed if mode == "untimed" else timed).append(m["seconds"])
+            rows[-1]["seconds"] = min(timed)
+            rows[-1]["us_per_record"] = min(timed) / row["records"] * 1e6
+            rows[-1]["untimed_seconds"] = min(untimed)
+            rows[-1]["timing_cost_ratio"] = min(timed) / min(untimed)
         path.unlink()
     return rows
 
@@ -343,9 +349,10 @@ def render(result: dict[str, Any]) -> str:
                      f"{x['peak_rss_mb']:>11.1f}  goal < {GOAL_CYCLES_S:.0f} s and < "
                      f"{GOAL_CYCLES_MB:.0f} MB: {'met' if met else 'NOT met'}")
         if "timing_cost_ratio" in x:
-            lines.append(f"{'':>8} the deadline check (every begin states one): "
-                         f"{x['seconds']:.2f} s with it / {x['untimed_seconds']:.2f} s "
-                         f"without = {x['timing_cost_ratio']:.3f}x")
+            lines.append(f"{'':>8} the timing checks (every begin states its deadline; "
+                         f"closed windows): {x['seconds']:.2f} s with them / "
+                         f"{x['untimed_seconds']:.2f} s without = "
+                         f"{x['timing_cost_ratio']:.3f}x (fastest of two each)")
     g = r.get("goal")
     if g is not None:
         lines.append(f"goal: K={g['k']}, {g['records']:,} records in < {g['goal_seconds']:.0f} s "

@@ -22,6 +22,7 @@ from rolloutcore.check.trace import check_file, check_records
 from rolloutcore.cli import main
 from rolloutcore.conformance import forge
 from rolloutcore.conformance.make_traces import TRACES
+from rolloutcore.engine.identity import ADAPTER_JOIN
 from rolloutcore.journal import dumps_line, read_journal, rechain
 
 GOOD = TRACES / "good"
@@ -179,6 +180,34 @@ def test_a_request_without_its_target_is_rejected() -> None:
     del records[i]["detail"]
     ok, violated, message = _verdict(records)
     assert not ok and violated == "Schema" and "lacks target" in message, message
+
+
+def test_an_adapter_update_names_its_adapter_and_base() -> None:
+    """An adapter update is a mutation of its own kind in the journal: the request names
+    the adapter, its identity names base and adapter, on the base the engine serves."""
+    records = _load("update_cycle")
+    i = _at(records, "request_update")
+    boot = next(r for r in records[:i] if r.get("step") == "bootstrap_ok")
+    base = boot["evidence"]["evidence"][0]["identity"]  # the engine's report: what it serves
+    lora = ADAPTER_JOIN + "a" * 64
+    # named as an adapter update, the identity names the base weights alone
+    ok, violated, message = _verdict(_forged(records, i, ("detail", "adapter"), "pol"))
+    assert not ok and violated == "DetailContradictsTarget", message
+    assert "base weights alone" in message
+    # an identity of base and adapter, with no adapter named
+    ok, violated, message = _verdict(_forged(records, i, ("detail", "identity"), base + lora))
+    assert not ok and violated == "DetailContradictsTarget" and "names no adapter" in message
+    # named, on a base the engine does not serve
+    other = _forged(_forged(records, i, ("detail", "adapter"), "pol"), i,
+                    ("detail", "identity"), OTHER + lora)
+    ok, violated, message = _verdict(other)
+    assert not ok and violated == "DetailContradictsCommitted", message
+    # named, on the served base: the request stands (the cycle's later records, which name
+    # the old identity, are what the checker rejects next)
+    named = _forged(_forged(records, i, ("detail", "adapter"), "pol"), i,
+                    ("detail", "identity"), base + lora)
+    v = check_records(enumerate(rechain(named), start=1))
+    assert not v.accepted and v.first_bad_line is not None and v.first_bad_line > i + 1, v
 
 
 def _write(path: Path, records: list[dict[str, Any]]) -> Path:

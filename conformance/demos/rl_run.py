@@ -187,6 +187,32 @@ class RLRun:
         return Fleet([(n, self.adapters[n], urls[n]) for n in self.rig.engines],
                      journal=journal, min_serving=1, policy=policy, fsync=False)
 
+    def _open(self, model_dir: Path, weights: dict[str, torch.Tensor]) -> tuple[
+            Fleet, Gateway, Publisher, str, dict[int, str]]:
+        """The rig's servers as a fleet on v1 behind a gateway, and a publisher of the
+        trainer's live weights (``weights``: the trainer's, checked to be v1's); with the
+        servers' logprobs mode and the identity of each generation so far."""
+        sources = LiveSources()
+        fleet = self._fleet(sources)
+        boot = fleet.bootstrap(self.rig.targets(1))
+        self.check("both servers bootstrap on v1 and the fleet opens",
+                   all(o.trigger == Trigger.BOOTSTRAP_OK for o in boot.values())
+                   and fleet.phase == FleetPhase.READY, {n: o.trigger for n, o in boot.items()})
+        v1 = self.rig.targets(1)[self.rig.names[0]]
+        self.check("the trainer starts from the weights the servers loaded (identity of v1)",
+                   state_identity(weights) == v1.identity)
+        refs = load_references(model_dir)
+        probe = next(p for p in refs["probes"] if p["name"] == "long")
+        mode = engine_logprobs_mode(self.rig.urls().values())
+        self.check(f"the servers report raw logprobs (logprobs_mode {mode}): the policy's own "
+                   "log-softmax at temperature 1", mode == "raw_logprobs", mode)
+        gw = Gateway(fleet, GatewayConfig(model="tiny", queue_wait_s=300.0),
+                     target_of=_no_checkpoints)
+        publisher = Publisher(fleet, sources, probe_prompt=probe["prompt_token_ids"],
+                              probe_tokens=len(probe["output_token_ids"]),
+                              eos_id=refs.get("eos_token_id"), gateway=gw)
+        return fleet, gw, publisher, mode, {1: v1.identity}
+
     def run(self) -> RLResult:
 
 
@@ -202,26 +228,7 @@ class RLRun:
         hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # one line per step
         model = load_model(models["v1"])
         trainer = GRPOTrainer(model, lr=cfg.lr)
-        sources = LiveSources()
-        fleet = self._fleet(sources)
-        boot = fleet.bootstrap(self.rig.targets(1))
-        self.check("both servers bootstrap on v1 and the fleet opens",
-                   all(o.trigger == Trigger.BOOTSTRAP_OK for o in boot.values())
-                   and fleet.phase == FleetPhase.READY, {n: o.trigger for n, o in boot.items()})
-        v1 = self.rig.targets(1)[self.rig.names[0]]
-        self.check("the trainer starts from the weights the servers loaded (identity of v1)",
-                   state_identity(trainer.state_dict()) == v1.identity)
-        identities = {1: v1.identity}
-        refs = load_references(models["v1"])
-        probe = next(p for p in refs["probes"] if p["name"] == "long")
-        mode = engine_logprobs_mode(self.rig.urls().values())
-        self.check(f"the servers report raw logprobs (logprobs_mode {mode}): the policy's own "
-                   "log-softmax at temperature 1", mode == "raw_logprobs", mode)
-        gw = Gateway(fleet, GatewayConfig(model="tiny", queue_wait_s=300.0),
-                     target_of=_no_checkpoints)
-        publisher = Publisher(fleet, sources, probe_prompt=probe["prompt_token_ids"],
-                              probe_tokens=len(probe["output_token_ids"]),
-                              eos_id=refs.get("eos_token_id"), gateway=gw)
+        fleet, gw, publisher, mode, identities = self._open(models["v1"], trainer.state_dict())
         batch = cfg.groups_per_step * cfg.samples_per_group
         buffer = RolloutBuffer(max_lag=cfg.max_lag,
                                max_samples=cfg.buffer_samples or batch + batch // 2)
@@ -408,19 +415,21 @@ def write_pictures(result: RLResult, lags: dict[int, int], out: Path) -> list[Pa
                         if result.records else None, steps=result.steps, lags=lags or None)
 
 
-def run_rl_demo(cfg: RLConfig, artifacts: Path, say: Say, *, pool: Any = None) -> RLResult:
-    """Start the servers (or lease them from ``pool``), run, check, draw."""
+def run_rl_demo(cfg: RLConfig, artifacts: Path, say: Say, *, pool: Any = None,
+                runner: type[RLRun] = RLRun, name: str = "rl-demo") -> RLResult:
+    """Start the servers (or lease them from ``pool``), run (``runner``: make demo's own
+    trainer, or TRL's), check, draw; the artifacts go under ``artifacts/name-<time>``."""
     from rolloutcore.conformance.fixtures.tiny_model import DEFAULT_OUT, build_models
     from rolloutcore.conformance.fleet_scenarios import FleetRig
 
-    work = artifacts / time.strftime("rl-demo-%Y%m%d-%H%M%S")
+    work = artifacts / time.strftime(f"{name}-%Y%m%d-%H%M%S")
     work.mkdir(parents=True, exist_ok=True)
     say(f"== building the tiny model and starting {cfg.engines} vLLM servers (under {work})")
     t0 = time.perf_counter()
     rig = FleetRig.vllm(build_models(DEFAULT_OUT), work, cfg.engines, pool=pool)
     say(f"   {cfg.engines} servers up in {time.perf_counter() - t0:.0f} s: "
         + ", ".join(f"{n}={u}" for n, u in rig.urls().items()))
-    run = RLRun(cfg, rig, work, say)
+    run = runner(cfg, rig, work, say)
     try:
         run.run()
     except Exception as e:  # reported as the run's failure, with what was measured
@@ -437,12 +446,13 @@ def run_rl_demo(cfg: RLConfig, artifacts: Path, say: Say, *, pool: Any = None) -
             say(f"== pictures: {work / 'report' / 'index.html'}")
         except Exception as e:
             run.check("the pictures were written", False, f"{type(e).__name__}: {e}")
-    (work / "rl-demo.json").write_text(json.dumps(result.as_json(), indent=2, default=str))
+    (work / f"{name}.json").write_text(json.dumps(result.as_json(), indent=2, default=str))
     return result
 
 
 def main(*, as_json: bool = False, artifacts: Path | None = None,
-         cfg: RLConfig | None = None) -> int:
+         cfg: RLConfig | None = None, runner: type[RLRun] = RLRun,
+         name: str = "rl-demo") -> int:
     from rolloutcore.conformance.demos.lifecycle_story import DEFAULT_ARTIFACTS
 
     stream = sys.stderr if as_json else sys.stdout
@@ -451,7 +461,8 @@ def main(*, as_json: bool = False, artifacts: Path | None = None,
         print(text, file=stream, flush=True)
 
     t0 = time.perf_counter()
-    result = run_rl_demo(cfg or RLConfig(), artifacts or DEFAULT_ARTIFACTS, say)
+    result = run_rl_demo(cfg or RLConfig(), artifacts or DEFAULT_ARTIFACTS, say,
+                         runner=runner, name=name)
     if result.error:
         say(f"error: {result.error}")
     if as_json:

@@ -18,11 +18,9 @@ behaviour logprobs against TRL's model recomputing them.
 from __future__ import annotations
 
 import collections
-import json
 import os
 import random
 import statistics
-import sys
 import threading
 import time
 import warnings
@@ -32,25 +30,15 @@ from typing import Any
 import torch
 
 from rolloutcore.conformance.demos.grpo import TrainSample, load_model, token_logprobs
-from rolloutcore.conformance.demos.rl_run import (
-    RLConfig,
-    RLResult,
-    RLRun,
-    Say,
-    _no_checkpoints,
-    write_pictures,
-)
+from rolloutcore.conformance.demos.rl_run import RLConfig, RLResult, RLRun, Say, run_rl_demo
+from rolloutcore.conformance.demos.rl_run import main as rl_main
 from rolloutcore.conformance.demos.task import SuccessorTask
 from rolloutcore.conformance.fixtures.tiny_model import DEFAULT_OUT, build_models
 from rolloutcore.conformance.fleet_scenarios import kill_midway
-from rolloutcore.engine.targets import load_references
-from rolloutcore.gateway.core import Gateway, GatewayConfig
 from rolloutcore.gateway.server import ServerThread
 from rolloutcore.integrations.trl import TRLBridge
-from rolloutcore.rl import Group, RolloutClient, Sampling, engine_logprobs_mode
-from rolloutcore.rl.publish import Published, Publisher
-from rolloutcore.rl.weights import LiveSources, state_identity
-from rolloutcore.spec.fleet import FleetPhase
+from rolloutcore.rl import Group, RolloutClient, Sampling
+from rolloutcore.rl.publish import Published
 from rolloutcore.spec.triggers import Trigger
 
 #: TRL's defaults this run changes, each for a reason: fp32 on CPU (TRL defaults to bf16,
@@ -85,25 +73,8 @@ class TRLRun(RLRun):
         hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
         model = load_model(models["v1"])
         tokenizer = AutoTokenizer.from_pretrained(str(models["v1"]))
-        fleet = self._fleet(sources := LiveSources())
-        boot = fleet.bootstrap(self.rig.targets(1))
-        self.check("both servers bootstrap on v1 and the fleet opens",
-                   all(o.trigger == Trigger.BOOTSTRAP_OK for o in boot.values())
-                   and fleet.phase == FleetPhase.READY, {n: o.trigger for n, o in boot.items()})
-        v1 = self.rig.targets(1)[self.rig.names[0]]
-        self.check("TRL starts from the weights the servers loaded (identity of v1)",
-                   state_identity(dict(model.state_dict())) == v1.identity)
-        self.identities = {1: v1.identity}
-        refs = load_references(models["v1"])
-        probe = next(p for p in refs["probes"] if p["name"] == "long")
-        mode = engine_logprobs_mode(self.rig.urls().values())
-        self.check(f"the servers report raw logprobs (logprobs_mode {mode}): what TRL's "
-                   "model computes at temperature 1", mode == "raw_logprobs", mode)
-        gw = Gateway(fleet, GatewayConfig(model="tiny", queue_wait_s=300.0),
-                     target_of=_no_checkpoints)
-        publisher = Publisher(fleet, sources, probe_prompt=probe["prompt_token_ids"],
-                              probe_tokens=len(probe["output_token_ids"]),
-                              eos_id=refs.get("eos_token_id"), gateway=gw)
+        fleet, gw, publisher, mode, self.identities = self._open(
+            models["v1"], dict(model.state_dict()))
         records = self.work / "trl-records.jsonl"
         records.unlink(missing_ok=True)
         self.result.records = str(records)
@@ -233,52 +204,14 @@ def _version(package: str) -> str:
 
 def run_trl_demo(cfg: RLConfig, artifacts: Path, say: Say, *, pool: Any = None) -> RLResult:
     """Start the servers (or lease them from ``pool``), train with TRL, check, draw."""
-    from rolloutcore.conformance.fleet_scenarios import FleetRig
-
-    work = artifacts / time.strftime("trl-demo-%Y%m%d-%H%M%S")
-    work.mkdir(parents=True, exist_ok=True)
-    say(f"== building the tiny model and starting {cfg.engines} vLLM servers (under {work})")
-    rig = FleetRig.vllm(build_models(DEFAULT_OUT), work, cfg.engines, pool=pool)
-    run = TRLRun(cfg, rig, work, say)
-    try:
-        run.run()
-    except Exception as e:  # reported as the run's failure, with what was measured
-        run.result.error = f"{type(e).__name__}: {e}"
-    finally:
-        if pool is not None:
-            rig.restore()
-        rig.close()
-    result = run.result
-    if result.journal and Path(result.journal).exists() and result.steps:
-        try:
-            result.pictures = [str(p) for p in write_pictures(result, {}, work / "report")]
-            say(f"== pictures: {work / 'report' / 'index.html'}")
-        except Exception as e:
-            run.check("the pictures were written", False, f"{type(e).__name__}: {e}")
-    (work / "trl-demo.json").write_text(json.dumps(result.as_json(), indent=2, default=str))
-    return result
+    return run_rl_demo(cfg, artifacts, say, pool=pool, runner=TRLRun, name="trl-demo")
 
 
 def main(*, as_json: bool = False, artifacts: Path | None = None,
          cfg: RLConfig | None = None) -> int:
-    from rolloutcore.conformance.demos.lifecycle_story import DEFAULT_ARTIFACTS
-
-    stream = sys.stderr if as_json else sys.stdout
-
-    def say(text: str) -> None:
-        print(text, file=stream, flush=True)
-
-    t0 = time.perf_counter()
-    result = run_trl_demo(cfg or TRL_DEMO, artifacts or DEFAULT_ARTIFACTS, say)
-    if result.error:
-        say(f"error: {result.error}")
-    if as_json:
-        print(json.dumps(result.as_json(), indent=2, sort_keys=True, default=str))
-    say(f"\n{'PASS' if result.passed else 'FAIL'} ({time.perf_counter() - t0:.0f} s)")
-    return 0 if result.passed else 1
+    """``rolloutcore demo --trl`` (the full run: make demo's size, 30 steps)."""
+    return rl_main(as_json=as_json, artifacts=artifacts, cfg=cfg, runner=TRLRun,
+                   name="trl-demo")
 
 
-#: The full TRL run (``rolloutcore demo --trl``).
-TRL_DEMO = RLConfig(steps=30, fault_step=15)
-
-__all__ = ["TRL_DEMO", "TRLRun", "main", "run_trl_demo"]
+__all__ = ["TRLRun", "main", "run_trl_demo"]

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rolloutcore.engine.identity import ADAPTER_JOIN
 from rolloutcore.spec.lifecycle import SPEC, TIERS, Kind, Phase, Result
 from rolloutcore.spec.triggers import OUTCOMES, Trigger
 
@@ -114,6 +115,9 @@ DETAIL: dict[str, dict[str, Field] | None] = {
         "identity": Field("str", _TARGET_IDENTITY, required=True),
         "probe": _PROBE,
         "checkpoint": Field("str", _CHECKPOINT),
+        "adapter": Field("str", Claim(
+            "the LoRA adapter an adapter update installs (served under that name): the "
+            "identity then names base and adapter, on the base the engine serves")),
         "drain_s": Field("num", Info(
             "how long the drain may wait: the trace checker's closed-window bound adds it "
             "(timing; a warning unless --strict)")),
@@ -624,6 +628,9 @@ class Claims:
             ref = Reference.of_request(d)
             if isinstance(ref, str):
                 return "Schema", ref
+            adapter = self._adapter_request(d)
+            if adapter:
+                return adapter
         elif step in (Trigger.MUTATE_BEGIN, Trigger.PUBLISH, Trigger.CANCEL_UPDATE):
             key = "label" if step == Trigger.PUBLISH else "target"
             named = self._names(self.target, d.get(key), d.get("identity"), step,
@@ -643,6 +650,30 @@ class Claims:
                                                f"the controller in {phase.value}")
         if "evidence" in r:
             return self._decision(step, r["evidence"], d)
+        return None
+
+    def _adapter_request(self, d: Mapping[str, Any]) -> tuple[str, str] | None:
+        """An adapter update is a mutation of its own kind: the request names the adapter
+        (``adapter``), its identity names base and adapter, and the base is the one the
+        engine serves (an adapter update never changes the base weights). A request that
+        names no adapter changes the base weights: its identity names none."""
+        identity, name = str(d.get("identity")), d.get("adapter")
+        base, sep, digest = identity.partition(ADAPTER_JOIN)
+        if name is None:
+            if sep:
+                return "DetailContradictsTarget", (
+                    f"request_update names no adapter but identity {identity[:24]}... "
+                    f"names base and adapter {digest[:16]}")
+            return None
+        if not sep or not digest:
+            return "DetailContradictsTarget", (
+                f"request_update names adapter {name!r} but its identity {identity[:24]} "
+                "names the base weights alone")
+        served = self.committed.identity.partition(ADAPTER_JOIN)[0] \
+            if self.committed is not None else None
+        if served is not None and served != base:
+            return "DetailContradictsCommitted", (
+                f"adapter {name!r} on base {base[:16]}; the engine serves base {served[:16]}")
         return None
 
     def _names(self, ref: Reference | None, label: Any, identity: Any, step: str,

@@ -302,7 +302,8 @@ class LifecycleRunner:
             DrainPolicy.WAIT_THEN_ABORT else self.policy.drain_timeout_s
         return {**request_detail(target.label, target.identity, target.probe_prompt,
                                  e.probe_tokens, e.probe_logprobs, e.tolerance),
-                "checkpoint": target.source, "drain_s": float(drain)}
+                "checkpoint": target.source, "drain_s": float(drain),
+                **({"adapter": target.adapter} if target.adapter is not None else {})}
 
     @staticmethod
     def named(target: WeightTarget) -> dict[str, Any]:
