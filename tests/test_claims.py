@@ -33,8 +33,8 @@ def journals(tmp_path_factory: pytest.TempPathFactory) -> list[forge.Journal_]:
     return forge.all_journals(tmp_path_factory.mktemp("forge"))
 
 
-@pytest.mark.parametrize("stride", [pytest.param(1, marks=pytest.mark.deep), 3],
-                         ids=["every", "every-third"])
+@pytest.mark.parametrize("stride", [pytest.param(1, marks=pytest.mark.deep), 5],
+                         ids=["every", "every-fifth"])
 def test_no_forged_claim_is_accepted(journals: list[forge.Journal_], stride: int) -> None:
     """Every single-field forgery of every good journal is rejected, or its field is one
     the claims module declares informational (the table is printed); make check tries

@@ -55,7 +55,7 @@ def _fleet(tmp: Path, mode: str) -> Fleet:
 REPORT_EVERY = 400
 
 
-@pytest.mark.parametrize("mode", ("strict", "rolling"))
+@pytest.mark.parametrize("mode", ("strict", pytest.param("rolling", marks=pytest.mark.deep)))
 def test_many_threads_admit_release_read_audit_report_and_update(
         tmp_path: Path, tiny_switch_interval: None, mode: str) -> None:
     fleet = _fleet(tmp_path, mode)

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, currently_in_test_context, note, settings
@@ -590,10 +591,17 @@ class RunnerWithFaults(RuleBasedStateMachine):
             self.tmp.cleanup()
 
 
+_FAULT_SETTINGS: dict[str, Any] = {
+    "stateful_step_count": 12, "deadline": None, "database": None, "derandomize": True,
+    "suppress_health_check": list(HealthCheck)}
+#: make check's size; make test runs the deeper search below too.
 TestRunnerWithFaults = RunnerWithFaults.TestCase
-TestRunnerWithFaults.settings = settings(max_examples=60, stateful_step_count=12, deadline=None,
-                                         database=None, derandomize=True,
-                                         suppress_health_check=list(HealthCheck))
+TestRunnerWithFaults.settings = settings(max_examples=25, **_FAULT_SETTINGS)
+
+
+@pytest.mark.deep
+class TestRunnerWithFaultsDeep(RunnerWithFaults.TestCase):
+    settings = settings(max_examples=60, **_FAULT_SETTINGS)
 
 
 # The same model, toured deterministically: every fault of FAULT_MATRIX in a
