@@ -238,7 +238,7 @@ def build_fleet_journal(path: Path, members: int, cycles: int, lo: int, hi: int,
 
 
 def run_cycles(cycles: int, fleet_cycles: int, members: int, lo: int, hi: int,
-               tmp: Path) -> list[dict[str, Any]]:
+               tmp: Path, *, timing_cost: bool = True) -> list[dict[str, Any]]:
     """Checker time and memory against run length: each journal checked once in a fresh
     process (``fleet`` journals by the fleet checker)."""
     rows = []
@@ -252,8 +252,9 @@ def run_cycles(cycles: int, fleet_cycles: int, members: int, lo: int, hi: int,
         assert r["accepted"], f"{row} rejected: {r['message']}"
         rows.append({**row, "seconds": r["seconds"], "peak_rss_mb": r["peak_rss_mb"],
                      "us_per_record": r["seconds"] / row["records"] * 1e6})
-        if row["checker"] == "engine":  # the timing check's cost: the same file without
-            # it, alternated with it (a burst of load from elsewhere hits both alike)
+        if timing_cost and row["checker"] == "engine":
+            # The timing checks' cost: the same file without them, alternated with it (a
+            # burst of load from elsewhere hits both alike).
             timed, untimed = [r["seconds"]], []
             for mode in ("untimed", "check", "untimed"):
                 m = measure(path, mode)
@@ -377,12 +378,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cycle-rollouts", type=int, nargs=2, default=[4, 100],
                     metavar=("LO", "HI"), help="rollouts bound before each cycle")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--timing-cost", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time the engine journal's check without its timing checks "
+                    "(three more checks: the ratio)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-trace-check-") as tmp:
         result = run(sorted(args.bound), sorted(args.records), Path(tmp), args.repeat) \
             if args.bound else {"rows": [], "baseline_rss_mb": baseline_rss_mb(), "repeat": 0}
         result["cycle_rows"] = run_cycles(args.cycles, args.fleet_cycles, args.members,
-                                          *args.cycle_rollouts, Path(tmp)) \
+                                          *args.cycle_rollouts, Path(tmp),
+                                          timing_cost=args.timing_cost) \
             if args.cycles else []
     result["ratios"] = ratios(result)
     print(json.dumps(result, indent=2) if args.json else render(result))
