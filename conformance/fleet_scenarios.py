@@ -78,12 +78,19 @@ class FleetRig:
         from rolloutcore.conformance.engines import VllmHarnessEngine
         from rolloutcore.conformance.transfer_scenarios import GLOO
 
+        if n < 2:  # before anything is leased or started: a raise leaks nothing
+            raise ValueError("a fleet rig needs at least two engines")
         names = cls.member_names(n)
         if pool is not None:
             servers = pool.lease(n)
-            return cls({name: VllmHarnessEngine(srv, models, work_dir=work / name,
-                                                release=pool.release)
-                        for name, srv in zip(names, servers, strict=True)}, work)
+            try:
+                return cls({name: VllmHarnessEngine(srv, models, work_dir=work / name,
+                                                    release=pool.release)
+                            for name, srv in zip(names, servers, strict=True)}, work)
+            except BaseException:
+                for srv in servers:
+                    pool.release(srv)
+                raise
         with ThreadPoolExecutor(n) as pool:
             futures = {name: pool.submit(VllmHarnessEngine.start, models, work / name,
                                          server_args=GLOO.server_args()) for name in names}
