@@ -1074,6 +1074,11 @@ def run_fleet_scenario(name: str, rig: FleetRig, *,
         result.trace = verdict.message
         ctx.check("the fleet journal passes the fleet trace checker", verdict.accepted,
                   verdict.message)
+        # Time: every call ended within its declared deadline plus the slack, a frozen
+        # member's included (each of its calls ends at its deadline).
+        timed = check_fleet_file(path, strict=True)
+        ctx.check("every call ended within its declared deadline (trace check --strict)",
+                  timed.accepted or not verdict.accepted, timed.message)
     if printer is not None:
         printer(f"fleet {name} [{rig.kind}] {'PASS' if result.passed else 'FAIL'} "
                 f"{result.seconds:.1f}s" + "".join(f"\n    {f}" for f in result.failures()))

@@ -26,9 +26,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rolloutcore.check.claims import Claims, informational, informational_fields, path_name
+from rolloutcore.check.claims import (
+    TIMING_SLACK_S,
+    Claims,
+    informational,
+    informational_fields,
+    path_name,
+)
 from rolloutcore.check.fleet_trace import FleetTraceChecker
-from rolloutcore.check.trace import TraceChecker
+from rolloutcore.check.trace import Rejection, TraceChecker
 from rolloutcore.journal import read_journal, rechain
 
 Record = dict[str, Any]
@@ -442,6 +448,45 @@ CROSS_FORGERS: dict[str, Callable[[list[Record]], tuple[list[Record], int] | Non
     "rollout_on_two_members": rollout_on_two_members,
     "outcome_adopted_after_takeover": outcome_adopted_after_takeover,
 }
+
+
+# ------------------------------------------------------------------ timestamp forgeries
+
+
+def late_outcomes(j: Journal_) -> Iterator[tuple[int, list[Record]]]:
+    """Timestamp forgeries of ``j``: for every begin that declares its deadline
+    (``deadline_s``) and has a record after it, every later record dated
+    ``TIMING_SLACK_S`` + 1 s past that deadline (the clock shifted whole, so it stays
+    monotone), sealed again: the call's outcome comes too late. ``--strict`` must reject
+    each (DeadlineExceeded), the default check accept it with a warning."""
+    for i, r in enumerate(j.records[:-1]):
+        deadline = (r.get("detail") or {}).get("deadline_s") if r.get("type") == "invoke" \
+            else None
+        if not isinstance(deadline, int | float):
+            continue
+        shift = deadline + TIMING_SLACK_S + 1.0
+        later = [{**x, "t": x["t"] + shift} for x in j.records[i + 1:]]
+        yield i, rechain([*j.records[:i + 1], *later])
+
+
+def timing_verdict(j: Journal_, records: list[Record], *, strict: bool
+                   ) -> tuple[str | None, int]:
+    """What the checker of ``j`` (``strict``: holding outcomes to their deadlines) says of
+    ``records``: the property it rejects them by (None: accepted), and how many late
+    outcomes it reported."""
+    checker = _seeded(j)
+    checker.strict_timing = strict
+    for line, rec in enumerate(records, start=1):
+        bad = checker.feed(rec, line)
+        if bad is not None:
+            return (bad.violated if isinstance(bad, Rejection) else bad[0]), len(_lates(checker))
+    return (None if _ends_well(checker) else "End"), len(_lates(checker))
+
+
+def _lates(checker: Checker) -> list[str]:
+    if isinstance(checker, FleetTraceChecker):
+        return [x for m in checker.members.values() for x in m.late]
+    return checker.late
 
 
 def all_journals(tmp: Path) -> list[Journal_]:

@@ -261,6 +261,15 @@ Next ==
 
 Spec == Init /\ [][Next]_vars
 
+\* The spec with its fairness assumptions (liveness is checked under it).
+FairSpec == Spec
+    /\ WF_vars(Expire)  \* LeasesExpire
+    /\ \A ep \in 1..MaxEpoch : SF_vars(\E m \in net : m[2] = ep /\ Deliver(m))  \* EffectsLand
+    /\ \A c \in Ctls :
+        /\ SF_vars(Campaign(c) \/ (\E e \in Engines : Fence(c, e)) \/ (\E e \in Engines : FenceRefused(c, e)) \/ (\E e \in Engines : Verify(c, e)) \/ (\E e \in Engines : Readmit(c, e)) \/ (\E e \in Engines : Repair(c, e)) \/ (\E e \in Engines : \E d \in BOOLEAN : Relabel(c, e, d)) \/ (\E e \in Engines : \E d \in BOOLEAN : Resume(c, e, d)) \/ (\E e \in Engines : Ready(c, e)) \/ (\E e \in Engines : Drained(c, e)) \/ (\E e \in Engines : \E d \in BOOLEAN : Pause(c, e, d)) \/ (\E e \in Engines : \E d \in BOOLEAN : Mutate(c, e, d)) \/ (\E e \in Engines : Validate(c, e)) \/ Reply(c))  \* ControllerMoves
+        /\ SF_vars(Deposed(c))  \* LeaseClockRunsOut
+        /\ WF_vars(Thaw(c))  \* PausesEnd
+
 \* ---- invariants
 \* A rollout bound on an engine runs on the weights it was admitted under, whoever leads and whatever a deposed controller sent.
 NoRolloutCrossesMutation ==
@@ -287,5 +296,18 @@ NoDeposedEffectLands ==
 \* An engine's fence never goes down.
 FencesOnlyRise ==
     [][\A e \in Engines : eng'[e].seen >= eng[e].seen]_vars
+
+\* ---- liveness (under FairSpec)
+\* A leader key whose holder crashed or froze is freed (its lease expires) unless the holder comes back first: a dead leader does not hold the fleet for ever.
+KeyFreedWhenHolderStops ==
+    (leader # 0 /\ (ctl[leader].pc = "standby" \/ ctl[leader].frozen)) ~> (leader = 0 \/ (ctl[leader].pc # "standby" /\ ~ctl[leader].frozen))
+
+\* With no leader key, a standby up and an election left in the bound, a leader is elected.
+LeaderElected ==
+    (leader = 0 /\ issued < MaxEpoch /\ \E c \in Ctls : ctl[c].pc = "standby") ~> (leader # 0)
+
+\* A controller that no longer holds the leader key of its epoch stands down (its appends are refused, its fenced effects too; then it stops sending).
+DeposedStandsDown ==
+    \A c \in Ctls : ((ctl[c].pc # "standby" /\ ~Leads(c))) ~> (ctl[c].pc = "standby")
 
 ==============================================================================

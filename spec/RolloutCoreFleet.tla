@@ -836,6 +836,17 @@ Next ==
 
 Spec == Init /\ [][Next]_vars
 
+\* The fleet with its fairness assumptions (liveness is checked under it).
+FairSpec == Spec
+    /\ SF_vars(FleetOpen \/ FleetPublish \/ FleetAbort \/ FleetClose \/ FleetReopen \/ FleetPublishWave \/ FleetEndWave \/ FleetAbortWave \/ FleetRecover \/ FleetRecoverClosed \/ FleetRaiseFloor)  \* FleetDecides
+    /\ \A n \in Engines :
+        /\ SF_vars(MRequestUpdate(n) \/ MCancelUpdate(n) \/ MPauseBegin(n) \/ MPauseOk(n) \/ MPauseFailed(n) \/ MAbandonUpdate(n) \/ MMutateBegin(n) \/ MMutateOk(n) \/ MMutateOkUnlabelled(n) \/ MMutateOkWrongWeights(n) \/ MMutateOkBroken(n) \/ MMutateRefused(n) \/ MMutateAmbiguous(n) \/ (\E t \in Tiers : MResetBegin(n, t)) \/ (\E t \in Tiers : MResetOk(n, t)) \/ (\E t \in Tiers : MResetFailed(n, t)) \/ MInvalidated(n) \/ MValidateBegin(n) \/ MValidateOk(n) \/ MValidateFailed(n) \/ MValidateMismatch(n) \/ MResumeBegin(n) \/ MResumeOk(n) \/ MResumeFailed(n) \/ MProbeBegin(n) \/ MProbeOk(n) \/ MProbeFailed(n) \/ MProbeMismatch(n) \/ MPublish(n) \/ MReopen(n) \/ MGiveUp(n) \/ MFenceBegin(n) \/ MFenceOk(n) \/ MFenceFailed(n) \/ MReadmitOk(n) \/ MReadmitMismatch(n) \/ MReadmitFailed(n) \/ MAuditOk(n) \/ MAuditMismatch(n) \/ MAuditFailed(n) \/ MRestartReady(n) \/ MRestartTainted(n))  \* MemberMoves
+        /\ SF_vars((\E i \in Slots : MEngineFinish(n, i)))  \* EngineFinishes
+
+\* The operator's steps: a liveness property speaks of behaviours that take
+\* them finitely often.
+OperatorStep == \E n \in Engines : MReadmitBegin(n) \/ MAuditBegin(n) \/ MSuspect(n)
+
 \* ---- fleet invariants
 \* Every member READY on a generation the fleet serves holds that generation's weights: after a publish no two engines serving one generation hold different weights (an engine replaced out of band since it was last verified aside: the next audit finds it).
 ServingMembersAgree ==
@@ -1008,5 +1019,22 @@ MemberEvidenceOnlyWhileClosed ==
                        /\ \A i \in Slots : e.bind[i] = 0
                     \/ /\ e.phase = "READY" /\ e.pending = "audit"
                        /\ e2.evidence = AllEvidence]_vars
+
+\* ---- liveness (under FairSpec, the operator's steps finitely many)
+\* The fleet opens on its first generation: its members start verified on it.
+FleetOpens ==
+    ([]<><<OperatorStep>>_vars) \/ ((fphase = "UNINITIALIZED") ~> (fphase # "UNINITIALIZED"))
+
+\* Every fleet update the trainer asks for ends (published, ended, or aborted; or dropped by a controller crash, whose recovery ends: RecoveryEnds), whatever the clients do with their rollouts and whichever members fail, die or are suspected: a fleet never waits for ever on one member.
+FleetUpdateEnds ==
+    ([]<><<OperatorStep>>_vars) \/ ((fphase \in {"UPDATING", "ROLLING"}) ~> (~(fphase \in {"UPDATING", "ROLLING"})))
+
+\* A controller restarted after a crash reopens the fleet, or keeps it closed by a recorded decision (fleet_recover_closed): it does not wait for ever.
+RecoveryEnds ==
+    ([]<><<OperatorStep>>_vars) \/ ((fphase = "RECOVERING") ~> (fphase # "RECOVERING"))
+
+\* A TAINTED member is fenced (its fence confirmed) unless it leaves TAINTED first, during the fleet's update as outside it.
+MemberTaintedIsFenced ==
+    ([]<><<OperatorStep>>_vars) \/ (\A n \in Engines : (eng[n].phase = "TAINTED" /\ "fenced" \notin eng[n].evidence) ~> (eng[n].phase # "TAINTED" \/ "fenced" \in eng[n].evidence))
 
 ==============================================================================

@@ -10,8 +10,11 @@ from rolloutcore.spec.fleet import JOURNAL_PROPERTIES, FleetSpec
 from rolloutcore.spec.fleet import __doc__ as fleet_doc
 from rolloutcore.spec.lifecycle import Action, Kind, Phase, Spec
 from rolloutcore.spec.mutants import (
+    FAILOVER_LIVENESS_MUTANTS,
     FAILOVER_MUTANTS,
+    FLEET_LIVENESS_MUTANTS,
     FLEET_MUTANTS,
+    LIVENESS_FAILOVER,
     LIVENESS_MUTANTS,
     MUTANTS,
     ROLLING,
@@ -123,6 +126,28 @@ def fleet_section(fleet: FleetSpec, *, states: int, edges: int, rolling_states: 
             f"{c.rollouts} rollout slot(s), {c.faults} other fault(s): **{crash_states} states, "
             f"{crash_edges} edges** (explorer and TLC agree edge for edge; `make test` also "
             "compares a strict fleet of two members, both needed, crashing once)."]
+    out += ["", "### Fleet liveness (under fairness)", "",
+            "Checked by the explorer's fair-cycle search at the default, rolling and crash "
+            "bounds above (member actions told apart by member) and by TLC under the "
+            "module's `FairSpec` at the rolling bounds, one run per property (TLC's "
+            "liveness check grows fast with states and fairness conjuncts: the default "
+            "bounds are the explorer's alone); the verdicts must be equal. A property "
+            "reads `([]<><<OperatorStep>>_vars) \\/ (P ~> Q)`: it speaks of behaviours "
+            "in which the operator's steps ("
+            f"{', '.join(sorted(fleet.finite))}) are finitely many.", ""]
+    for lp in fleet.liveness:
+        each = " (for every member n)" if lp.member else ""
+        out.append(f"- **{lp.name}**{each} (`{_cell(lp.when_tla)}` ~> "
+                   f"`{_cell(lp.then_tla)}`): {lp.doc}")
+    out += ["", "Fairness assumptions (all strong; the trainer's requests, the clients, "
+            "faults, migration and the crash are not fair):", ""]
+    out += [f"- **{f.name}** (the fleet: {', '.join(sorted(f.actions))}): {f.doc}"
+            for f in fleet.fairness]
+    out += [f"- **{f.name}** (each member: {len(f.actions)} actions): {f.doc}"
+            for f in fleet.member_fairness]
+    out += ["", "Fleet liveness mutants (each passes every safety check of the fleet and "
+            "breaks its property, found by the explorer):", ""]
+    out += [f"- **{m.name}** (breaks {prop}): {m.doc}" for m, prop in FLEET_LIVENESS_MUTANTS]
     return out
 
 
@@ -145,6 +170,28 @@ def failover_section(fo: FailoverSpec, *, states: int, edges: int) -> list[str]:
             f"states, {edges} edges** (explorer and TLC agree edge for edge).", "",
             "Failover mutants (each caught by the explorer and by TLC):", ""]
     out += [f"- **{m.name}**: {m.doc}" for m in FAILOVER_MUTANTS]
+    lb = LIVENESS_FAILOVER
+    out += ["", "### Failover liveness (under fairness)", "",
+            "Checked by the explorer's fair-cycle search at the default bounds (a "
+            "controller's actions told apart by controller, a delivery by its epoch) and by "
+            f"TLC under the module's `FairSpec` at {lb.controllers} controllers, "
+            f"{lb.engines} engine, {lb.epochs} elections, {lb.generations} generation "
+            "(TLC's liveness check at the default bounds does not finish in five minutes); "
+            "the verdicts must be equal. A state with no step left (the election bound "
+            "spent) stutters, as in the safety run.", ""]
+    for lp in fo.liveness:
+        each = " (for every controller c)" if lp.per_controller else ""
+        out.append(f"- **{lp.name}**{each} (`{_cell(lp.when_tla)}` ~> "
+                   f"`{_cell(lp.then_tla)}`): {lp.doc}")
+    out += ["", "Fairness assumptions (freezes, crashes, clients, the operator and the "
+            "trainer are not fair):", ""]
+    out += [f"- **{f.name}** ({'strong' if f.strong else 'weak'}; {scope}): {f.doc}"
+            for scope, group in (("the store", fo.fairness), ("each epoch", fo.epoch_fairness),
+                                 ("each controller", fo.controller_fairness))
+            for f in group]
+    out += ["", "Failover liveness mutants (each passes every safety check and breaks its "
+            "property, caught by the explorer and by TLC):", ""]
+    out += [f"- **{m.name}** (breaks {prop}): {m.doc}" for m, prop in FAILOVER_LIVENESS_MUTANTS]
     return out
 
 

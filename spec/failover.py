@@ -71,6 +71,8 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, NamedTuple, TypeVar
 
+from rolloutcore.spec.lifecycle import Fairness
+
 T = TypeVar("T")
 STANDBY, LEAD, AWAIT = "standby", "lead", "await"
 #: What a controller believes it must do next with each engine (``none``: standby).
@@ -684,6 +686,91 @@ ACTION_PROPERTIES: tuple[FoActionProperty, ...] = (
 # ---------------------------------------------------------------------------- the spec
 
 
+# ---------------------------------------------------------------------------- liveness
+
+
+@dataclass(frozen=True)
+class FoLiveness:
+    """``when ~> then`` under the failover fairness; a controller property
+    (``per_controller``) holds for every controller ``c`` (from 1, as in TLA+, where it
+    reads ``\\A c \\in Ctls : when ~> then``)."""
+
+    name: str
+    doc: str
+    #: Over a state, a controller (a controller property's; else 1) and the bounds.
+    when: Callable[[FoState, int, FoBounds], bool]
+    then: Callable[[FoState, int, FoBounds], bool]
+    when_tla: str
+    then_tla: str
+    per_controller: bool = False
+
+
+#: Controller steps that are not the controller's own decision: a client's admission, the
+#: operator's audit, the trainer's request, and what happens to a controller (it freezes,
+#: thaws, crashes). Not fair.
+NOT_OWN_STEPS = frozenset({"admit", "audit", "request", "freeze", "thaw", "crash"})
+#: Fairness of every controller ``c``: it takes one of its own steps when one is enabled
+#: again and again (strong: another controller's steps, or its own freezes, disable them
+#: for a while); a frozen controller thaws (weak: a GC pause, a SIGSTOP, a partition end).
+#: Not assumed: that it never freezes or crashes again, or that clients, the operator or
+#: the trainer do anything.
+FO_CONTROLLER_FAIRNESS: tuple[Fairness, ...] = (
+    Fairness("ControllerMoves",
+             "A controller takes one of its own steps (campaign, fence, recovery, the "
+             "update's steps, its effects' sends and replies) whenever one is enabled "
+             "again and again.",
+             frozenset(a.name for a in ACTIONS if "c" in a.tla_params
+                       and a.name not in NOT_OWN_STEPS | {"deposed"}),
+             strong=True),
+    Fairness("LeaseClockRunsOut",
+             "A controller whose key is gone finds out (its own lease clock, or an append "
+             "refused) whenever it acts again and again: a class of its own, or a zombie "
+             "that keeps verifying and resuming (none of them an append) never would.",
+             frozenset({"deposed"}), strong=True),
+    Fairness("PausesEnd", "A frozen controller thaws.", frozenset({"thaw"})),
+)
+FO_FAIRNESS: tuple[Fairness, ...] = (
+    Fairness("LeasesExpire", "A lease whose holder stopped renewing it expires.",
+             frozenset({"expire"})),
+)
+#: Fairness of every epoch: an effect it sent lands (the network delivers, late). One class
+#: per epoch, or a leader's effects that keep landing would starve a zombie's, which it
+#: waits for before it can find out it was deposed.
+FO_EPOCH_FAIRNESS: tuple[Fairness, ...] = (
+    Fairness("EffectsLand", "An effect an epoch sent lands (the network delivers, late).",
+             frozenset({"deliver"}), strong=True),
+)
+FO_LIVENESS: tuple[FoLiveness, ...] = (
+    FoLiveness(
+        "KeyFreedWhenHolderStops",
+        "A leader key whose holder crashed or froze is freed (its lease expires) unless the "
+        "holder comes back first: a dead leader does not hold the fleet for ever.",
+        lambda f, _c, _b: f.leader != 0 and (f.ctl[f.leader - 1].pc == STANDBY
+                                             or f.ctl[f.leader - 1].frozen),
+        lambda f, _c, _b: f.leader == 0 or (f.ctl[f.leader - 1].pc != STANDBY
+                                            and not f.ctl[f.leader - 1].frozen),
+        'leader # 0 /\\ (ctl[leader].pc = "standby" \\/ ctl[leader].frozen)',
+        'leader = 0 \\/ (ctl[leader].pc # "standby" /\\ ~ctl[leader].frozen)'),
+    FoLiveness(
+        "LeaderElected",
+        "With no leader key, a standby up and an election left in the bound, a leader is "
+        "elected.",
+        lambda f, _c, b: f.leader == 0 and f.issued < b.epochs
+        and any(k.pc == STANDBY for k in f.ctl),
+        lambda f, _c, _b: f.leader != 0,
+        'leader = 0 /\\ issued < MaxEpoch /\\ \\E c \\in Ctls : ctl[c].pc = "standby"',
+        "leader # 0"),
+    FoLiveness(
+        "DeposedStandsDown",
+        "A controller that no longer holds the leader key of its epoch stands down (its "
+        "appends are refused, its fenced effects too; then it stops sending).",
+        lambda f, c, _b: f.ctl[c - 1].pc != STANDBY and not leads(f, c),
+        lambda f, c, _b: f.ctl[c - 1].pc == STANDBY,
+        '(ctl[c].pc # "standby" /\\ ~Leads(c))', 'ctl[c].pc = "standby"',
+        per_controller=True),
+)
+
+
 @dataclass(frozen=True)
 class FailoverSpec:
     name: str = "RolloutCoreFailover"
@@ -695,6 +782,10 @@ class FailoverSpec:
     gate: tuple[Callable[[int, int], bool], str] = (accepts, "epoch >= seen")
     #: Appends compare the leader key's revision with the writer's epoch.
     compare: bool = True
+    fairness: tuple[Fairness, ...] = FO_FAIRNESS
+    epoch_fairness: tuple[Fairness, ...] = FO_EPOCH_FAIRNESS
+    controller_fairness: tuple[Fairness, ...] = FO_CONTROLLER_FAIRNESS
+    liveness: tuple[FoLiveness, ...] = FO_LIVENESS
 
     def accepts(self, epoch: int, seen: int) -> bool:
         return self.gate[0](epoch, seen)
@@ -751,6 +842,8 @@ class FoExploration:
     nodes: set[FoState]
     initial: tuple[FoState, ...]
     seconds: float
+    #: Every edge with its parameter, kept when asked for (the liveness check).
+    steps: list[tuple[FoState, str, Param, FoState]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -758,7 +851,8 @@ class FoExploration:
 
 
 def explore_failover(spec: FailoverSpec = FAILOVER, *, max_states: int = 2_000_000,
-                     stop_at_violation: bool = False) -> FoExploration:
+                     stop_at_violation: bool = False, keep_steps: bool = False
+                     ) -> FoExploration:
     """Breadth first over every reachable state: invariants in every state, action
     properties on every edge; each property's first violation is a shortest
     counterexample (its action path)."""
@@ -770,6 +864,7 @@ def explore_failover(spec: FailoverSpec = FAILOVER, *, max_states: int = 2_000_0
     parent: dict[FoState, tuple[FoState, str, Param] | None] = dict.fromkeys(init)
     queue: deque[FoState] = deque(init)
     edges: set[tuple[FoState, str, FoState]] = set()
+    steps: list[tuple[FoState, str, Param, FoState]] = []
     violations: dict[str, list[tuple[str, Param]]] = {}
     fired: set[str] = set()
 
@@ -794,6 +889,8 @@ def explore_failover(spec: FailoverSpec = FAILOVER, *, max_states: int = 2_000_0
         for name, p, g in spec.successors(f):
             fired.add(name)
             edges.add((f, name, g))
+            if keep_steps:
+                steps.append((f, name, p, g))
             for prop in spec.action_properties:
                 if prop.name not in violations and not prop.holds(f, g):
                     violations[prop.name] = [*path(f), (name, p)]
@@ -805,7 +902,7 @@ def explore_failover(spec: FailoverSpec = FAILOVER, *, max_states: int = 2_000_0
                     raise RuntimeError(f"more than {max_states} failover states")
     return FoExploration(len(parent), len(edges), violations,
                          tuple(a.name for a in spec.actions if a.name not in fired), edges,
-                         set(parent), init, time.perf_counter() - t0)
+                         set(parent), init, time.perf_counter() - t0, steps)
 
 
 # ------------------------------------------------------------------------------- TLA+
@@ -883,14 +980,58 @@ def failover_module(spec: FailoverSpec = FAILOVER) -> str:
         binders = " : ".join(f"\\E {p} \\in {_DOMAINS[p]}" for p in a.tla_params)
         disj.append(f"{binders} : {name}({', '.join(a.tla_params)})")
     parts += ["Next ==\n" + "\n".join(f"    \\/ {d}" for d in disj), "",
-              "Spec == Init /\\ [][Next]_vars", "", "\\* ---- invariants"]
+              "Spec == Init /\\ [][Next]_vars", "", _fair_spec(spec), "",
+              "\\* ---- invariants"]
     for inv in spec.invariants:
         parts.append(f"\\* {inv.doc}\n{inv.name} ==\n    {inv.tla}\n")
     parts.append("\\* ---- action properties")
     for prop in spec.action_properties:
         parts.append(f"\\* {prop.doc}\n{prop.name} ==\n    [][{prop.tla}]_vars\n")
+    parts.append("\\* ---- liveness (under FairSpec)")
+    for lp in spec.liveness:
+        body = f"({lp.when_tla}) ~> ({lp.then_tla})"
+        if lp.per_controller:
+            body = f"\\A c \\in Ctls : {body}"
+        parts.append(f"\\* {lp.doc}\n{lp.name} ==\n    {body}\n")
     parts.append("=" * 78)
     return "\n".join(parts) + "\n"
+
+
+def _call(a: FoAction, bound: frozenset[str] = frozenset()) -> str:
+    """Action ``a`` taken with any parameter not in ``bound`` (those are bound outside)."""
+    free = [p for p in a.tla_params if p not in bound]
+    head = _tla_name(a.name) + (f"({', '.join(a.tla_params)})" if a.tla_params else "")
+    if not free:
+        return head
+    binders = " : ".join(f"\\E {p} \\in {_DOMAINS[p]}" for p in free)
+    return f"({binders} : {head})"
+
+
+def _fair_spec(spec: FailoverSpec) -> str:
+    """``FairSpec``: one conjunct per fairness class; a controller's classes once per
+    controller (TLC's liveness check grows with every conjunct: the classes are coarse)."""
+    lines = ["\\* The spec with its fairness assumptions (liveness is checked under it).",
+             "FairSpec == Spec"]
+    for f in spec.fairness:
+        acts = " \\/ ".join(_call(a) for a in spec.actions if a.name in f.actions)
+        lines.append(f"    /\\ {'SF' if f.strong else 'WF'}_vars({acts})  \\* {f.name}")
+    for f in spec.epoch_fairness:
+        assert f.actions == {"deliver"}, f  # the one class TLA+ states per epoch
+        lines.append(f"    /\\ \\A ep \\in 1..MaxEpoch : {'SF' if f.strong else 'WF'}_vars("
+                     f"\\E m \\in net : m[2] = ep /\\ Deliver(m))  \\* {f.name}")
+    lines.append("    /\\ \\A c \\in Ctls :")
+    for f in spec.controller_fairness:
+        acts = " \\/ ".join(_call(a, frozenset({"c"})) for a in spec.actions
+                             if a.name in f.actions)
+        lines.append(f"        /\\ {'SF' if f.strong else 'WF'}_vars({acts})  \\* {f.name}")
+    return "\n".join(lines)
+
+
+def failover_liveness_config(spec: FailoverSpec, prop: str) -> str:
+    """A TLC configuration that checks the failover liveness property ``prop``."""
+    head = failover_config(spec).split("SPECIFICATION", 1)[0]
+    return head.replace("`rolloutcore spec tla`", "rolloutcore (a liveness run)") + (
+        f"SPECIFICATION FairSpec\nPROPERTY {prop}\n")
 
 
 def failover_config(spec: FailoverSpec = FAILOVER) -> str:

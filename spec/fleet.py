@@ -102,12 +102,14 @@ from typing import Any, NamedTuple, Protocol
 from rolloutcore.spec.lifecycle import (
     ACTIONS,
     ALL_EVIDENCE,
+    FENCED,
     SPEC,
     TIERS,
     VARIABLES,
     VERIFIED_TLA,
     Action,
     Bounds,
+    Fairness,
     Kind,
     Param,
     Phase,
@@ -887,6 +889,94 @@ FLEET_ACTION_PROPERTIES: tuple[FleetActionProperty, ...] = (
 )
 
 
+# ------------------------------------------------------------------------- liveness
+
+
+@dataclass(frozen=True)
+class FleetLiveness:
+    """``when ~> then`` over the fleet, in every behaviour that meets its fairness; a
+    member property (``member``) holds for every member ``n`` (counted from 0 here, from
+    1 in TLA+, where it reads ``\\A n \\in Engines : when ~> then``)."""
+
+    name: str
+    doc: str
+    when: Callable[[FleetState, int], bool]
+    then: Callable[[FleetState, int], bool]
+    when_tla: str
+    then_tla: str
+    member: bool = False
+
+
+#: The trainer's requests: not fair (a trainer may stop asking); everything else the
+#: fleet's controller decides of its own accord, each decision within its deadline.
+TRAINER_REQUESTS = frozenset({"fleet_request_update", "fleet_roll"})
+#: What each member does of its own accord, on top of the engine spec's fair steps (its
+#: controller's steps, its operations' returns, the engine finishing a request): the steps
+#: the fleet's controller takes for it, asking it to update (its own update, a rolling
+#: wave, a catch-up: in the engine spec the trainer's request, not fair) and restarting
+#: it in a recovery. Not fair: the clients' admit and release, the operator's audits,
+#: suspicion and re-admission, faults (the fleet's budget bounds them), migration and the
+#: controller's crash (at most ``crashes``).
+FLEET_MEMBER_STEPS = frozenset({"request_update", *MEMBER_RESTARTS})
+#: The fairness is coarse, two classes per member (FleetSpec.member_fairness) and one for
+#: the fleet's decisions, and strong. Coarse: a weaker assumption than one class per step
+#: (whatever holds under it holds under those), and TLC's liveness check grows fast with
+#: fairness conjuncts (45 were too many for it). Strong, because weak fairness is not
+#: enough and the explorer's lassos show why: the model serialises the members of a
+#: strict update (FleetSpec.scheduled), so a member's step is disabled whenever an
+#: earlier member is between steps; a held-back member's update may be asked again after
+#: it was cancelled, and an audit in flight leaves a wave unsettled until it returns,
+#: each disabling the fleet's decision for a moment in every round. The runtime moves
+#: members in parallel and decides under the fleet's lock as soon as its members have
+#: returned: a step enabled again and again is taken.
+FLEET_FAIRNESS: tuple[Fairness, ...] = (
+    Fairness("FleetDecides",
+             "The fleet's controller takes one of its decisions (all but the trainer's "
+             "requests) whenever one is enabled again and again.",
+             frozenset(fa.name for fa in FLEET_ACTIONS if fa.name not in TRAINER_REQUESTS),
+             strong=True),
+)
+#: The operator's steps: audits, suspicion and re-admission. A liveness property speaks of
+#: the behaviours that take them finitely often (a property reads
+#: ``([]<><<OperatorStep>>_vars) \\/ (P ~> Q)``), the honest assumption for each: audits
+#: that overlap for ever (one in flight on some member at every moment) would hold a
+#: wave's decision for ever, and the runtime's audits are periodic, not back to back.
+OPERATOR_STEPS = frozenset({"audit_begin", "suspect", "readmit_begin"})
+_UPDATING_TLA = f'fphase \\in {{"{FleetPhase.UPDATING}", "{FleetPhase.ROLLING}"}}'
+FLEET_LIVENESS: tuple[FleetLiveness, ...] = (
+    FleetLiveness(
+        "FleetOpens",
+        "The fleet opens on its first generation: its members start verified on it.",
+        lambda f, _n: f.fphase == FleetPhase.UNINITIALIZED,
+        lambda f, _n: f.fphase != FleetPhase.UNINITIALIZED,
+        f'fphase = "{FleetPhase.UNINITIALIZED}"', f'fphase # "{FleetPhase.UNINITIALIZED}"'),
+    FleetLiveness(
+        "FleetUpdateEnds",
+        "Every fleet update the trainer asks for ends (published, ended, or aborted; or "
+        "dropped by a controller crash, whose recovery ends: RecoveryEnds), whatever the "
+        "clients do with their rollouts and whichever members fail, die or are suspected: "
+        "a fleet never waits for ever on one member.",
+        lambda f, _n: f.fphase in (FleetPhase.UPDATING, FleetPhase.ROLLING),
+        lambda f, _n: f.fphase not in (FleetPhase.UPDATING, FleetPhase.ROLLING),
+        _UPDATING_TLA, f"~({_UPDATING_TLA})"),
+    FleetLiveness(
+        "RecoveryEnds",
+        "A controller restarted after a crash reopens the fleet, or keeps it closed by a "
+        "recorded decision (fleet_recover_closed): it does not wait for ever.",
+        lambda f, _n: f.fphase == FleetPhase.RECOVERING,
+        lambda f, _n: f.fphase != FleetPhase.RECOVERING,
+        f'fphase = "{FleetPhase.RECOVERING}"', f'fphase # "{FleetPhase.RECOVERING}"'),
+    FleetLiveness(
+        "MemberTaintedIsFenced",
+        "A TAINTED member is fenced (its fence confirmed) unless it leaves TAINTED first, "
+        "during the fleet's update as outside it.",
+        lambda f, n: f.eng[n].phase is Phase.TAINTED and FENCED not in f.eng[n].evidence,
+        lambda f, n: f.eng[n].phase is not Phase.TAINTED or FENCED in f.eng[n].evidence,
+        f'eng[n].phase = "TAINTED" /\\ "{FENCED}" \\notin eng[n].evidence',
+        f'eng[n].phase # "TAINTED" \\/ "{FENCED}" \\in eng[n].evidence', member=True),
+)
+
+
 # ---------------------------------------------------------------------------- the spec
 
 
@@ -907,10 +997,37 @@ class FleetSpec:
     migration: Migration = MIGRATION
     crash: ControllerCrash = CRASH
     restarts: tuple[str, ...] = MEMBER_RESTARTS
+    #: Fleet-wide fairness (one class each) and fairness of every member (one class per
+    #: member each, after the engine spec's own: ``member_fairness``).
+    fairness: tuple[Fairness, ...] = FLEET_FAIRNESS
+    member_steps: frozenset[str] = FLEET_MEMBER_STEPS
+    liveness: tuple[FleetLiveness, ...] = FLEET_LIVENESS
+    finite: frozenset[str] = OPERATOR_STEPS
     bounds: FleetBounds = FleetBounds()
 
     def with_bounds(self, bounds: FleetBounds) -> FleetSpec:
         return replace(self, bounds=bounds)
+
+    @cached_property
+    def member_fairness(self) -> tuple[Fairness, ...]:
+        """Every member's fairness, two strong classes. Its controller takes one of its
+        steps, or its call in flight returns (the engine spec's fair steps a member takes
+        in the fleet, and the fleet's own steps for it: ``member_steps``): one class, for
+        while a call is in flight none of its controller's steps is enabled, so neither
+        starves the other. And its engine finishes a request it runs (a drain that waits
+        for one ends; with the fault budget spent, its deadline cannot): a class of its
+        own, or requests that keep finishing would starve an audit's return."""
+        env = frozenset(a.name for a in self.engine.actions if a.kind is Kind.ENVIRONMENT)
+        lifted = frozenset(self.lifted)
+        fair = frozenset().union(*(f.actions for f in self.engine.fairness)) & lifted
+        return (
+            Fairness("MemberMoves",
+                     "A member's controller takes one of its steps, or its call in flight "
+                     "returns, whenever one is enabled again and again.",
+                     (fair - env) | self.member_steps, strong=True),
+            Fairness("EngineFinishes", "A member's engine finishes a request it runs.",
+                     fair & env, strong=True),
+        )
 
     @cached_property
     def member_spec(self) -> Spec:
@@ -1073,6 +1190,9 @@ class FleetExploration:
     nodes: set[FleetState]
     initial: tuple[FleetState, ...]
     seconds: float
+    #: Every edge with its parameter (a member action's names its member), kept when asked
+    #: for: the liveness check tells members apart.
+    steps: list[tuple[FleetState, str, Param, FleetState]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -1080,11 +1200,13 @@ class FleetExploration:
 
 
 def explore_fleet(spec: FleetSpec = FLEET, *, max_states: int = 3_000_000,
-                  stop_at_violation: bool = False) -> FleetExploration:
+                  stop_at_violation: bool = False, keep_steps: bool = False
+                  ) -> FleetExploration:
     """Breadth first over every reachable fleet state: fleet and member invariants in
     every state, fleet and member action properties on every edge; the first violation of
     each property is a shortest counterexample (its action path). ``stop_at_violation``
-    ends at the first one (a mutant check needs no more)."""
+    ends at the first one (a mutant check needs no more); ``keep_steps`` keeps every edge
+    with its parameter (for the liveness check)."""
     import time
     from collections import deque
 
@@ -1093,6 +1215,7 @@ def explore_fleet(spec: FleetSpec = FLEET, *, max_states: int = 3_000_000,
     parent: dict[FleetState, tuple[FleetState, str, Param] | None] = dict.fromkeys(init)
     queue: deque[FleetState] = deque(init)
     edges: set[tuple[FleetState, str, FleetState]] = set()
+    steps: list[tuple[FleetState, str, Param, FleetState]] = []
     violations: dict[str, list[tuple[str, Param]]] = {}
     fired: set[str] = set()
     b = spec.bounds
@@ -1129,6 +1252,8 @@ def explore_fleet(spec: FleetSpec = FLEET, *, max_states: int = 3_000_000,
         for name, p, g in succ:
             fired.add(name)
             edges.add((f, name, g))
+            if keep_steps:
+                steps.append((f, name, p, g))
             for prop in spec.action_properties:
                 if prop.name not in violations and not prop.holds(f, g, b):
                     violations[prop.name] = [*path(f), (name, p)]
@@ -1151,7 +1276,7 @@ def explore_fleet(spec: FleetSpec = FLEET, *, max_states: int = 3_000_000,
         names = [n for n in names if not n.startswith("fleet_recover")]
     return FleetExploration(len(parent), len(edges), violations,
                             tuple(n for n in names if n not in fired), edges, set(parent),
-                            init, time.perf_counter() - t0)
+                            init, time.perf_counter() - t0, steps)
 
 
 __all__ = [
@@ -1165,6 +1290,7 @@ __all__ = [
     "FleetAction",
     "FleetBounds",
     "FleetExploration",
+    "FleetLiveness",
     "FleetSnapshot",
     "FleetSpec",
     "FleetState",
@@ -1430,7 +1556,8 @@ def fleet_module(spec: FleetSpec = FLEET) -> str:
     disj.append(tla_name(spec.crash.name))
     disj += [f"\\E n \\in Engines : M{tla_name(n)}(n)" for n in spec.restarts]
     parts += ["Next ==\n" + "\n".join(f"    \\/ {d}" for d in disj), "",
-              "Spec == Init /\\ [][Next]_vars", "", "\\* ---- fleet invariants"]
+              "Spec == Init /\\ [][Next]_vars", "", _fleet_fair_spec(spec), "",
+              "\\* ---- fleet invariants"]
     for inv in spec.invariants:
         parts.append(f"\\* {inv.doc}\n{inv.name} ==\n    {inv.tla}\n")
     parts.append("\\* ---- every member's invariants")
@@ -1446,8 +1573,51 @@ def fleet_module(spec: FleetSpec = FLEET) -> str:
         parts.append(f"Member{mp.name} ==\n    [][\\A n \\in Engines : LET e == eng[n]\n"
                      f"                                  e2 == eng'[n] IN\n"
                      f"        {body}]_vars\n")
+    parts.append("\\* ---- liveness (under FairSpec, the operator's steps finitely many)")
+    for lp in spec.liveness:
+        body = f"({lp.when_tla}) ~> ({lp.then_tla})"
+        if lp.member:
+            body = f"\\A n \\in Engines : {body}"
+        parts.append(f"\\* {lp.doc}\n{lp.name} ==\n"
+                     f"    ([]<><<OperatorStep>>_vars) \\/ ({body})\n")
     parts.append("=" * 78)
     return "\n".join(parts) + "\n"
+
+
+def _member_call(spec: FleetSpec, name: str) -> str:
+    """Member ``n`` takes member action ``name`` (with any parameter of its own)."""
+    a = spec.engine.action(name)
+    if a.param is None or name in spec.restarts:
+        return f"M{tla_name(name)}(n)"
+    v = param_var(a.param)
+    return f"(\\E {v} \\in {param_domain(a.param)} : M{tla_name(name)}(n, {v}))"
+
+
+def _fleet_fair_spec(spec: FleetSpec) -> str:
+    """``FairSpec``: the fleet with its fairness (one conjunct per fleet decision, one per
+    member class and member), and ``OperatorStep``, the steps liveness assumes finite."""
+    member_steps = {*spec.lifted, *spec.restarts}
+    lines = ["\\* The fleet with its fairness assumptions (liveness is checked under it).",
+             "FairSpec == Spec"]
+    for f in spec.fairness:
+        acts = " \\/ ".join(tla_name(fa.name) for fa in spec.actions if fa.name in f.actions)
+        lines.append(f"    /\\ {'SF' if f.strong else 'WF'}_vars({acts})  \\* {f.name}")
+    lines.append("    /\\ \\A n \\in Engines :")
+    for f in spec.member_fairness:
+        acts = " \\/ ".join(_member_call(spec, a.name) for a in spec.engine.actions
+                             if a.name in f.actions and a.name in member_steps)
+        lines.append(f"        /\\ {'SF' if f.strong else 'WF'}_vars({acts})  \\* {f.name}")
+    finite = " \\/ ".join(_member_call(spec, n) for n in spec.lifted if n in spec.finite)
+    lines += ["", "\\* The operator's steps: a liveness property speaks of behaviours that take",
+              "\\* them finitely often.", f"OperatorStep == \\E n \\in Engines : {finite}"]
+    return "\n".join(lines)
+
+
+def fleet_liveness_config(spec: FleetSpec, prop: str) -> str:
+    """A TLC configuration that checks the fleet's liveness property ``prop``."""
+    head, _spec, _rest = fleet_config(spec).partition("SPECIFICATION Spec")
+    return head.replace("`rolloutcore spec tla`", "rolloutcore (a liveness run)") + (
+        f"SPECIFICATION FairSpec\nPROPERTY {prop}\n")
 
 
 def fleet_config(spec: FleetSpec = FLEET) -> str:

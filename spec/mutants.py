@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from rolloutcore.spec.failover import FailoverSpec
+from rolloutcore.spec.failover import FailoverSpec, FoBounds
 from rolloutcore.spec.failover import _campaign as _failover_campaign
 from rolloutcore.spec.fleet import (
     FLEET,
@@ -21,6 +21,7 @@ from rolloutcore.spec.fleet import (
     FLEET_RECOVER_WHEN_TLA,
     FLEET_REOPEN_WHEN_TLA,
     N_VALIDATED_TLA,
+    FleetAction,
     FleetBounds,
     FleetSpec,
     FleetState,
@@ -518,4 +519,103 @@ FAILOVER_MUTANTS: tuple[FailoverMutant, ...] = (
         "shorter on the server than the holder's own clock, or a forced takeover): two "
         "controllers act, each believing it leads. Fencing keeps every other property.",
         _takeover_early),
+)
+
+
+# ------------------------------------------------------------------- fleet liveness
+
+
+def _wave_waits_on_itself(spec: FleetSpec) -> FleetSpec:
+    """Every wave decision waits until no member is between steps *or validated*: the
+    members that validated the target wait for the decision, and it for them."""
+    def idle(_f: FleetView, m: MemberView) -> bool:
+        return m.pending == NO_OP and m.phase in (Phase.READY, Phase.TAINTED)
+
+    def waits(fa: FleetAction) -> FleetAction:
+        old = fa.when
+        return replace(fa, when=lambda f, b: all(idle(f, m) for m in f.eng) and old(f, b),
+                       when_tla='(\\A n \\in Engines : eng[n].pending = "none" '
+                                '/\\ eng[n].phase \\in {"READY", "TAINTED"})\n    /\\ '
+                                + fa.when_tla)
+
+    wave = ("fleet_publish_wave", "fleet_end_wave", "fleet_abort_wave")
+    return replace(spec, actions=tuple(waits(a) if a.name in wave else a
+                                       for a in spec.actions))
+
+
+#: Small bounds for the fleet's liveness (TLC's liveness check grows fast with states): a
+#: rolling fleet without rollouts or faults; a strict one with a rollout slot; a strict
+#: one with a fault.
+LIVENESS_ROLLING = FleetBounds(engines=2, min_serving=1, generations=2, faults=0,
+                               rollouts=0, max_live=2, min_admitting=1)
+LIVENESS_HELD = FleetBounds(engines=2, min_serving=2, generations=2, faults=0, rollouts=1)
+LIVENESS_FAULT = FleetBounds(engines=2, min_serving=2, generations=2, faults=1, rollouts=0)
+
+#: Fleet liveness mutants: each passes every safety check of the fleet (the negative
+#: control) and breaks the named liveness property.
+FLEET_LIVENESS_MUTANTS: tuple[tuple[FleetMutant, str], ...] = (
+    (FleetMutant(
+        "wave_waits_on_itself",
+        "A rolling wave's decision waits until every member is idle and READY or TAINTED, "
+        "its own validated members (which wait, RESUMING, for that decision) included: the "
+        "wave never ends, and the members it took out never serve again.",
+        _wave_waits_on_itself, LIVENESS_ROLLING),
+     "FleetUpdateEnds"),
+    (FleetMutant(
+        "update_waits_on_held_back",
+        "The strict update's abort waits for every member to settle: a member whose drain "
+        "timed out (held back, READY with rollouts bound) settles only when its clients "
+        "release them, so one client that holds a rollout holds the fleet's update for "
+        "ever (the fleet that wedged when a member died while it drained).",
+        lambda s: _fleet_action(
+            s, "fleet_abort",
+            when=lambda f, b: all(settled(f, m) for m in f.eng)
+            and sum(validated(f, m) for m in f.eng) < b.min_serving,
+            when_tla=f"(\\A n \\in Engines : Settled(eng[n])) /\\ {N_VALIDATED_TLA} "
+                     "< MinServing"), LIVENESS_HELD),
+     "FleetUpdateEnds"),
+    (FleetMutant(
+        "quarantine_never_fenced",
+        "The fleet leaves a quarantined (TAINTED) member to an operator: it never fences it.",
+        lambda s: _member_guard(s, "fence_begin", (lambda _f, _s, _b: False, "FALSE")),
+        LIVENESS_FAULT),
+     "MemberTaintedIsFenced"),
+)
+
+
+# ---------------------------------------------------------------- failover liveness
+
+#: Failover bounds for liveness: one engine, one generation, one takeover (TLC's liveness
+#: check at the default bounds does not finish in five minutes).
+LIVENESS_FAILOVER = FoBounds(controllers=2, engines=1, epochs=2, generations=1)
+
+#: Failover liveness mutants: each passes every safety check of the failover spec and
+#: breaks the named liveness property.
+FAILOVER_LIVENESS_MUTANTS: tuple[tuple[FailoverMutant, str], ...] = (
+    (FailoverMutant(
+        "lease_never_expires",
+        "A leader key lives until its holder deletes it: a leader that crashed or froze "
+        "holds the fleet for ever (no standby can campaign).",
+        lambda s: s.replace_action("expire", when=lambda _f, _sp, _p: False, tla=(
+            "/\\ FALSE\n    /\\ UNCHANGED <<leader, lepoch, issued, ctl, jrn, eng, bound, "
+            "net>>"))),
+     "KeyFreedWhenHolderStops"),
+    (FailoverMutant(
+        "zombie_never_stands_down",
+        "A controller deposed while it was frozen never finds out (no lease clock, and it "
+        "makes no append that the compare could refuse): it acts for ever.",
+        lambda s: s.replace_action("deposed", when=lambda _f, _sp, _p: False, tla=(
+            "/\\ FALSE\n    /\\ UNCHANGED <<leader, lepoch, issued, ctl, jrn, eng, bound, "
+            "net>>"))),
+     "DeposedStandsDown"),
+    (FailoverMutant(
+        "no_second_election",
+        "A standby campaigns only for the first epoch: once a leader is gone, none is ever "
+        "elected again.",
+        lambda s: s.replace_action(
+            "campaign",
+            when=lambda f, _sp, p: f.ctl[p[0] - 1].pc == "standby"
+            and f.leader == 0 and f.issued == 0,
+            tla=s.action("campaign").tla.replace("issued < MaxEpoch", "issued = 0"))),
+     "LeaderElected"),
 )

@@ -257,3 +257,25 @@ def test_a_torn_final_record_is_said_and_strict_rejects_it(
     assert main(["trace", "check", str(torn), "--strict"]) == 1
     out, err = capsys.readouterr()
     assert "TornRecord" in out
+
+
+@pytest.mark.parametrize("stride", [pytest.param(1, marks=pytest.mark.deep), 5],
+                         ids=["every", "every-fifth"])
+def test_every_late_outcome_forgery_is_rejected_by_strict_and_warned_of_by_default(
+        journals: list[forge.Journal_], stride: int) -> None:
+    """Timestamp forgeries: every begin that declares its deadline, in every journal that
+    has one, with the records after it dated past the deadline plus the slack. ``--strict``
+    rejects each as DeadlineExceeded; the default check accepts it and reports it late.
+    The good journals themselves are in time under both. (make check: every fifth.)"""
+    forged = 0
+    for j in journals:
+        for n, (_i, records) in enumerate(forge.late_outcomes(j)):
+            if n % stride:
+                continue
+            forged += 1
+            violated, _ = forge.timing_verdict(j, records, strict=True)
+            assert violated == "DeadlineExceeded", (j.name, _i, violated)
+            assert forge.timing_verdict(j, records, strict=False)[0] is None, (j.name, _i)
+            assert forge.timing_verdict(j, records, strict=False)[1] >= 1, (j.name, _i)
+        assert forge.timing_verdict(j, j.records, strict=True) == (None, 0), j.name
+    assert forged > 50 // stride, forged

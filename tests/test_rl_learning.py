@@ -140,6 +140,7 @@ def _report(name: str, run: Run) -> str:
 # --------------------------------------------------------------------------- learning
 
 
+@pytest.mark.deep  # make check's size: the vLLM RL loop and make demo learn too
 def test_grpo_learns_the_task_from_random_init(v1: Path, task: SuccessorTask) -> None:
     run = _run(v1, task)
     report = _report("learn", run)
@@ -150,6 +151,7 @@ def test_grpo_learns_the_task_from_random_init(v1: Path, task: SuccessorTask) ->
     assert run.max_twin_diff < TWIN_TOL, report
 
 
+@pytest.mark.deep
 def test_negative_control_flipped_advantages_do_not_learn(
     v1: Path, task: SuccessorTask
 ) -> None:

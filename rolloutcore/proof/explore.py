@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import Any
 
 import networkx as nx
 
-from rolloutcore.spec.lifecycle import Param, Spec, State
+from rolloutcore.spec.failover import FailoverSpec, FoExploration
+from rolloutcore.spec.fleet import FleetExploration, FleetSpec
+from rolloutcore.spec.lifecycle import Fairness, Param, Spec, State
 
 
 @dataclass(frozen=True)
@@ -179,7 +183,22 @@ class Lasso:
 
 
 def check_liveness(ex: Exploration) -> dict[str, Lasso | None]:
-    """Each liveness property of the explored spec: None if it holds, else a lasso.
+    """Each liveness property of the explored spec: None if it holds, else a lasso."""
+    return fair_lassos(ex.graph, ex.initial, ex.spec.fairness,
+                       {p.name: (p.when, p.then) for p in ex.spec.liveness})
+
+
+#: A liveness property for :func:`fair_lassos`: (``when``, ``then``) over graph nodes.
+Leads = tuple[Callable[[Any], bool], Callable[[Any], bool]]
+
+
+def fair_lassos(g: nx.MultiDiGraph, initial: Iterable[Any], fairness: Sequence[Fairness],
+                props: Mapping[str, Leads], *, finite: Callable[[str], bool] | None = None
+                ) -> dict[str, Lasso | None]:
+    """Each ``when ~> then`` property of ``props`` on the state graph ``g`` (edges keyed
+    (action label, parameter)) under ``fairness`` (classes of action labels): None if it
+    holds, else a lasso. Actions whose label ``finite`` accepts are taken only finitely
+    often by the behaviours the properties speak of: no cycle takes one.
 
     ``P ~> Q`` fails iff from a reachable state where P holds and Q does not, a path that
     stays out of Q reaches a *fair* strongly connected set of states: one that, for every
@@ -188,22 +207,23 @@ def check_liveness(ex: Exploration) -> dict[str, Lasso | None]:
     behaviour may stutter there, exactly when no fair action is enabled in it). Under
     weak fairness a maximal strongly connected component is fair whenever any part of it
     is, so the components suffice."""
-    spec, g = ex.spec, ex.graph
-    classes = [f.actions for f in spec.fairness]
-    enabled: dict[State, set[int]] = {}
+    classes = [f.actions for f in fairness]
+    strong = {i for i, f in enumerate(fairness) if f.strong}
+    enabled: dict[Any, set[int]] = {}
     for s in g.nodes:
         names = {k[0] for _u, _v, k in g.out_edges(s, keys=True)}
         enabled[s] = {i for i, acts in enumerate(classes) if acts & names}
-    out: dict[str, Lasso | None] = {}
-    for prop in spec.liveness:
-        out[prop.name] = _lasso(ex, prop.name, prop.when, prop.then, classes, enabled)
-    return out
+    init = set(initial)
+    cycles = g if finite is None else nx.subgraph_view(
+        g, filter_edge=lambda _u, _v, k: not finite(k[0]))
+    return {name: _lasso(g, cycles, init, name, when, then, classes, strong, enabled)
+            for name, (when, then) in props.items()}
 
 
-def _lasso(ex: Exploration, name: str, when: Callable[[State], bool],
-           then: Callable[[State], bool], classes: list[frozenset[str]],
-           enabled: dict[State, set[int]]) -> Lasso | None:
-    g = ex.graph
+def _lasso(g: nx.MultiDiGraph, cycles: nx.MultiDiGraph, initial: set[Any], name: str,
+           when: Callable[[Any], bool],
+           then: Callable[[Any], bool], classes: list[frozenset[str]], strong: set[int],
+           enabled: dict[Any, set[int]]) -> Lasso | None:
     starts = [s for s in g.nodes if when(s) and not then(s)]
     # Multi-source BFS from the obligations, never through a state where Q holds.
     parent: dict[State, tuple[State, str, Param] | None] = dict.fromkeys(starts)
@@ -214,12 +234,112 @@ def _lasso(ex: Exploration, name: str, when: Callable[[State], bool],
             if t not in parent and not then(t):
                 parent[t] = (s, k[0], k[1])
                 queue.append(t)
-    strong = {i for i, f in enumerate(ex.spec.fairness) if f.strong}
-    found = _fair_component(g, set(parent), classes, strong, enabled)
+    found = _fair_component(cycles, set(parent), classes, strong, enabled)
     if found is None:
         return None
-    comp, inside, needed = found
-    return _build_lasso(ex, name, comp, inside, parent, classes, needed)
+    comp, inside = found
+    return _build_lasso(g, initial, name, comp, inside, parent, classes, enabled)
+
+
+def check_fleet_liveness(spec: FleetSpec, ex: FleetExploration) -> dict[str, Lasso | None]:
+    """Each liveness property of the fleet ``spec`` on its exploration (explored with
+    ``keep_steps``): None if it holds, else a lasso (of a member property, the first
+    member's that fails). Member actions are told apart by member: every member's fairness
+    is one class per member, as TLA+'s ``\\A n \\in Engines : SF_vars(...)`` states it."""
+    members = range(1, spec.bounds.engines + 1)
+    per_member = frozenset({*spec.lifted, *spec.restarts})
+    finite = spec.finite
+    return _labelled_liveness(
+        ex.steps, ex.nodes, ex.initial,
+        lambda name, p: unit_label(name, p[0]) if name in per_member else name,
+        [*spec.fairness, *_per_unit(spec.member_fairness, members)],
+        _props([(lp.name, lp.member, partial(_shifted, lp.when), partial(_shifted, lp.then))
+                for lp in spec.liveness], members),
+        finite=lambda label: label.split("@", 1)[0] in finite)
+
+
+def check_failover_liveness(spec: FailoverSpec, ex: FoExploration) -> dict[str, Lasso | None]:
+    """Each liveness property of the failover ``spec`` on its exploration (explored with
+    ``keep_steps``): a controller's actions told apart by controller, a delivery by the
+    epoch that sent it."""
+    b = spec.bounds
+    per_ctl = frozenset(a.name for a in spec.actions if "c" in a.tla_params)
+
+    def label(name: str, p: Any) -> str:
+        if name in per_ctl:
+            return unit_label(name, p[0])
+        if name == "deliver":
+            return unit_label(name, p[0][1])  # the message's epoch
+        return name
+
+    return _labelled_liveness(
+        ex.steps, ex.nodes, ex.initial, label,
+        [*spec.fairness, *_per_unit(spec.epoch_fairness, range(1, b.epochs + 1)),
+         *_per_unit(spec.controller_fairness, range(1, b.controllers + 1))],
+        _props([(lp.name, lp.per_controller, partial(_with_bounds, lp.when, b),
+                 partial(_with_bounds, lp.then, b)) for lp in spec.liveness],
+               range(1, b.controllers + 1)))
+
+
+#: A property for :func:`_props`: name, whether it is one per unit, when, then (each over
+#: a state and a unit, counted from 1).
+UnitProperty = tuple[str, bool, Callable[[Any, int], bool], Callable[[Any, int], bool]]
+
+
+def _per_unit(classes: Sequence[Fairness], units: range) -> list[Fairness]:
+    """Each class once per unit, over that unit's labels."""
+    return [replace(c, name=unit_label(c.name, n),
+                    actions=frozenset(unit_label(a, n) for a in c.actions))
+            for n in units for c in classes]
+
+
+def _props(props: Sequence[UnitProperty], units: range
+           ) -> dict[str, tuple[bool, dict[str, Leads]]]:
+    """Each property's instances (one per unit for a unit property)."""
+    return {name: (each, {unit_label(name, n) if each else name:
+                          (partial(_at, when, n), partial(_at, then, n))
+                          for n in (units if each else (1,))})
+            for name, each, when, then in props}
+
+
+def _at(pred: Callable[[Any, int], bool], n: int, f: Any) -> bool:
+    return pred(f, n)
+
+
+def _labelled_liveness(steps: Iterable[tuple[Any, str, Any, Any]], nodes: Iterable[Any],
+                       initial: Iterable[Any], label: Callable[[str, Any], str],
+                       classes: Sequence[Fairness],
+                       props: Mapping[str, tuple[bool, dict[str, Leads]]], *,
+                       finite: Callable[[str], bool] | None = None
+                       ) -> dict[str, Lasso | None]:
+    """Liveness over a model whose edges are labelled by ``label`` (action name and
+    parameter: which unit took it); a property with several instances fails with its
+    first failing one."""
+    steps = list(steps)
+    if not steps:
+        raise ValueError("the exploration kept no steps (explore with keep_steps=True)")
+    g = nx.MultiDiGraph()
+    g.add_nodes_from(nodes)
+    for f, name, p, t in steps:
+        g.add_edge(f, t, key=(label(name, p), p))
+    leads = {k: v for _each, inst in props.values() for k, v in inst.items()}
+    found = fair_lassos(g, initial, classes, leads, finite=finite)
+    return {name: next((found[k] for k in inst if found[k] is not None), None)
+            for name, (_each, inst) in props.items()}
+
+
+def unit_label(action: str, unit: int) -> str:
+    """A unit's action (or property) in a liveness graph: its name and unit."""
+    return f"{action}@{unit}"
+
+
+def _shifted(pred: Callable[[Any, int], bool], f: Any, n: int) -> bool:
+    """A fleet property's predicate (members from 0) over a unit counted from 1."""
+    return pred(f, n - 1)
+
+
+def _with_bounds(pred: Callable[[Any, int, Any], bool], b: Any, f: Any, n: int) -> bool:
+    return pred(f, n, b)
 
 
 Edge = tuple[State, State, tuple[str, Param]]
@@ -227,7 +347,7 @@ Edge = tuple[State, State, tuple[str, Param]]
 
 def _fair_component(g: nx.MultiDiGraph, states: set[State], classes: list[frozenset[str]],
                     strong: set[int], enabled: dict[State, set[int]]
-                    ) -> tuple[set[State], list[Edge], set[int]] | None:
+                    ) -> tuple[set[State], list[Edge]] | None:
     """A fair strongly connected set of ``states`` (with its inside edges and the classes
     a cycle through it must take), or None. A weakly fair class is met by a component
     that takes it inside or has a state where it is disabled (no part of a component
@@ -250,13 +370,13 @@ def _fair_component(g: nx.MultiDiGraph, states: set[State], classes: list[frozen
             if found is not None:
                 return found
             continue
-        return comp, inside, (everywhere - strong) | (somewhere & strong)
+        return comp, inside
     return None
 
 
-def _build_lasso(ex: Exploration, name: str, comp: set[State], inside: list[Edge],
-                 parent: dict[State, tuple[State, str, Param] | None],
-                 classes: list[frozenset[str]], needed: set[int]) -> Lasso:
+def _build_lasso(g: nx.MultiDiGraph, initial: set[Any], name: str, comp: set[State],
+                 inside: list[Edge], parent: dict[State, tuple[State, str, Param] | None],
+                 classes: list[frozenset[str]], enabled: dict[Any, set[int]]) -> Lasso:
     entry = min(comp, key=lambda s: _hops(parent, s))
     # Prefix: the initial state to the obligation, then within not-Q to the entry.
     tail: list[Step] = []
@@ -264,17 +384,28 @@ def _build_lasso(ex: Exploration, name: str, comp: set[State], inside: list[Edge
     while (link := parent[cur]) is not None:
         tail.append(Step(link[1], link[2], cur))
         cur = link[0]
-    head = _path(ex.graph, set(ex.initial), cur)
+    head = _path(g, initial, cur)
     prefix = (*head, *reversed(tail))
-    # Cycle: through an edge of every fairness class enabled all around it, back home.
+    # Cycle: a fair one. Through an edge of every class the component takes, and through
+    # a state that disables each class it never takes (a fair component has one: weakly
+    # fair classes are disabled somewhere, strongly fair ones everywhere), back home.
     out = {u: [(v, k) for uu, v, k in inside if uu == u] for u in comp}
+    taken = {i for _u, _v, k in inside for i, acts in enumerate(classes) if k[0] in acts}
+    waypoints: list[tuple[State, Edge | None]] = []
+    for i in sorted(taken):
+        u, v, k = next(e for e in inside if e[2][0] in classes[i])
+        waypoints.append((u, (u, v, k)))
+    for i in range(len(classes)):
+        if i not in taken and any(i in enabled[s] for s in comp):
+            waypoints.append((next(s for s in comp if i not in enabled[s]), None))
     cycle: list[Step] = []
     at = entry
-    for i in sorted(needed):
-        u, v, k = next(e for e in inside if e[2][0] in classes[i])
+    for u, edge in waypoints:
         cycle += _within(out, at, u)
-        cycle.append(Step(k[0], k[1], v))
-        at = v
+        at = u
+        if edge is not None:
+            cycle.append(Step(edge[2][0], edge[2][1], edge[1]))
+            at = edge[1]
     if at != entry or (not cycle and len(comp) > 1):
         if at == entry:  # a non-trivial component with no class to cover: any loop
             u, v, k = inside[0]

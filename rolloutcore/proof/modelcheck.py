@@ -7,12 +7,21 @@ import multiprocessing as mp
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import rolloutcore.spec as spec_pkg
 from rolloutcore.proof import tlc
-from rolloutcore.proof.explore import Exploration, Lasso, Violation, check_liveness, explore
+from rolloutcore.proof.explore import (
+    Exploration,
+    Lasso,
+    Violation,
+    check_failover_liveness,
+    check_fleet_liveness,
+    check_liveness,
+    explore,
+)
 from rolloutcore.spec import doc as spec_doc
 from rolloutcore.spec import tla as spec_tla
 from rolloutcore.spec import triggers_gen
@@ -26,6 +35,7 @@ from rolloutcore.spec.failover import (
     Jrn,
     explore_failover,
     failover_config,
+    failover_liveness_config,
     failover_module,
 )
 from rolloutcore.spec.fleet import (
@@ -35,6 +45,7 @@ from rolloutcore.spec.fleet import (
     FleetState,
     explore_fleet,
     fleet_config,
+    fleet_liveness_config,
     fleet_module,
 )
 from rolloutcore.spec.lifecycle import SPEC, TIERS, Phase, Spec, State
@@ -230,19 +241,25 @@ def check_liveness_both(spec: Spec = SPEC, *, exploration: Exploration | None = 
                         with_tlc: bool = True, timeout_s: float = 600
                         ) -> list[LivenessVerdict]:
     """Every liveness property of ``spec`` by the explorer and (``with_tlc``) by TLC."""
-    ex = exploration or explore(spec)
-    lassos = check_liveness(ex)
+    lassos = check_liveness(exploration or explore(spec))
+    return _liveness_verdicts(lassos, partial(tlc_liveness, spec, timeout_s=timeout_s)
+                              if with_tlc else None)
+
+
+def _liveness_verdicts(lassos: dict[str, Lasso | None],
+                       run: Callable[[str], tlc.TlcResult] | None) -> list[LivenessVerdict]:
+    """The explorer's verdict on each property (its lasso) beside TLC's (``run``: TLC on
+    one property; None: not run)."""
     out = []
-    for lp in spec.liveness:
-        lasso = lassos[lp.name]
+    for prop, lasso in lassos.items():
         tlc_holds: bool | None = None
         seconds: float | None = None
-        if with_tlc:
-            r = tlc_liveness(spec, lp.name, timeout_s=timeout_s)
+        if run is not None:
+            r = run(prop)
             if r.violation not in (None, "property"):
-                raise tlc.TlcError(f"TLC on {lp.name}: {r.violation}: {r.error_message}")
+                raise tlc.TlcError(f"TLC on {prop}: {r.violation}: {r.error_message}")
             tlc_holds, seconds = r.violation is None, r.seconds
-        out.append(LivenessVerdict(lp.name, lasso is None, tlc_holds, lasso, seconds))
+        out.append(LivenessVerdict(prop, lasso is None, tlc_holds, lasso, seconds))
     return out
 
 
@@ -323,6 +340,31 @@ def run_fleet_tlc(spec: FleetSpec = FLEET, *, exploration: FleetExploration | No
     run.only_python = [f"{a}: {u} -> {v}" for u, a, v in list(ex.graph - tlc_edges)[:3]]
     run.only_tlc = [f"{a}: {u} -> {v}" for u, a, v in list(tlc_edges - ex.graph)[:3]]
     return run
+
+
+def tlc_fleet_liveness(spec: FleetSpec, prop: str, *, timeout_s: float = 900
+                       ) -> tlc.TlcResult:
+    """TLC on the fleet's liveness property ``prop`` under the generated ``FairSpec``."""
+    with tempfile.TemporaryDirectory(prefix="rolloutcore-tlc-") as tmp:
+        module = Path(tmp) / f"{spec.name}.tla"
+        cfg = Path(tmp) / f"{spec.name}.cfg"
+        module.write_text(fleet_module(spec))
+        cfg.write_text(fleet_liveness_config(spec, prop))
+        return tlc.run_tlc(module, cfg, workers=1, dump_graph=False, timeout_s=timeout_s,
+                           deadlock_check=True)
+
+
+def check_fleet_liveness_both(spec: FleetSpec = FLEET, *,
+                              exploration: FleetExploration | None = None,
+                              with_tlc: bool = True, timeout_s: float = 900
+                              ) -> list[LivenessVerdict]:
+    """Every liveness property of the fleet ``spec`` by the explorer and (``with_tlc``)
+    by TLC."""
+    ex = exploration if exploration is not None and exploration.steps else explore_fleet(
+        spec, keep_steps=True)
+    return _liveness_verdicts(check_fleet_liveness(spec, ex),
+                              partial(tlc_fleet_liveness, spec, timeout_s=timeout_s)
+                              if with_tlc else None)
 
 
 # ---------------------------------------------------------------------------- failover
@@ -479,6 +521,27 @@ def check_fleet_mutant(m: FleetMutant, base: FleetSpec = FLEET, *,
 
 def check_fleet_mutants(base: FleetSpec = FLEET, *, with_tlc: bool) -> list[FleetMutantVerdict]:
     return [check_fleet_mutant(m, base, with_tlc=with_tlc) for m in FLEET_MUTANTS]
+
+
+def tlc_failover_liveness(spec: FailoverSpec, prop: str, *, timeout_s: float = 900
+                          ) -> tlc.TlcResult:
+    """TLC on the failover liveness property ``prop`` under the generated ``FairSpec``."""
+    with tempfile.TemporaryDirectory(prefix="rolloutcore-tlc-") as tmp:
+        module = Path(tmp) / f"{spec.name}.tla"
+        cfg = Path(tmp) / f"{spec.name}.cfg"
+        module.write_text(failover_module(spec))
+        cfg.write_text(failover_liveness_config(spec, prop))
+        # As its safety run: a state with no step left (an election bound spent) stutters.
+        return tlc.run_tlc(module, cfg, workers=1, dump_graph=False, timeout_s=timeout_s)
+
+
+def check_failover_liveness_both(spec: FailoverSpec = FAILOVER, *, with_tlc: bool = True,
+                                 timeout_s: float = 900) -> list[LivenessVerdict]:
+    """Every liveness property of the failover ``spec`` by the explorer and (``with_tlc``)
+    by TLC."""
+    return _liveness_verdicts(
+        check_failover_liveness(spec, explore_failover(spec, keep_steps=True)),
+        partial(tlc_failover_liveness, spec, timeout_s=timeout_s) if with_tlc else None)
 
 
 def check_failover_mutant(m: FailoverMutant, base: FailoverSpec = FAILOVER, *,

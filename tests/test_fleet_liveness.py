@@ -1,0 +1,121 @@
+"""Liveness of the fleet (spec.fleet.FLEET_LIVENESS): its controller opens it, every fleet
+update ends, a recovery ends, a quarantined member is fenced, under the fleet's fairness
+(FLEET_FAIRNESS, FleetSpec.member_fairness) in behaviours where the operator's steps are
+finitely many. Checked by the explorer's fair-cycle search at the default, rolling and
+crash bounds, and by TLC at the rolling bounds and a smaller one (make test), with equal
+verdicts. Each fleet liveness mutant
+passes every safety check and breaks its property, for both checkers; every lasso replays
+in the fleet model. Negative controls: drop the operator assumption, or the strength of
+the fairness, and the explorer finds the fleet waiting for ever."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from conftest import require_tlc
+
+from rolloutcore.proof.explore import Lasso, check_fleet_liveness
+from rolloutcore.proof.modelcheck import check_fleet_liveness_both, tlc_fleet_liveness
+from rolloutcore.spec.fleet import FLEET, FleetBounds, FleetSpec, explore_fleet
+from rolloutcore.spec.mutants import (
+    FLEET_LIVENESS_MUTANTS,
+    LIVENESS_ROLLING,
+    ROLLING,
+    ROLLING_CRASH,
+)
+
+PROPERTIES = ["FleetOpens", "FleetUpdateEnds", "RecoveryEnds", "MemberTaintedIsFenced"]
+MUTANTS = {m.name: (m, prop) for m, prop in FLEET_LIVENESS_MUTANTS}
+
+
+def replays(spec: FleetSpec, lasso: Lasso) -> bool:
+    """Every step of the lasso is a successor in ``spec`` (a member action's label names
+    its member) and its cycle comes back."""
+    state = lasso.prefix[0].state
+    if state not in spec.initial_states():
+        return False
+    for step in (*lasso.prefix[1:], *lasso.cycle):
+        name = step.action.split("@", 1)[0]
+        if (name, step.param, step.state) not in spec.successors(state):  # type: ignore[arg-type]
+            return False
+        state = step.state  # type: ignore[assignment]
+    return not lasso.cycle or state == lasso.prefix[-1].state
+
+
+def lassos(spec: FleetSpec) -> dict[str, Lasso | None]:
+    ex = explore_fleet(spec, keep_steps=True)
+    assert ex.violations == {}, ex.violations
+    return check_fleet_liveness(spec, ex)
+
+
+@pytest.mark.parametrize("bounds", [
+    pytest.param(FLEET.bounds, marks=pytest.mark.deep, id="strict"),
+    pytest.param(ROLLING, id="rolling"),
+    pytest.param(ROLLING_CRASH, id="rolling-crash")])
+def test_every_fleet_liveness_property_holds(bounds: FleetBounds) -> None:
+    assert [lp.name for lp in FLEET.liveness] == PROPERTIES
+    assert lassos(FLEET.with_bounds(bounds)) == dict.fromkeys(PROPERTIES)
+
+
+@pytest.mark.parametrize("name", sorted(MUTANTS))
+def test_a_fleet_liveness_mutant_passes_every_safety_check_and_fails_its_property(
+        name: str) -> None:
+    mutant, prop = MUTANTS[name]
+    spec = mutant.apply(FLEET).with_bounds(mutant.bounds)
+    found = lassos(spec)  # no safety violation: asserted there
+    lasso = found[prop]
+    assert lasso is not None, f"{name}: {prop} holds"
+    assert replays(spec, lasso), lasso.describe()
+    assert [p for p, v in found.items() if v is not None] == [prop]
+
+
+def test_a_lasso_that_leaves_the_model_is_caught_by_the_replay() -> None:
+    mutant, prop = MUTANTS["wave_waits_on_itself"]
+    spec = mutant.apply(FLEET).with_bounds(mutant.bounds)
+    lasso = lassos(spec)[prop]
+    assert lasso is not None and replays(spec, lasso)
+    broken = Lasso(lasso.prop, (*lasso.prefix[:-1], lasso.prefix[1]), lasso.cycle)
+    assert not replays(spec, broken)
+
+
+def test_with_the_operator_unbounded_a_rolling_wave_can_wait_for_ever() -> None:
+    """Negative control for the stated assumption: if audits may come for ever, audits
+    that overlap (one in flight at every moment) hold a wave's decision for ever."""
+    spec = replace(FLEET.with_bounds(ROLLING), finite=frozenset())
+    lasso = lassos(spec)["FleetUpdateEnds"]
+    assert lasso is not None and replays(spec, lasso)
+    assert any(s.action.startswith("audit_begin@") for s in lasso.cycle), lasso.describe()
+
+
+def test_with_weak_fairness_an_update_can_wait_for_ever() -> None:
+    """Negative control for strong fairness: under weak fairness a step that something
+    else disables for a moment in every round (a member asked again after every cancel, a
+    member serialised behind another, a wave behind a member's calls) is never taken."""
+    spec = FLEET.with_bounds(ROLLING)
+    weak = replace(spec, fairness=tuple(replace(f, strong=False) for f in spec.fairness))
+    weak.__dict__["member_fairness"] = tuple(replace(f, strong=False)
+                                             for f in spec.member_fairness)
+    lasso = lassos(weak)["FleetUpdateEnds"]
+    assert lasso is not None and replays(weak, lasso)
+
+
+@pytest.mark.parametrize("bounds", [
+    pytest.param(LIVENESS_ROLLING, marks=pytest.mark.deep, id="small"),
+    pytest.param(ROLLING, marks=pytest.mark.deep, id="rolling")])
+def test_tlc_agrees_on_every_fleet_liveness_property(bounds: FleetBounds) -> None:
+    require_tlc()
+    verdicts = check_fleet_liveness_both(FLEET.with_bounds(bounds), timeout_s=300)
+    assert [v.prop for v in verdicts] == PROPERTIES
+    assert all(v.agree and v.explorer_holds and v.tlc_holds for v in verdicts), [
+        v.as_json() for v in verdicts]
+
+
+@pytest.mark.deep
+@pytest.mark.parametrize("name", sorted(MUTANTS))
+def test_tlc_catches_every_fleet_liveness_mutant(name: str) -> None:
+    require_tlc()
+    mutant, prop = MUTANTS[name]
+    result = tlc_fleet_liveness(mutant.apply(FLEET).with_bounds(mutant.bounds), prop,
+                                timeout_s=300)
+    assert result.violation == "property", (name, result.violation, result.error_message)
