@@ -134,9 +134,12 @@ def test_many_threads_admit_release_read_audit_report_and_update(
         ("update", update))]
     for t in threads:
         t.start()
-    # Stop once PAIRS rollouts were done and four updates published among them: the
-    # count, not a clock, ends the test.
-    while (done["update"] < 4 or done["admit+release"] < PAIRS) and not errors:
+    # Stop once PAIRS rollouts were done, four updates published among them and the
+    # reports caught up with the rollouts (a report waits for its share of them, and may
+    # lag behind by more than one when the threads it waits on run ahead): the counts,
+    # not a clock, end the test.
+    while (done["update"] < 4 or done["admit+release"] < PAIRS
+           or done["report"] < PAIRS // REPORT_EVERY - 1) and not errors:
         stop.wait(0.05)
     stop.set()
     for t in threads:
