@@ -70,5 +70,7 @@ def test_the_two_entry_points() -> None:
     # and without the deeper runs of its own checks
     assert "make check" in README and re.search(
         r'^check: .*\n.* lint fast-tests .*\n\s*MARKS="not vllm and not deep"', make, re.M)
-    assert re.search(r'^test: .*\n.* lint fast-tests MARKS="not vllm"\n.*-m vllm', make, re.M)
+    assert re.search(r'^test: .*\n.* lint fast-tests vllm-tests \\\n\s*MARKS="not vllm"', make,
+                     re.M)
+    assert re.search(r'^vllm-tests: .*\n.*-m vllm', make, re.M)
     assert re.search(r'^fast-tests: .*\n.*-m "\$\(MARKS\)"', make, re.M)
