@@ -1001,6 +1001,8 @@ class FleetSpec:
     #: member each, after the engine spec's own: ``member_fairness``).
     fairness: tuple[Fairness, ...] = FLEET_FAIRNESS
     member_steps: frozenset[str] = FLEET_MEMBER_STEPS
+    #: Whether the members' two classes are strongly fair (weak: a negative control).
+    member_fairness_strong: bool = True
     liveness: tuple[FleetLiveness, ...] = FLEET_LIVENESS
     finite: frozenset[str] = OPERATOR_STEPS
     bounds: FleetBounds = FleetBounds()
@@ -1024,9 +1026,9 @@ class FleetSpec:
             Fairness("MemberMoves",
                      "A member's controller takes one of its steps, or its call in flight "
                      "returns, whenever one is enabled again and again.",
-                     (fair - env) | self.member_steps, strong=True),
+                     (fair - env) | self.member_steps, strong=self.member_fairness_strong),
             Fairness("EngineFinishes", "A member's engine finishes a request it runs.",
-                     fair & env, strong=True),
+                     fair & env, strong=self.member_fairness_strong),
         )
 
     @cached_property

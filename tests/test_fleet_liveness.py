@@ -93,9 +93,9 @@ def test_with_weak_fairness_an_update_can_wait_for_ever() -> None:
     else disables for a moment in every round (a member asked again after every cancel, a
     member serialised behind another, a wave behind a member's calls) is never taken."""
     spec = FLEET.with_bounds(ROLLING)
-    weak = replace(spec, fairness=tuple(replace(f, strong=False) for f in spec.fairness))
-    weak.__dict__["member_fairness"] = tuple(replace(f, strong=False)
-                                             for f in spec.member_fairness)
+    weak = replace(spec, fairness=tuple(replace(f, strong=False) for f in spec.fairness),
+                   member_fairness_strong=False)
+    assert not any(f.strong for f in (*weak.fairness, *weak.member_fairness))
     lasso = lassos(weak)["FleetUpdateEnds"]
     assert lasso is not None and replays(weak, lasso)
 

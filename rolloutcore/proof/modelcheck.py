@@ -180,6 +180,16 @@ class TlcRun:
     only_python: list[str] = field(default_factory=list)  # sample of differing edges
     only_tlc: list[str] = field(default_factory=list)
 
+    def compare(self, tlc_graph: tuple[set[Any], set[Any], set[Any]],
+                python_graph: tuple[set[Any], set[Any], set[Any]]) -> None:
+        """Record whether the two graphs, each (labelled edges, states, initial states),
+        are equal, with a sample of the edges only one of them has."""
+        tlc_edges, py_edges = tlc_graph[0], python_graph[0]
+        self.tlc_edges, self.python_edges = len(tlc_edges), len(py_edges)
+        self.graphs_equal = tlc_graph == python_graph
+        self.only_python = [f"{a}: {u} -> {v}" for u, a, v in list(py_edges - tlc_edges)[:5]]
+        self.only_tlc = [f"{a}: {u} -> {v}" for u, a, v in list(tlc_edges - py_edges)[:5]]
+
     def as_json(self) -> dict[str, Any]:
         r = self.result
         return {
@@ -192,16 +202,22 @@ class TlcRun:
         }
 
 
-def _tlc_on(spec: Spec, *, dump_graph: bool, timeout_s: float) -> tlc.TlcResult:
+def _tlc(name: str, module: str, config: str, *, timeout_s: float, dump_graph: bool = False,
+         deadlock_check: bool = False) -> tlc.TlcResult:
+    """TLC on a generated module and configuration, written to a scratch folder."""
     with tempfile.TemporaryDirectory(prefix="rolloutcore-tlc-") as tmp:
-        module = Path(tmp) / f"{spec.name}.tla"
-        cfg = Path(tmp) / f"{spec.name}.cfg"
-        module.write_text(spec_tla.module(spec))
-        cfg.write_text(spec_tla.config(spec))
-        # A state without a successor is a deadlock unless the spec names its phase an
-        # end (the explorer's rule): TLC checks deadlocks only when no phase is.
-        return tlc.run_tlc(module, cfg, workers=1, dump_graph=dump_graph, timeout_s=timeout_s,
-                           deadlock_check=not spec.terminal_phases)
+        module_path, config_path = Path(tmp) / f"{name}.tla", Path(tmp) / f"{name}.cfg"
+        module_path.write_text(module)
+        config_path.write_text(config)
+        return tlc.run_tlc(module_path, config_path, workers=1, dump_graph=dump_graph,
+                           timeout_s=timeout_s, deadlock_check=deadlock_check)
+
+
+def _tlc_on(spec: Spec, *, dump_graph: bool, timeout_s: float) -> tlc.TlcResult:
+    # A state without a successor is a deadlock unless the spec names its phase an end
+    # (the explorer's rule): TLC checks deadlocks only when no phase is.
+    return _tlc(spec.name, spec_tla.module(spec), spec_tla.config(spec), timeout_s=timeout_s,
+                dump_graph=dump_graph, deadlock_check=not spec.terminal_phases)
 
 
 @dataclass(frozen=True)
@@ -229,12 +245,8 @@ class LivenessVerdict:
 def tlc_liveness(spec: Spec, prop: str, *, timeout_s: float = 600) -> tlc.TlcResult:
     """TLC on ``prop`` under the generated ``FairSpec`` (its own run: TLC names no
     property when a temporal one fails, so each is checked alone)."""
-    with tempfile.TemporaryDirectory(prefix="rolloutcore-tlc-") as tmp:
-        module = Path(tmp) / f"{spec.name}.tla"
-        cfg = Path(tmp) / f"{spec.name}.cfg"
-        module.write_text(spec_tla.module(spec))
-        cfg.write_text(spec_tla.liveness_config(spec, prop))
-        return tlc.run_tlc(module, cfg, workers=1, dump_graph=False, timeout_s=timeout_s)
+    return _tlc(spec.name, spec_tla.module(spec), spec_tla.liveness_config(spec, prop),
+                timeout_s=timeout_s)
 
 
 def check_liveness_both(spec: Spec = SPEC, *, exploration: Exploration | None = None,
@@ -276,15 +288,9 @@ def run_tlc(spec: Spec = SPEC, *, exploration: Exploration | None = None,
         (state_from_tlc(g.states[s]), _TLA_TO_ACTION[a], state_from_tlc(g.states[d]))
         for s, a, d in g.edges
     }
-    py_edges = ex.labelled_edges()
-    run.tlc_edges = len(tlc_edges)
-    run.python_edges = len(py_edges)
-    run.graphs_equal = (
-        tlc_edges == py_edges
-        and {state_from_tlc(v) for v in g.states.values()} == set(ex.graph.nodes)
-        and {state_from_tlc(g.states[n]) for n in g.initial} == set(ex.initial))
-    run.only_python = [f"{a}: {u} -> {v}" for u, a, v in list(py_edges - tlc_edges)[:5]]
-    run.only_tlc = [f"{a}: {u} -> {v}" for u, a, v in list(tlc_edges - py_edges)[:5]]
+    run.compare((tlc_edges, {state_from_tlc(v) for v in g.states.values()},
+                 {state_from_tlc(g.states[n]) for n in g.initial}),
+                (ex.labelled_edges(), set(ex.graph.nodes), set(ex.initial)))
     return run
 
 
@@ -311,17 +317,16 @@ def fleet_state_from_tlc(values: dict[str, object],
                       int(str(values["fcrashes"])))
 
 
+def _fleet_tlc(spec: FleetSpec, *, dump_graph: bool, timeout_s: float) -> tlc.TlcResult:
+    return _tlc(spec.name, fleet_module(spec), fleet_config(spec), timeout_s=timeout_s,
+                dump_graph=dump_graph, deadlock_check=True)  # no fleet state is an end
+
+
 def run_fleet_tlc(spec: FleetSpec = FLEET, *, exploration: FleetExploration | None = None,
                   timeout_s: float = 900) -> TlcRun:
     """TLC on the generated fleet module; its whole graph against the fleet explorer's."""
     ex = exploration or explore_fleet(spec)
-    with tempfile.TemporaryDirectory(prefix="rolloutcore-tlc-") as tmp:
-        module = Path(tmp) / f"{spec.name}.tla"
-        cfg = Path(tmp) / f"{spec.name}.cfg"
-        module.write_text(fleet_module(spec))
-        cfg.write_text(fleet_config(spec))
-        result = tlc.run_tlc(module, cfg, workers=1, dump_graph=True, timeout_s=timeout_s,
-                             deadlock_check=True)  # no fleet state is an intended end
+    result = _fleet_tlc(spec, dump_graph=True, timeout_s=timeout_s)
     run = TlcRun(result, ex.states, ex.edges, result.distinct_states, None, None)
     if result.graph is None or result.exit_code != 0:
         return run
@@ -333,25 +338,16 @@ def run_fleet_tlc(spec: FleetSpec = FLEET, *, exploration: FleetExploration | No
     seen: dict[tlc.TlaRecord, State] = {}
     states = {k: fleet_state_from_tlc(v, seen) for k, v in g.states.items()}
     tlc_edges = {(states[s], names[a], states[d]) for s, a, d in g.edges}
-    run.tlc_edges = len(tlc_edges)
-    run.python_edges = len(ex.graph)
-    run.graphs_equal = (tlc_edges == ex.graph and set(states.values()) == ex.nodes
-                        and {states[n] for n in g.initial} == set(ex.initial))
-    run.only_python = [f"{a}: {u} -> {v}" for u, a, v in list(ex.graph - tlc_edges)[:3]]
-    run.only_tlc = [f"{a}: {u} -> {v}" for u, a, v in list(tlc_edges - ex.graph)[:3]]
+    run.compare((tlc_edges, set(states.values()), {states[n] for n in g.initial}),
+                (ex.graph, ex.nodes, set(ex.initial)))
     return run
 
 
 def tlc_fleet_liveness(spec: FleetSpec, prop: str, *, timeout_s: float = 900
                        ) -> tlc.TlcResult:
     """TLC on the fleet's liveness property ``prop`` under the generated ``FairSpec``."""
-    with tempfile.TemporaryDirectory(prefix="rolloutcore-tlc-") as tmp:
-        module = Path(tmp) / f"{spec.name}.tla"
-        cfg = Path(tmp) / f"{spec.name}.cfg"
-        module.write_text(fleet_module(spec))
-        cfg.write_text(fleet_liveness_config(spec, prop))
-        return tlc.run_tlc(module, cfg, workers=1, dump_graph=False, timeout_s=timeout_s,
-                           deadlock_check=True)
+    return _tlc(spec.name, fleet_module(spec), fleet_liveness_config(spec, prop),
+                timeout_s=timeout_s, deadlock_check=True)
 
 
 def check_fleet_liveness_both(spec: FleetSpec = FLEET, *,
@@ -400,12 +396,8 @@ def failover_state_from_tlc(values: dict[str, object]) -> FoState:
 
 
 def _failover_tlc(spec: FailoverSpec, *, dump_graph: bool, timeout_s: float) -> tlc.TlcResult:
-    with tempfile.TemporaryDirectory(prefix="rolloutcore-tlc-") as tmp:
-        module = Path(tmp) / f"{spec.name}.tla"
-        cfg = Path(tmp) / f"{spec.name}.cfg"
-        module.write_text(failover_module(spec))
-        cfg.write_text(failover_config(spec))
-        return tlc.run_tlc(module, cfg, workers=1, dump_graph=dump_graph, timeout_s=timeout_s)
+    return _tlc(spec.name, failover_module(spec), failover_config(spec), timeout_s=timeout_s,
+                dump_graph=dump_graph)
 
 
 def run_failover_tlc(spec: FailoverSpec = FAILOVER, *,
@@ -421,12 +413,8 @@ def run_failover_tlc(spec: FailoverSpec = FAILOVER, *,
     names = {spec_tla.tla_name(a.name): a.name for a in spec.actions}
     states = {k: failover_state_from_tlc(v) for k, v in g.states.items()}
     tlc_edges = {(states[s], names[a], states[d]) for s, a, d in g.edges}
-    run.tlc_edges = len(tlc_edges)
-    run.python_edges = len(ex.graph)
-    run.graphs_equal = (tlc_edges == ex.graph and set(states.values()) == ex.nodes
-                        and {states[n] for n in g.initial} == set(ex.initial))
-    run.only_python = [f"{a}: {u} -> {v}" for u, a, v in list(ex.graph - tlc_edges)[:3]]
-    run.only_tlc = [f"{a}: {u} -> {v}" for u, a, v in list(tlc_edges - ex.graph)[:3]]
+    run.compare((tlc_edges, set(states.values()), {states[n] for n in g.initial}),
+                (ex.graph, ex.nodes, set(ex.initial)))
     return run
 
 
@@ -505,13 +493,7 @@ def check_fleet_mutant(m: FleetMutant, base: FleetSpec = FLEET, *,
     ex = explore_fleet(mutated, stop_at_violation=True)
     verdict = FleetMutantVerdict(m, {k: len(v) for k, v in ex.violations.items()})
     if with_tlc:
-        with tempfile.TemporaryDirectory(prefix="rolloutcore-tlc-") as tmp:
-            module = Path(tmp) / f"{mutated.name}.tla"
-            cfg = Path(tmp) / f"{mutated.name}.cfg"
-            module.write_text(fleet_module(mutated))
-            cfg.write_text(fleet_config(mutated))
-            r = tlc.run_tlc(module, cfg, workers=1, dump_graph=False, timeout_s=900,
-                            deadlock_check=True)
+        r = _fleet_tlc(mutated, dump_graph=False, timeout_s=900)
         verdict.tlc_ran = True
         if r.violation in CAUGHT:
             verdict.tlc_violated = r.violated_name
@@ -526,13 +508,9 @@ def check_fleet_mutants(base: FleetSpec = FLEET, *, with_tlc: bool) -> list[Flee
 def tlc_failover_liveness(spec: FailoverSpec, prop: str, *, timeout_s: float = 900
                           ) -> tlc.TlcResult:
     """TLC on the failover liveness property ``prop`` under the generated ``FairSpec``."""
-    with tempfile.TemporaryDirectory(prefix="rolloutcore-tlc-") as tmp:
-        module = Path(tmp) / f"{spec.name}.tla"
-        cfg = Path(tmp) / f"{spec.name}.cfg"
-        module.write_text(failover_module(spec))
-        cfg.write_text(failover_liveness_config(spec, prop))
-        # As its safety run: a state with no step left (an election bound spent) stutters.
-        return tlc.run_tlc(module, cfg, workers=1, dump_graph=False, timeout_s=timeout_s)
+    # As its safety run: a state with no step left (an election bound spent) stutters.
+    return _tlc(spec.name, failover_module(spec), failover_liveness_config(spec, prop),
+                timeout_s=timeout_s)
 
 
 def check_failover_liveness_both(spec: FailoverSpec = FAILOVER, *, with_tlc: bool = True,
