@@ -958,6 +958,15 @@ MigrationKeepsGeneration ==
 RolloutsJoinOnlyServingMembers ==
     [][\A n \in Engines : \A i \in Slots : (eng[n].bind[i] = 0 /\ eng'[n].bind[i] # 0) => Serving(eng[n])]_vars
 
+\* A migration releases the rollout where it was as it binds it where it goes: the fleet holds as many rollouts after it as before, and no rollout is bound on two members at once (in the journal: OneRolloutOneMember).
+MigrationMovesTheRollout ==
+    [][(\E src, dst \in Engines : \E i, j \in Slots : Migrate(src, i, dst, j)) => (Cardinality({x \in Engines \X Slots : eng'[x[1]].bind[x[2]] # 0}) = Cardinality({x \in Engines \X Slots : eng[x[1]].bind[x[2]] # 0}))]_vars
+
+\* After a controller crash (a takeover), a member the recovery has yet to restart moves only by its restart, which leaves it READY or TAINTED with nothing in flight: no outcome of a call the crashed controller made is taken as the new one's (in the journal: TakeoverAdoptsNothing).
+InDoubtMembersOnlyRestart ==
+    [][\A n \in Engines : (n \in fdown /\ eng'[n] # eng[n])
+        => (n \notin fdown' /\ eng'[n].pending = "none" /\ eng'[n].phase \in {"READY", "TAINTED"})]_vars
+
 MemberGenerationsMoveForward ==
     [][\A n \in Engines : LET e == eng[n]
                                   e2 == eng'[n] IN

@@ -6,7 +6,7 @@ from collections import defaultdict
 
 from rolloutcore.spec.failover import FailoverSpec
 from rolloutcore.spec.failover import __doc__ as failover_doc
-from rolloutcore.spec.fleet import JOURNAL_PROPERTIES, FleetSpec
+from rolloutcore.spec.fleet import JOURNAL_PROPERTIES, JOURNAL_PROPERTIES_IN_THE_MODEL, FleetSpec
 from rolloutcore.spec.fleet import __doc__ as fleet_doc
 from rolloutcore.spec.lifecycle import Action, Kind, Phase, Spec
 from rolloutcore.spec.mutants import (
@@ -93,11 +93,15 @@ def fleet_section(fleet: FleetSpec, *, states: int, edges: int, rolling_states: 
     out += [f"- **{i.name}**: {i.doc}" for i in fleet.invariants]
     out += ["", "Fleet action properties (every step; every member's too):", ""]
     out += [f"- **{p.name}**: {p.doc}" for p in fleet.action_properties]
-    out += ["", "Fleet journal properties (the model holds them by construction: it names "
-            "a generation's weights by its number and a rollout by its slot; the fleet "
-            "trace checker checks them on every journal, and the forgery generator's "
-            "cross-record forgeries show each caught):", ""]
-    out += [f"- **{name}**: {doc}" for name, doc in JOURNAL_PROPERTIES.items()]
+    out += ["", "Fleet journal properties (the fleet trace checker checks them on every "
+            "journal, and the forgery generator's cross-record forgeries show each caught; "
+            "the model, which names a generation's weights by its number, a rollout by its "
+            "slot and a takeover by a crash and its recovery, states each as the properties "
+            "named after it, checked by the explorer and TLC, each broken by a mutant below):",
+            ""]
+    out += [f"- **{name}**: {doc} (model: "
+            f"{', '.join(JOURNAL_PROPERTIES_IN_THE_MODEL[name])})"
+            for name, doc in JOURNAL_PROPERTIES.items()]
     out += ["", f"Default bounds: {b.engines} members, min_serving {b.min_serving}, "
             f"{b.generations} generations, {b.rollouts} rollout slot(s) per member, "
             f"{b.faults} fault(s) across the fleet. Reachable: **{states} states, {edges} "

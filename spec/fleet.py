@@ -655,9 +655,10 @@ FLEET_ACTIONS: tuple[FleetAction, ...] = (
 @dataclass(frozen=True)
 class Migration:
     """In-flight migration: the rollout in slot ``i`` of a member moves to slot ``j`` of
-    another, in one step. Its effect is fixed: the engine spec's ``release`` on the member
-    it leaves and its ``admit`` on the member it joins (their guards aside: ``when``
-    decides); ``when`` reads the fleet, the member it leaves and the one it joins."""
+    another, in one step. Its effect is two engine spec actions' (their guards aside:
+    ``when`` decides): ``leave``'s on the member it leaves (its controller half: the engine
+    goes on with its request until it notices) and ``join``'s on the member it joins;
+    ``when`` reads the fleet, the member it leaves and the one it joins."""
 
     name: str
     doc: str
@@ -665,6 +666,8 @@ class Migration:
     #: TLA+ over ``e`` (the member it leaves), slot ``i``, ``t`` (the member it joins), slot
     #: ``j``, and the fleet's variables.
     when_tla: str
+    leave: str = "release"
+    join: str = "admit"
 
 
 MIGRATION = Migration(
@@ -716,6 +719,15 @@ MEMBER_RESTARTS: tuple[str, ...] = tuple(
     and a.sources != frozenset({Phase.UNINITIALIZED}))
 
 
+def _bound(f: FleetState) -> int:
+    """Rollouts bound on the fleet's members."""
+    return sum(b != 0 for s in f.eng for b in s.bind)
+
+
+_BOUND_TLA = "Cardinality({x \\in Engines \\X Slots : eng[x[1]].bind[x[2]] # 0})"
+_BOUND_NEXT_TLA = _BOUND_TLA.replace("eng[", "eng'[")
+
+
 def _moved(f: FleetState, g: FleetState) -> list[tuple[int, int]]:
     """(generation it left with, generation it joined with) of every rollout that left one
     member and joined another in the step from ``f`` to ``g``."""
@@ -726,10 +738,10 @@ def _moved(f: FleetState, g: FleetState) -> list[tuple[int, int]]:
     return [(a, c) for a in left for c in joined]
 
 
-#: Fleet-wide properties of a fleet journal. The model names a generation's weights by
-#: the generation number itself and a rollout by its slot, so these hold there by
-#: construction; the fleet trace checker checks them on every journal (each name is the
-#: verdict it gives).
+#: Fleet-wide properties of a fleet journal: the fleet trace checker checks them on every
+#: journal (each name is the verdict it gives). The model states each in its own terms
+#: (JOURNAL_PROPERTIES_IN_THE_MODEL), for it names a generation's weights by the
+#: generation's number, a rollout by its slot and a takeover by a crash and its recovery.
 JOURNAL_PROPERTIES: Mapping[str, str] = {
     "OneIdentityPerGeneration":
         "Every member that requests, publishes or is re-admitted onto generation g names "
@@ -741,6 +753,13 @@ JOURNAL_PROPERTIES: Mapping[str, str] = {
     "TakeoverAdoptsNothing":
         "After a takeover every member's next step is its restart: no outcome of a call made "
         "under an older epoch is taken as an outcome under the new one.",
+}
+#: The model's invariants and action properties that state each journal property there
+#: (the first named is the one its mutant breaks).
+JOURNAL_PROPERTIES_IN_THE_MODEL: Mapping[str, tuple[str, ...]] = {
+    "OneIdentityPerGeneration": ("ServingMembersAgree", "NoPublishAfterAmbiguity"),
+    "OneRolloutOneMember": ("MigrationMovesTheRollout", "MigrationKeepsGeneration"),
+    "TakeoverAdoptsNothing": ("InDoubtMembersOnlyRestart", "RecoveryLeavesNothingInDoubt"),
 }
 
 #: The fleet steps of a rolling update (their records state the floor).
@@ -776,6 +795,8 @@ class FleetActionProperty:
     doc: str
     tla: str
     holds: Callable[[FleetState, FleetState, FleetBounds], bool]
+    #: The fleet step it speaks of (None: every step): a property of what one step does.
+    step: str | None = None
 
 
 FLEET_INVARIANTS: tuple[FleetInvariant, ...] = (
@@ -886,6 +907,26 @@ FLEET_ACTION_PROPERTIES: tuple[FleetActionProperty, ...] = (
         lambda f, g, _b: all(serving(f, s) for s, t in zip(f.eng, g.eng, strict=True)
                              if any(b == 0 and c != 0
                                     for b, c in zip(s.bind, t.bind, strict=True)))),
+    FleetActionProperty(
+        "MigrationMovesTheRollout",
+        "A migration releases the rollout where it was as it binds it where it goes: the "
+        "fleet holds as many rollouts after it as before, and no rollout is bound on two "
+        "members at once (in the journal: OneRolloutOneMember).",
+        f"{_BOUND_NEXT_TLA} = {_BOUND_TLA}",
+        lambda f, g, _b: _bound(f) == _bound(g), step=MIGRATION.name),
+    FleetActionProperty(
+        "InDoubtMembersOnlyRestart",
+        "After a controller crash (a takeover), a member the recovery has yet to restart "
+        "moves only by its restart, which leaves it READY or TAINTED with nothing in flight: "
+        "no outcome of a call the crashed controller made is taken as the new one's (in the "
+        "journal: TakeoverAdoptsNothing).",
+        "\\A n \\in Engines : (n \\in fdown /\\ eng'[n] # eng[n])\n"
+        "        => (n \\notin fdown' /\\ eng'[n].pending = \"none\" "
+        "/\\ eng'[n].phase \\in {\"READY\", \"TAINTED\"})",
+        lambda f, g, _b: all(n not in f.fdown or s == t
+                             or (n not in g.fdown and t.pending == "none"
+                                 and t.phase in (Phase.READY, Phase.TAINTED))
+                             for n, (s, t) in enumerate(zip(f.eng, g.eng, strict=True), 1))),
 )
 
 
@@ -997,6 +1038,9 @@ class FleetSpec:
     migration: Migration = MIGRATION
     crash: ControllerCrash = CRASH
     restarts: tuple[str, ...] = MEMBER_RESTARTS
+    #: Member steps a recovery lets a member it has yet to restart take: none, it only
+    #: restarts it (InDoubtMembersOnlyRestart; a mutant adopts a call's outcome).
+    adopted: frozenset[str] = frozenset()
     #: Fleet-wide fairness (one class each) and fairness of every member (one class per
     #: member each, after the engine spec's own: ``member_fairness``).
     fairness: tuple[Fairness, ...] = FLEET_FAIRNESS
@@ -1097,9 +1141,11 @@ class FleetSpec:
             out += self.recovery_steps(f, memo)
         up = opened and f.fphase != FleetPhase.RECOVERING  # the controller takes steps
         for a, guard, fault in (self._enabled_by_phase(frozenset(s.phase for s in f.eng))
-                                if up else ()):
+                                if up or (self.adopted and opened) else ()):
             for n, s in enumerate(f.eng):
                 if s.phase not in a.sources or not guard(f, s, b):
+                    continue
+                if not up and (a.name not in self.adopted or n + 1 not in f.fdown):
                     continue
                 if fault and f.faults >= b.faults:
                     continue
@@ -1156,7 +1202,7 @@ class FleetSpec:
         slot), members and slots counted from 1."""
         out: list[tuple[str, Param, FleetState]] = []
         mig, b = self.migration, self.bounds
-        release, admit = self.engine.action("release"), self.engine.action("admit")
+        leave_a, join_a = self.engine.action(mig.leave), self.engine.action(mig.join)
         for n, s in enumerate(f.eng):
             for i in range(1, len(s.bind) + 1):
                 if s.bind[i - 1] == 0:
@@ -1168,8 +1214,8 @@ class FleetSpec:
                         # updates are checked by TLC parity, as in Spec.step
                         leave: Callable[..., State] = s._replace
                         join: Callable[..., State] = t._replace
-                        left = leave(**release.control(s, i))
-                        joined = join(**{**admit.world(t, j)[0], **admit.control(t, j)})
+                        left = leave(**leave_a.control(s, i))
+                        joined = join(**{**join_a.world(t, j)[0], **join_a.control(t, j)})
                         eng = list(f.eng)
                         eng[n], eng[m] = left, joined
                         out.append((mig.name, (n + 1, i, m + 1, j), f._replace(eng=tuple(eng))))
@@ -1257,6 +1303,8 @@ def explore_fleet(spec: FleetSpec = FLEET, *, max_states: int = 3_000_000,
             if keep_steps:
                 steps.append((f, name, p, g))
             for prop in spec.action_properties:
+                if prop.step not in (None, name):
+                    continue
                 if prop.name not in violations and not prop.holds(f, g, b):
                     violations[prop.name] = [*path(f), (name, p)]
             for s, t in zip(f.eng, g.eng, strict=True):
@@ -1285,6 +1333,8 @@ __all__ = [
     "CRASH",
     "FIRST_GENERATION",
     "FLEET",
+    "JOURNAL_PROPERTIES",
+    "JOURNAL_PROPERTIES_IN_THE_MODEL",
     "MEMBER_RESTARTS",
     "MIGRATION",
     "ROLLING_STEPS",
@@ -1350,9 +1400,11 @@ def _member_operator(spec: FleetSpec, a: Action) -> str:
     sources = "{" + ", ".join(f'"{p.value}"' for p in Phase if p in a.sources) + "}"
     guard = spec.member_guards.get(a.name, _TRUE)[1]
     fault = a.fault or a.name in FAULT_IN_FLEET
+    up = f'fphase \\notin {{"{FleetPhase.UNINITIALIZED}", "{FleetPhase.RECOVERING}"}}'
+    if a.name in spec.adopted:
+        up = f'({up} \\/ (fphase = "{FleetPhase.RECOVERING}" /\\ n \\in fdown))'
     lines = [f"\\* {a.name} [member, {a.kind}]", f"{head} ==", "    LET e == eng[n] IN",
-             f'    /\\ fphase \\notin {{"{FleetPhase.UNINITIALIZED}", "{FleetPhase.RECOVERING}"}}',
-             f"    /\\ e.phase \\in {sources}"]
+             f"    /\\ {up}", f"    /\\ e.phase \\in {sources}"]
     for g in (a.when_tla, a.truth_tla, guard):
         if g.strip() != "TRUE":
             lines.append(f"    /\\ {lift_tla(g)}")
@@ -1449,15 +1501,15 @@ def _effect_operator(name: str, a: Action, *, world: bool) -> str:
         assert not any(x.startswith("\\in ") for x in a.world_tla.values()), a.name
         updates = {**a.world_tla, **updates}
     body = ", ".join(f"!.{v} = {lift_tla(x)}" for v, x in updates.items())
-    return f"{name}(e, i) == [e EXCEPT {body}]"
+    return f"{name}(e, i) == [e EXCEPT {body}]" if body else f"{name}(e, i) == e"
 
 
 def _migration_operator(spec: FleetSpec) -> str:
     mig = spec.migration
     return "\n".join([
         f"\\* {mig.name} [fleet, two members]: {mig.doc}",
-        _effect_operator("MigrateLeave", spec.engine.action("release"), world=False),
-        _effect_operator("MigrateJoin", spec.engine.action("admit"), world=True),
+        _effect_operator("MigrateLeave", spec.engine.action(mig.leave), world=False),
+        _effect_operator("MigrateJoin", spec.engine.action(mig.join), world=True),
         f"{tla_name(mig.name)}(src, i, dst, j) ==",
         "    LET e == eng[src]",
         "        t == eng[dst] IN",
@@ -1569,7 +1621,8 @@ def fleet_module(spec: FleetSpec = FLEET) -> str:
                      f"        {body}\n")
     parts.append("\\* ---- action properties")
     for prop in spec.action_properties:
-        parts.append(f"\\* {prop.doc}\n{prop.name} ==\n    [][{prop.tla}]_vars\n")
+        body = prop.tla if prop.step is None else f"{_step_taken(spec, prop.step)} => ({prop.tla})"
+        parts.append(f"\\* {prop.doc}\n{prop.name} ==\n    [][{body}]_vars\n")
     for mp in spec.engine.action_properties:
         body = lift_tla(mp.tla).replace("\n", "\n        ")
         parts.append(f"Member{mp.name} ==\n    [][\\A n \\in Engines : LET e == eng[n]\n"
@@ -1584,6 +1637,16 @@ def fleet_module(spec: FleetSpec = FLEET) -> str:
                      f"    ([]<><<OperatorStep>>_vars) \\/ ({body})\n")
     parts.append("=" * 78)
     return "\n".join(parts) + "\n"
+
+
+def _step_taken(spec: FleetSpec, name: str) -> str:
+    """TLA+: the step is one of fleet step ``name`` (the migration or a fleet action)."""
+    if name == spec.migration.name:
+        return (f"(\\E src, dst \\in Engines : \\E i, j \\in Slots : "
+                f"{tla_name(name)}(src, i, dst, j))")
+    if any(fa.name == name for fa in spec.actions):
+        return tla_name(name)
+    raise KeyError(name)
 
 
 def _member_call(spec: FleetSpec, name: str) -> str:

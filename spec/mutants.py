@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from rolloutcore.spec.failover import FailoverSpec, FoBounds
 from rolloutcore.spec.failover import _campaign as _failover_campaign
@@ -328,6 +329,26 @@ def _migration_target(spec: FleetSpec, target: Callable[..., bool], target_tla: 
                                            when_tla=f"{head}\n    /\\ {target_tla}"))
 
 
+def _publish_every_member(spec: FleetSpec) -> FleetSpec:
+    """fleet_publish commits the target on every member that took part in the update,
+    validated or not."""
+    control = spec.engine.action("publish").control
+
+    def apply(f: FleetState) -> FleetState:
+        def commit(s: State) -> State:
+            upd: dict[str, Any] = {**control(s, None), "phase": Phase.READY}
+            return s._replace(**upd)
+        eng = tuple(commit(s) if f.ftarget != 0 and s.target == f.ftarget else s
+                    for s in f.eng)
+        return f._replace(fphase="READY", fcommitted=f.ftarget, ftarget=0, eng=eng,
+                          ffloor=f.ftarget)
+    every = ('[n \\in Engines |-> LET e == eng[n] IN IF ftarget # 0 /\\ e.target = ftarget '
+             'THEN [e EXCEPT !.phase = "READY", !.committed = e.target, !.target = 0] ELSE e]')
+    return _fleet_action(spec, "fleet_publish", apply=apply,
+                         apply_tla={**next(a.apply_tla for a in spec.actions
+                                           if a.name == "fleet_publish"), "eng": every})
+
+
 def _decision_waits_on_quarantined(spec: FleetSpec) -> FleetSpec:
     """The fleet's decision waits until no member is TAINTED (a member that failed must
     "finish" first), while a quarantined member is re-admitted only outside the update."""
@@ -456,6 +477,25 @@ FLEET_MUTANTS: tuple[FleetMutant, ...] = (
         "left in doubt restart TAINTED and do not).",
         lambda s: _fleet_action(s, "fleet_recover", when=lambda f, _b: not f.fdown,
                                 when_tla="fdown = {}"), CRASHING),
+    FleetMutant(
+        "publish_unverified_members",
+        "Publish commits the target on every member that took part in the update, whether "
+        "or not its own cycle verified it (a fleet that counts its verified members but "
+        "commits them all): a member whose load failed its check serves the generation on "
+        "other weights, two policies under one generation number.",
+        _publish_every_member, PARTIAL_QUORUM),
+    FleetMutant(
+        "migration_copies",
+        "A migration admits the rollout on the member it joins but leaves it bound on the one "
+        "it leaves (a router that retries a rollout elsewhere without cancelling it): one "
+        "rollout, two members.",
+        lambda s: replace(s, migration=replace(s.migration, leave="engine_finish")), ROLLING),
+    FleetMutant(
+        "takeover_adopts_outcome",
+        "A recovering controller takes the answer to its predecessor's validation as its own "
+        "(the member goes on to resume from validate_ok instead of restarting): the new "
+        "controller continues a call it never made.",
+        lambda s: replace(s, adopted=frozenset({"validate_ok"})), CRASHING),
     FleetMutant(
         "floor_moves_backwards",
         "A wave that validated nothing ends by widening the window again (the floor one "

@@ -11,6 +11,8 @@ from conftest import require_tlc
 from rolloutcore.proof import modelcheck
 from rolloutcore.spec.fleet import (
     FLEET,
+    JOURNAL_PROPERTIES,
+    JOURNAL_PROPERTIES_IN_THE_MODEL,
     FleetBounds,
     FleetExploration,
     FleetPhase,
@@ -193,7 +195,8 @@ def test_a_crashed_controller_restarts_every_member_before_the_fleet_moves(
 #: Mutants whose first violation lies deep in the default graph (8-18 s each here): make
 #: check leaves them to make test's explorer-and-TLC run of every mutant (below).
 _SLOW_MUTANTS = frozenset({"publish_before_settled", "member_publishes_alone",
-                           "decision_waits_on_quarantined", "admit_on_stale_member"})
+                           "decision_waits_on_quarantined", "admit_on_stale_member",
+                           "publish_unverified_members"})
 
 
 @pytest.mark.parametrize("m", [pytest.param(m, marks=DEEP) if m.name in _SLOW_MUTANTS else m
@@ -215,6 +218,27 @@ def test_explorer_and_tlc_catch_fleet_mutant(m: FleetMutant) -> None:
     # explorer also found (TLC checks invariants and properties in its own order).
     assert v.tlc_violated in v.explorer or v.tlc_violated.removeprefix("Member") in v.explorer
     assert v.tlc_trace_length == min(v.explorer.values()), (v.tlc_trace_length, v.explorer)
+
+
+#: The mutant that breaks each fleet journal property's form in the model.
+_JOURNAL_MUTANTS = {"OneIdentityPerGeneration": "publish_unverified_members",
+                    "OneRolloutOneMember": "migration_copies",
+                    "TakeoverAdoptsNothing": "takeover_adopts_outcome"}
+
+
+@pytest.mark.parametrize("journal_property", [
+    pytest.param(p, marks=DEEP) if _JOURNAL_MUTANTS[p] in _SLOW_MUTANTS else p
+    for p in JOURNAL_PROPERTIES])
+def test_every_journal_property_is_stated_in_the_model(journal_property: str) -> None:
+    """What the fleet trace checker holds every journal to is a property of the model too
+    (the explorer and TLC check it in every state and step), and a mutant breaks it: the
+    journal check and the model agree on what a fleet must never do."""
+    stated = JOURNAL_PROPERTIES_IN_THE_MODEL[journal_property]
+    known = {p.name for p in (*FLEET.invariants, *FLEET.action_properties)}
+    assert set(stated) <= known, set(stated) - known
+    (mutant,) = [m for m in FLEET_MUTANTS if m.name == _JOURNAL_MUTANTS[journal_property]]
+    v = modelcheck.check_fleet_mutant(mutant, with_tlc=False)
+    assert set(v.explorer) & set(stated), (journal_property, v.explorer)
 
 
 # ----------------------------------------------------------------------- rolling waves
