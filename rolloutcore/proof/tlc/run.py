@@ -97,6 +97,14 @@ def java_available() -> bool:
     return _java_executable() is not None
 
 
+#: The project's TLC runs are short (seconds to a minute, one worker) and share a few
+#: cores with other work: the serial collector and the first JIT tier only. Measured here,
+#: a 4,753-state liveness run took 5.3 s of CPU against 11.3 s with the parallel collector
+#: and the optimising tier (wall 5.3 s against 6.3 s); an 88,574-state graph dump 10.6 s
+#: against 12.4 s (wall 20.5 s against 18.4 s).
+JVM_FLAGS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
+
+
 def run_tlc(
     module_path: Path,
     cfg_path: Path | None = None,
@@ -163,7 +171,7 @@ def _run_in(
     javatmp.mkdir(exist_ok=True)
     dot = work / "graph.dot"
 
-    cmd = [java, "-XX:+UseParallelGC", f"-Djava.io.tmpdir={javatmp}", *jvm_args]
+    cmd = [java, *JVM_FLAGS, f"-Djava.io.tmpdir={javatmp}", *jvm_args]
     cmd += ["-cp", str(jar), "tlc2.TLC", "-workers", str(workers)]
     if not deadlock_check:
         cmd.append("-deadlock")
