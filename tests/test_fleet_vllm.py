@@ -39,6 +39,9 @@ from rolloutcore.spec.fleet import FleetPhase  # noqa: E402
 from rolloutcore.spec.lifecycle import Phase  # noqa: E402
 
 BOUND = 120.0  # a bound against a broken test, never a measurement
+#: Streams sent to hold one on a member in flight (one ends before its pause only when the
+#: machine delays the test's pause by the whole generation).
+HELD_ATTEMPTS = 3
 #: The application's own steps interleave with the lifecycle as threads run; the
 #: comparison is of the lifecycle.
 APPLICATION = frozenset({"admit", "release"})
@@ -79,6 +82,10 @@ def _pause_held(log: list[Any]) -> bool:
     """The runner's pause (vLLM: /sleep level 0, or /pause) held at the fault proxy."""
     return any(x.method == "POST" and x.path in ("/pause", "/sleep")
                and x.phase == "held_before" for x in log)
+
+
+def _released(member: Any) -> bool:
+    return bool(member.outstanding == 0)
 
 
 def _idle(engine: Any) -> bool:
@@ -135,10 +142,23 @@ def test_gateway_streams_move_off_draining_vllm_members_with_the_greedy_tokens(
         with ServerThread(gw) as url, ThreadPoolExecutor(4) as pool:
             streams = []
             for name in ("a", "b", "c"):  # admitted least loaded first: one each
-                first = threading.Event()
-                streams.append(pool.submit(_stream, url, prompt, n, first))
-                assert first.wait(BOUND)
-                engines[name].pause_raw(PauseMode.KEEP)
+                for _attempt in range(HELD_ATTEMPTS):
+                    first = threading.Event()
+                    stream = pool.submit(_stream, url, prompt, n, first)
+                    assert first.wait(BOUND)
+                    engines[name].pause_raw(PauseMode.KEEP)
+                    # The engine's own count says whether the stream is held in flight:
+                    # between its first event and the pause it may have generated all n
+                    # tokens (a machine busy elsewhere delays the pause, not the engine).
+                    if engines[name].running_requests() == 1:
+                        streams.append(stream)
+                        break
+                    engines[name].resume_raw()  # not this test's state: send another
+                    assert stream.result(timeout=BOUND)["tokens"] == reference
+                    assert wait_until(functools.partial(_released, fleet.members[name]),
+                                      BOUND)
+                else:
+                    pytest.fail(f"no stream held on {name} in {HELD_ATTEMPTS} attempts")
             assert {m.name: m.outstanding for m in fleet.members.values()} == {
                 "a": 1, "b": 1, "c": 1}
             for name in ("a", "c"):
