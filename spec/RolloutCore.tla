@@ -1048,4 +1048,8 @@ UpdateEnds ==
 TaintedIsFenced ==
     (phase = "TAINTED" /\ "fenced" \notin evidence) ~> (phase # "TAINTED" \/ "fenced" \in evidence)
 
+\* A TAINTED engine that is healthy and re-admitted serves again: once its reload holds the committed generation (weights and label) and nothing fails any more (the fault budget spent), the re-admission ends READY with every piece of evidence, whatever the clients do.
+ReadmitServes ==
+    (pending = "readmit" /\ weights = committed /\ label = committed /\ faults = MaxFaults) ~> (phase = "READY")
+
 ==============================================================================

@@ -19,8 +19,8 @@ BROKEN == -2
 TAINT == -3
 TierOrder == <<"prefix", "encoder", "mm">>
 
-VARIABLES fphase, fcommitted, ftarget, eng, faults, ffloor, fdown, fcrashes
-vars == <<fphase, fcommitted, ftarget, eng, faults, ffloor, fdown, fcrashes>>
+VARIABLES fphase, fcommitted, ftarget, eng, faults, ffloor, fdown, fcrashes, fasked
+vars == <<fphase, fcommitted, ftarget, eng, faults, ffloor, fdown, fcrashes, fasked>>
 
 Init ==
     /\ fphase = "UNINITIALIZED"
@@ -31,6 +31,7 @@ Init ==
     /\ ffloor = 1
     /\ fdown = {}
     /\ fcrashes = 0
+    /\ fasked = {}
 
 TierFirst(e, t) == \A k \in 1..Len(TierOrder) : TierOrder[k] = t =>
     \A j \in 1..(k - 1) : TierOrder[j] \in e.cleared
@@ -48,7 +49,7 @@ MAdmit(n, i) ==
     /\ fphase \in {"READY", "ROLLING"} /\ e.committed >= ffloor /\ e.committed <= fcommitted /\ Cardinality({m \in Engines : Serving(eng[m])}) >= MinServing
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.bind = [e.bind EXCEPT ![i] = e.committed], !.req = [e.req EXCEPT ![i] = e.weights], !.stale = (e.stale \/ \E t \in Tiers : e.caches[t] \ {e.weights} # {}), !.caches = [t \in Tiers |-> e.caches[t] \cup {e.weights}]]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* engine_finish [member, environment]
 MEngineFinish(n, i) ==
@@ -58,7 +59,7 @@ MEngineFinish(n, i) ==
     /\ e.req[i] # 0
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.req = [e.req EXCEPT ![i] = 0]]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* release [member, control]
 MRelease(n, i) ==
@@ -68,7 +69,7 @@ MRelease(n, i) ==
     /\ e.bind[i] # 0
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.bind = [e.bind EXCEPT ![i] = 0]]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* request_update [member, control]
 MRequestUpdate(n) ==
@@ -82,9 +83,11 @@ MRequestUpdate(n) ==
        \/ (fphase \in {"ABORTING", "READY"} /\ e.committed < fcommitted
            /\ Cardinality({m \in Engines : Serving(eng[m])}) - (IF Serving(e) THEN 1 ELSE 0) >= MinAdmitting)
     /\ Scheduled(n)
+    /\ (fphase \in {"ROLLING", "UPDATING"} => n \notin fasked)
     /\ e.committed < MaxGen
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "DRAINING", !.target = e.committed + 1]]
     /\ faults' = faults
+    /\ fasked' = IF fphase \in {"ROLLING", "UPDATING"} THEN fasked \cup {n} ELSE fasked
     /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
 
 \* cancel_update [member, control]
@@ -96,7 +99,7 @@ MCancelUpdate(n) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "READY", !.target = 0]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* pause_begin [member, control]
 MPauseBegin(n) ==
@@ -107,7 +110,7 @@ MPauseBegin(n) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "pause"]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* pause_ok [member, outcome]
 MPauseOk(n) ==
@@ -119,7 +122,7 @@ MPauseOk(n) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "QUIESCED", !.evidence = e.evidence \ {"resumed"}, !.pending = "none", !.paused = TRUE]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* pause_failed [member, outcome]
 MPauseFailed(n) ==
@@ -131,7 +134,7 @@ MPauseFailed(n) ==
     /\ faults < MaxFaults
     /\ \E w0 \in {e.paused, TRUE} : eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = e.evidence \ {"resumed"}, !.pending = "none", !.paused = w0]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* abandon_update [member, control]
 MAbandonUpdate(n) ==
@@ -142,7 +145,7 @@ MAbandonUpdate(n) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "RESUMING", !.target = 0]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* mutate_begin [member, control]
 MMutateBegin(n) ==
@@ -153,7 +156,7 @@ MMutateBegin(n) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "UPDATING", !.evidence = {}, !.cleared = {}, !.pending = "mutate"]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* mutate_ok [member, outcome]
 MMutateOk(n) ==
@@ -164,7 +167,7 @@ MMutateOk(n) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "INVALIDATING", !.pending = "none", !.weights = e.target, !.label = e.target]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* mutate_ok_unlabelled [member, outcome]
 MMutateOkUnlabelled(n) ==
@@ -176,7 +179,7 @@ MMutateOkUnlabelled(n) ==
     /\ faults < MaxFaults
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "INVALIDATING", !.pending = "none", !.weights = e.target]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* mutate_ok_wrong_weights [member, outcome]
 MMutateOkWrongWeights(n) ==
@@ -188,7 +191,7 @@ MMutateOkWrongWeights(n) ==
     /\ faults < MaxFaults
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "INVALIDATING", !.pending = "none", !.weights = MIXED, !.label = e.target]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* mutate_ok_broken [member, outcome]
 MMutateOkBroken(n) ==
@@ -200,7 +203,7 @@ MMutateOkBroken(n) ==
     /\ faults < MaxFaults
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "INVALIDATING", !.pending = "none", !.weights = BROKEN, !.label = e.target]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* mutate_refused [member, outcome]
 MMutateRefused(n) ==
@@ -213,7 +216,7 @@ MMutateRefused(n) ==
     /\ faults < MaxFaults
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "QUIESCED", !.target = 0, !.evidence = WeightEvidence, !.pending = "none"]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* mutate_ambiguous [member, outcome]
 MMutateAmbiguous(n) ==
@@ -225,7 +228,7 @@ MMutateAmbiguous(n) ==
     /\ faults < MaxFaults
     /\ \E w0 \in {e.committed, e.target, MIXED} : \E w1 \in {e.committed, e.target} : eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "TAINTED", !.pending = "none", !.weights = w0, !.label = w1, !.amb = TRUE]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* reset_begin [member, control]
 MResetBegin(n, t) ==
@@ -237,7 +240,7 @@ MResetBegin(n, t) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "reset_" \o t]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* reset_ok [member, outcome]
 MResetOk(n, t) ==
@@ -248,7 +251,7 @@ MResetOk(n, t) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.cleared = e.cleared \cup {t}, !.pending = "none", !.caches = [e.caches EXCEPT ![t] = {}]]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* reset_failed [member, outcome]
 MResetFailed(n, t) ==
@@ -260,7 +263,7 @@ MResetFailed(n, t) ==
     /\ faults < MaxFaults
     /\ \E w0 \in {e.caches, [e.caches EXCEPT ![t] = {}]} : eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "none", !.caches = w0]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* invalidated [member, control]
 MInvalidated(n) ==
@@ -271,7 +274,7 @@ MInvalidated(n) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "VALIDATING"]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* validate_begin [member, control]
 MValidateBegin(n) ==
@@ -282,7 +285,7 @@ MValidateBegin(n) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "validate"]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* validate_ok [member, outcome]
 MValidateOk(n) ==
@@ -294,7 +297,7 @@ MValidateOk(n) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "RESUMING", !.evidence = e.evidence \cup {"version", "identity"}, !.pending = "none"]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* validate_failed [member, outcome]
 MValidateFailed(n) ==
@@ -306,7 +309,7 @@ MValidateFailed(n) ==
     /\ faults < MaxFaults
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "none"]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* validate_mismatch [member, outcome]
 MValidateMismatch(n) ==
@@ -318,7 +321,7 @@ MValidateMismatch(n) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "TAINTED", !.pending = "none", !.amb = TRUE]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* resume_begin [member, control]
 MResumeBegin(n) ==
@@ -329,7 +332,7 @@ MResumeBegin(n) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "resume"]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* resume_ok [member, outcome]
 MResumeOk(n) ==
@@ -340,7 +343,7 @@ MResumeOk(n) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = e.evidence \cup {"resumed"}, !.pending = "none", !.paused = FALSE]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* resume_failed [member, outcome]
 MResumeFailed(n) ==
@@ -352,7 +355,7 @@ MResumeFailed(n) ==
     /\ faults < MaxFaults
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "none"]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* probe_begin [member, control]
 MProbeBegin(n) ==
@@ -363,7 +366,7 @@ MProbeBegin(n) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "probe"]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* probe_ok [member, outcome]
 MProbeOk(n) ==
@@ -375,7 +378,7 @@ MProbeOk(n) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = e.evidence \cup {"probe"}, !.pending = "none", !.stale = (e.stale \/ \E t \in Tiers : e.caches[t] \ {e.weights} # {}), !.caches = [t \in Tiers |-> e.caches[t] \cup {e.weights}]]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* probe_failed [member, outcome]
 MProbeFailed(n) ==
@@ -387,7 +390,7 @@ MProbeFailed(n) ==
     /\ faults < MaxFaults
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "none"]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* probe_mismatch [member, outcome]
 MProbeMismatch(n) ==
@@ -399,7 +402,7 @@ MProbeMismatch(n) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "TAINTED", !.pending = "none", !.amb = TRUE]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* publish [member, control]
 MPublish(n) ==
@@ -410,7 +413,7 @@ MPublish(n) ==
     /\ e.target <= fcommitted
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "READY", !.committed = e.target, !.target = 0]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* reopen [member, control]
 MReopen(n) ==
@@ -421,7 +424,7 @@ MReopen(n) ==
     /\ Scheduled(n)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "READY"]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* give_up [member, control]
 MGiveUp(n) ==
@@ -433,7 +436,7 @@ MGiveUp(n) ==
     /\ faults < MaxFaults
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "TAINTED"]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* fence_begin [member, control]
 MFenceBegin(n) ==
@@ -443,7 +446,7 @@ MFenceBegin(n) ==
     /\ e.pending = "none" /\ "fenced" \notin e.evidence
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "fence"]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* fence_ok [member, outcome]
 MFenceOk(n) ==
@@ -454,7 +457,7 @@ MFenceOk(n) ==
     /\ \A j \in Slots : e.req[j] = 0
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = e.evidence \cup {"fenced"}, !.pending = "none", !.paused = TRUE, !.label = TAINT]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* fence_failed [member, outcome]
 MFenceFailed(n) ==
@@ -465,7 +468,7 @@ MFenceFailed(n) ==
     /\ faults < MaxFaults
     /\ \E w0 \in {e.paused, TRUE} : \E w1 \in {e.label, TAINT} : eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "none", !.paused = w0, !.label = w1]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* readmit_begin [member, control]
 MReadmitBegin(n) ==
@@ -476,7 +479,7 @@ MReadmitBegin(n) ==
     /\ fphase \notin {"UPDATING", "ROLLING"}
     /\ \E w0 \in {e.committed, MIXED, BROKEN} : \E w1 \in {e.committed, e.label} : eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = {}, !.pending = "readmit", !.weights = w0, !.label = w1, !.paused = TRUE, !.req = [i \in Slots |-> 0], !.caches = [t \in Tiers |-> {}], !.amb = FALSE]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* readmit_ok [member, outcome]
 MReadmitOk(n) ==
@@ -487,7 +490,7 @@ MReadmitOk(n) ==
     /\ e.weights = e.committed /\ e.label = e.committed
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "READY", !.target = 0, !.evidence = AllEvidence, !.cleared = Tiers, !.pending = "none", !.paused = FALSE, !.stale = (e.stale \/ \E t \in Tiers : e.caches[t] \ {e.weights} # {}), !.caches = [t \in Tiers |-> e.caches[t] \cup {e.weights}], !.replaced = FALSE, !.doubt = FALSE]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* readmit_mismatch [member, outcome]
 MReadmitMismatch(n) ==
@@ -498,7 +501,7 @@ MReadmitMismatch(n) ==
     /\ e.weights # e.committed \/ e.label # e.committed
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = {}, !.pending = "none", !.paused = FALSE]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* readmit_failed [member, outcome]
 MReadmitFailed(n) ==
@@ -509,7 +512,7 @@ MReadmitFailed(n) ==
     /\ faults < MaxFaults
     /\ \E w0 \in {e.paused, FALSE} : eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = {}, !.pending = "none", !.paused = w0]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* audit_begin [member, control]
 MAuditBegin(n) ==
@@ -520,7 +523,7 @@ MAuditBegin(n) ==
     /\ fphase # "UPDATING"
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.pending = "audit"]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* audit_ok [member, outcome]
 MAuditOk(n) ==
@@ -531,7 +534,7 @@ MAuditOk(n) ==
     /\ e.weights = e.committed /\ e.label = e.committed /\ ~e.paused
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = AllEvidence, !.pending = "none", !.replaced = FALSE, !.doubt = FALSE]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* audit_mismatch [member, outcome]
 MAuditMismatch(n) ==
@@ -542,7 +545,7 @@ MAuditMismatch(n) ==
     /\ ~(e.weights = e.committed /\ e.label = e.committed /\ ~e.paused)
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.phase = "TAINTED", !.bind = [i \in Slots |-> 0], !.evidence = {}, !.pending = "none"]]
     /\ faults' = faults
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* audit_failed [member, outcome]
 MAuditFailed(n) ==
@@ -553,7 +556,7 @@ MAuditFailed(n) ==
     /\ faults < MaxFaults
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = {}, !.pending = "none", !.doubt = TRUE]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* suspect [member, control]
 MSuspect(n) ==
@@ -564,7 +567,7 @@ MSuspect(n) ==
     /\ faults < MaxFaults
     /\ eng' = [eng EXCEPT ![n] = [e EXCEPT !.evidence = {}, !.doubt = TRUE]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* engine_restart [member, environment]
 MEngineRestart(n) ==
@@ -574,7 +577,7 @@ MEngineRestart(n) ==
     /\ faults < MaxFaults
     /\ \E w0 \in {e.committed, MIXED} : \E w1 \in {1, e.committed, MIXED} : eng' = [eng EXCEPT ![n] = [e EXCEPT !.weights = w0, !.label = w1, !.paused = FALSE, !.req = [i \in Slots |-> 0], !.caches = [t \in Tiers |-> {}], !.replaced = TRUE]]
     /\ faults' = faults + 1
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes, fasked>>
 
 \* fleet_open [fleet]: At least min_serving members are verified on the first generation (their bootstrap adopted it): the fleet opens on it, its frontier and floor.
 FleetOpen ==
@@ -584,6 +587,7 @@ FleetOpen ==
     /\ fcommitted' = 1
     /\ ftarget' = 0
     /\ ffloor' = 1
+    /\ fasked' = IF fphase' \in {"ROLLING", "UPDATING"} THEN fasked ELSE {}
     /\ UNCHANGED <<eng, faults, fdown, fcrashes>>
 
 \* fleet_request_update [fleet]: The trainer asks for the next generation (a quorum serving): admissions close on every member (the strict update: max_live 1).
@@ -593,6 +597,7 @@ FleetRequestUpdate ==
     /\ fcommitted < MaxGen
     /\ fphase' = "UPDATING"
     /\ ftarget' = fcommitted + 1
+    /\ fasked' = IF fphase' \in {"ROLLING", "UPDATING"} THEN fasked ELSE {}
     /\ UNCHANGED <<fcommitted, eng, faults, ffloor, fdown, fcrashes>>
 
 \* fleet_publish [fleet]: Every member has settled and at least min_serving validated the target: commit it on every validated member at once.
@@ -604,6 +609,7 @@ FleetPublish ==
     /\ ftarget' = 0
     /\ ffloor' = ftarget
     /\ eng' = [n \in Engines |-> LET e == eng[n] IN IF e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none" THEN [e EXCEPT !.phase = "READY", !.committed = e.target, !.target = 0] ELSE e]
+    /\ fasked' = IF fphase' \in {"ROLLING", "UPDATING"} THEN fasked ELSE {}
     /\ UNCHANGED <<faults, fdown, fcrashes>>
 
 \* fleet_abort [fleet]: Every member has settled or is held back (READY with rollouts bound: its drain timed out), and fewer than min_serving validated or a member is held back: the fleet stays on its generation; validated members give up and are re-admitted onto it, held-back members keep serving it.
@@ -612,6 +618,7 @@ FleetAbort ==
     /\ (\A n \in Engines : Settled(eng[n]) \/ (eng[n].phase = "READY" /\ eng[n].pending = "none" /\ eng[n].committed = fcommitted /\ \E i \in Slots : eng[n].bind[i] # 0))
     /\ (Cardinality({n \in Engines : LET e == eng[n] IN e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none"}) < MinServing \/ \E n \in Engines : eng[n].phase = "READY" /\ eng[n].pending = "none" /\ eng[n].committed = fcommitted /\ \E i \in Slots : eng[n].bind[i] # 0)
     /\ fphase' = "ABORTING"
+    /\ fasked' = IF fphase' \in {"ROLLING", "UPDATING"} THEN fasked ELSE {}
     /\ UNCHANGED <<fcommitted, ftarget, eng, faults, ffloor, fdown, fcrashes>>
 
 \* fleet_close [fleet]: Fewer than min_serving members serve (audits found members replaced or unreachable, or they were suspected): admissions close until a quorum serves again (fleet_reopen).
@@ -619,6 +626,7 @@ FleetClose ==
     /\ fphase \in {"READY"}
     /\ Cardinality({m \in Engines : Serving(eng[m])}) < MinServing
     /\ fphase' = "ABORTING"
+    /\ fasked' = IF fphase' \in {"ROLLING", "UPDATING"} THEN fasked ELSE {}
     /\ UNCHANGED <<fcommitted, ftarget, eng, faults, ffloor, fdown, fcrashes>>
 
 \* fleet_reopen [fleet]: The aborted update is undone (or the fleet was closed): no member is left on the target, and at least min_serving members serve the committed generation again: admissions reopen.
@@ -627,6 +635,7 @@ FleetReopen ==
     /\ (\A n \in Engines : eng[n].phase \in {"READY", "TAINTED"} /\ eng[n].pending = "none") /\ Cardinality({m \in Engines : Serving(eng[m])}) >= MinServing
     /\ fphase' = "READY"
     /\ ftarget' = 0
+    /\ fasked' = IF fphase' \in {"ROLLING", "UPDATING"} THEN fasked ELSE {}
     /\ UNCHANGED <<fcommitted, eng, faults, ffloor, fdown, fcrashes>>
 
 \* fleet_roll [fleet]: The trainer asks for the next generation as a rolling update (max_live >= 2, the next frontier still within max_live of the floor, a quorum serving): members on the frontier join the wave one by one while min_admitting others keep admitting.
@@ -636,6 +645,7 @@ FleetRoll ==
     /\ fcommitted < MaxGen
     /\ fphase' = "ROLLING"
     /\ ftarget' = fcommitted + 1
+    /\ fasked' = IF fphase' \in {"ROLLING", "UPDATING"} THEN fasked ELSE {}
     /\ UNCHANGED <<fcommitted, eng, faults, ffloor, fdown, fcrashes>>
 
 \* fleet_publish_wave [fleet]: No member is in the middle of the wave and at least one validated the target (with a quorum serving after it): commit it on every validated member at once; the frontier moves, the floor stays (the others serve the old generation until they catch up).
@@ -647,6 +657,7 @@ FleetPublishWave ==
     /\ fcommitted' = ftarget
     /\ ftarget' = 0
     /\ eng' = [n \in Engines |-> LET e == eng[n] IN IF e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none" THEN [e EXCEPT !.phase = "READY", !.committed = e.target, !.target = 0] ELSE e]
+    /\ fasked' = IF fphase' \in {"ROLLING", "UPDATING"} THEN fasked ELSE {}
     /\ UNCHANGED <<faults, ffloor, fdown, fcrashes>>
 
 \* fleet_end_wave [fleet]: No member is in the middle of the wave, none validated the target, and a quorum serves: the rolling update ends on the generations served.
@@ -656,6 +667,7 @@ FleetEndWave ==
     /\ Cardinality({n \in Engines : LET e == eng[n] IN e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none"}) = 0 /\ Cardinality({m \in Engines : Serving(eng[m])}) >= MinServing
     /\ fphase' = "READY"
     /\ ftarget' = 0
+    /\ fasked' = IF fphase' \in {"ROLLING", "UPDATING"} THEN fasked ELSE {}
     /\ UNCHANGED <<fcommitted, eng, faults, ffloor, fdown, fcrashes>>
 
 \* fleet_abort_wave [fleet]: No member is in the middle of the wave and fewer than min_serving would serve after it (faults took members out): admissions close as in an aborted strict update; validated members give up and are re-admitted, and the fleet reopens with a quorum (fleet_reopen).
@@ -664,6 +676,7 @@ FleetAbortWave ==
     /\ (\A n \in Engines : LET e == eng[n] IN (e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none") \/ (e.pending = "none" /\ e.phase \in {"READY", "TAINTED"}))
     /\ Cardinality({m \in Engines : Serving(eng[m])}) + Cardinality({n \in Engines : LET e == eng[n] IN e.phase = "RESUMING" /\ ftarget # 0 /\ e.target = ftarget /\ e.evidence = AllEvidence /\ e.pending = "none"}) < MinServing
     /\ fphase' = "ABORTING"
+    /\ fasked' = IF fphase' \in {"ROLLING", "UPDATING"} THEN fasked ELSE {}
     /\ UNCHANGED <<fcommitted, ftarget, eng, faults, ffloor, fdown, fcrashes>>
 
 \* fleet_recover [fleet]: The controller restarted after a crash and every member took the restart the single-engine spec gives it (a member left in doubt restarts TAINTED), and a quorum serves: the fleet reopens on the journal's frontier and floor; any update in progress is dropped.
@@ -672,6 +685,7 @@ FleetRecover ==
     /\ fdown = {} /\ Cardinality({m \in Engines : Serving(eng[m])}) >= MinServing
     /\ fphase' = "READY"
     /\ ftarget' = 0
+    /\ fasked' = IF fphase' \in {"ROLLING", "UPDATING"} THEN fasked ELSE {}
     /\ UNCHANGED <<fcommitted, eng, faults, ffloor, fdown, fcrashes>>
 
 \* fleet_recover_closed [fleet]: As fleet_recover, but fewer than min_serving members serve: the fleet stays closed (re-admission brings members back, and fleet_reopen opens it).
@@ -680,6 +694,7 @@ FleetRecoverClosed ==
     /\ fdown = {} /\ Cardinality({m \in Engines : Serving(eng[m])}) < MinServing
     /\ fphase' = "ABORTING"
     /\ ftarget' = 0
+    /\ fasked' = IF fphase' \in {"ROLLING", "UPDATING"} THEN fasked ELSE {}
     /\ UNCHANGED <<fcommitted, eng, faults, ffloor, fdown, fcrashes>>
 
 \* fleet_raise_floor [fleet]: No member serves, or holds rollouts of, a generation below the frontier any more (each caught up, or is out of service): the floor moves up to the frontier.
@@ -688,6 +703,7 @@ FleetRaiseFloor ==
     /\ ffloor < fcommitted /\ \A n \in Engines : eng[n].committed >= fcommitted \/ (~Serving(eng[n]) /\ \A i \in Slots : eng[n].bind[i] = 0)
     /\ ffloor' = fcommitted
     /\ fphase' = "READY"
+    /\ fasked' = IF fphase' \in {"ROLLING", "UPDATING"} THEN fasked ELSE {}
     /\ UNCHANGED <<fcommitted, ftarget, eng, faults, fdown, fcrashes>>
 
 \* migrate [fleet, two members]: A rollout bound on a member that drains for an update moves to a member serving its own generation (an open fleet with a quorum): released on the one, admitted on the other; the drain need not wait for it.
@@ -701,7 +717,7 @@ Migrate(src, i, dst, j) ==
     /\ e.phase = "DRAINING" /\ e.bind[i] # 0
     /\ Serving(t) /\ t.committed = e.bind[i] /\ t.bind[j] = 0 /\ t.req[j] = 0
     /\ eng' = [eng EXCEPT ![src] = MigrateLeave(e, i), ![dst] = MigrateJoin(t, j)]
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, faults, ffloor, fdown, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, faults, ffloor, fdown, fcrashes, fasked>>
 
 \* fleet_crash [fleet, environment]: The fleet controller crashes (in any phase after the fleet opened, its recovery included): every member is left to restart.
 FleetCrash ==
@@ -710,6 +726,7 @@ FleetCrash ==
     /\ fphase' = "RECOVERING"
     /\ fdown' = Engines
     /\ fcrashes' = fcrashes + 1
+    /\ fasked' = {}
     /\ UNCHANGED <<fcommitted, ftarget, eng, faults, ffloor>>
 
 InFlightWorlds(e) ==
@@ -755,7 +772,7 @@ MRestartReady(n) ==
     /\ (e.pending = "none" /\ (e.phase = "READY" \/ (e.phase = "DRAINING" /\ "resumed" \in e.evidence))) \/ (e.phase = "READY" /\ e.pending = "audit")
     /\ \E w \in InFlightWorlds(e) : eng' = [eng EXCEPT ![n] = [w EXCEPT !.phase = "READY", !.pending = "none", !.target = 0, !.bind = [i \in Slots |-> 0], !.evidence = IF e.pending = "none" THEN e.evidence ELSE {}]]
     /\ fdown' = fdown \ {n}
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, faults, ffloor, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, faults, ffloor, fcrashes, fasked>>
 
 \* restart_tainted [member, restart, in a recovery]
 MRestartTainted(n) ==
@@ -766,7 +783,7 @@ MRestartTainted(n) ==
     /\ ~((e.pending = "none" /\ (e.phase = "READY" \/ (e.phase = "DRAINING" /\ "resumed" \in e.evidence))) \/ (e.phase = "READY" /\ e.pending = "audit"))
     /\ \E w \in InFlightWorlds(e) : eng' = [eng EXCEPT ![n] = [w EXCEPT !.phase = "TAINTED", !.pending = "none", !.bind = [i \in Slots |-> 0], !.evidence = IF e.phase = "TAINTED" THEN e.evidence \cap {"fenced"} ELSE {}]]
     /\ fdown' = fdown \ {n}
-    /\ UNCHANGED <<fphase, fcommitted, ftarget, faults, ffloor, fcrashes>>
+    /\ UNCHANGED <<fphase, fcommitted, ftarget, faults, ffloor, fcrashes, fasked>>
 
 Next ==
     \/ \E n \in Engines : \E i \in Slots : MAdmit(n, i)
@@ -838,14 +855,14 @@ Spec == Init /\ [][Next]_vars
 
 \* The fleet with its fairness assumptions (liveness is checked under it).
 FairSpec == Spec
-    /\ SF_vars(FleetOpen \/ FleetPublish \/ FleetAbort \/ FleetClose \/ FleetReopen \/ FleetPublishWave \/ FleetEndWave \/ FleetAbortWave \/ FleetRecover \/ FleetRecoverClosed \/ FleetRaiseFloor)  \* FleetDecides
+    /\ WF_vars(FleetOpen \/ FleetPublish \/ FleetAbort \/ FleetClose \/ FleetReopen \/ FleetPublishWave \/ FleetEndWave \/ FleetAbortWave \/ FleetRecover \/ FleetRecoverClosed \/ FleetRaiseFloor)  \* FleetDecides
     /\ \A n \in Engines :
-        /\ SF_vars(MRequestUpdate(n) \/ MCancelUpdate(n) \/ MPauseBegin(n) \/ MPauseOk(n) \/ MPauseFailed(n) \/ MAbandonUpdate(n) \/ MMutateBegin(n) \/ MMutateOk(n) \/ MMutateOkUnlabelled(n) \/ MMutateOkWrongWeights(n) \/ MMutateOkBroken(n) \/ MMutateRefused(n) \/ MMutateAmbiguous(n) \/ (\E t \in Tiers : MResetBegin(n, t)) \/ (\E t \in Tiers : MResetOk(n, t)) \/ (\E t \in Tiers : MResetFailed(n, t)) \/ MInvalidated(n) \/ MValidateBegin(n) \/ MValidateOk(n) \/ MValidateFailed(n) \/ MValidateMismatch(n) \/ MResumeBegin(n) \/ MResumeOk(n) \/ MResumeFailed(n) \/ MProbeBegin(n) \/ MProbeOk(n) \/ MProbeFailed(n) \/ MProbeMismatch(n) \/ MPublish(n) \/ MReopen(n) \/ MGiveUp(n) \/ MFenceBegin(n) \/ MFenceOk(n) \/ MFenceFailed(n) \/ MReadmitOk(n) \/ MReadmitMismatch(n) \/ MReadmitFailed(n) \/ MAuditOk(n) \/ MAuditMismatch(n) \/ MAuditFailed(n) \/ MRestartReady(n) \/ MRestartTainted(n))  \* MemberMoves
-        /\ SF_vars((\E i \in Slots : MEngineFinish(n, i)))  \* EngineFinishes
+        /\ WF_vars(MRequestUpdate(n) \/ MCancelUpdate(n) \/ MPauseBegin(n) \/ MPauseOk(n) \/ MPauseFailed(n) \/ MAbandonUpdate(n) \/ MMutateBegin(n) \/ MMutateOk(n) \/ MMutateOkUnlabelled(n) \/ MMutateOkWrongWeights(n) \/ MMutateOkBroken(n) \/ MMutateRefused(n) \/ MMutateAmbiguous(n) \/ (\E t \in Tiers : MResetBegin(n, t)) \/ (\E t \in Tiers : MResetOk(n, t)) \/ (\E t \in Tiers : MResetFailed(n, t)) \/ MInvalidated(n) \/ MValidateBegin(n) \/ MValidateOk(n) \/ MValidateFailed(n) \/ MValidateMismatch(n) \/ MResumeBegin(n) \/ MResumeOk(n) \/ MResumeFailed(n) \/ MProbeBegin(n) \/ MProbeOk(n) \/ MProbeFailed(n) \/ MProbeMismatch(n) \/ MPublish(n) \/ MReopen(n) \/ MGiveUp(n) \/ MFenceBegin(n) \/ MFenceOk(n) \/ MFenceFailed(n) \/ MReadmitOk(n) \/ MReadmitMismatch(n) \/ MReadmitFailed(n) \/ MAuditOk(n) \/ MAuditMismatch(n) \/ MAuditFailed(n) \/ MRestartReady(n) \/ MRestartTainted(n))  \* MemberMoves
+        /\ WF_vars((\E i \in Slots : MEngineFinish(n, i)))  \* EngineFinishes
 
-\* The operator's steps: a liveness property speaks of behaviours that take
-\* them finitely often.
-OperatorStep == \E n \in Engines : MReadmitBegin(n) \/ MAuditBegin(n) \/ MSuspect(n)
+\* The operator's steps and a member leaving an update: a liveness property
+\* speaks of behaviours that take them finitely often.
+FiniteStep == \E n \in Engines : MCancelUpdate(n) \/ MAbandonUpdate(n) \/ MReadmitBegin(n) \/ MAuditBegin(n) \/ MSuspect(n)
 
 \* ---- fleet invariants
 \* Every member READY on a generation the fleet serves holds that generation's weights: after a publish no two engines serving one generation hold different weights (an engine replaced out of band since it was last verified aside: the next audit finds it).
@@ -1029,21 +1046,25 @@ MemberEvidenceOnlyWhileClosed ==
                     \/ /\ e.phase = "READY" /\ e.pending = "audit"
                        /\ e2.evidence = AllEvidence]_vars
 
-\* ---- liveness (under FairSpec, the operator's steps finitely many)
+\* ---- liveness (under FairSpec, with finitely many FiniteStep)
 \* The fleet opens on its first generation: its members start verified on it.
 FleetOpens ==
-    ([]<><<OperatorStep>>_vars) \/ ((fphase = "UNINITIALIZED") ~> (fphase # "UNINITIALIZED"))
+    ([]<><<FiniteStep>>_vars) \/ ((fphase = "UNINITIALIZED") ~> (fphase # "UNINITIALIZED"))
 
 \* Every fleet update the trainer asks for ends (published, ended, or aborted; or dropped by a controller crash, whose recovery ends: RecoveryEnds), whatever the clients do with their rollouts and whichever members fail, die or are suspected: a fleet never waits for ever on one member.
 FleetUpdateEnds ==
-    ([]<><<OperatorStep>>_vars) \/ ((fphase \in {"UPDATING", "ROLLING"}) ~> (~(fphase \in {"UPDATING", "ROLLING"})))
+    ([]<><<FiniteStep>>_vars) \/ ((fphase \in {"UPDATING", "ROLLING"}) ~> (~(fphase \in {"UPDATING", "ROLLING"})))
 
 \* A controller restarted after a crash reopens the fleet, or keeps it closed by a recorded decision (fleet_recover_closed): it does not wait for ever.
 RecoveryEnds ==
-    ([]<><<OperatorStep>>_vars) \/ ((fphase = "RECOVERING") ~> (fphase # "RECOVERING"))
+    ([]<><<FiniteStep>>_vars) \/ ((fphase = "RECOVERING") ~> (fphase # "RECOVERING"))
 
 \* A TAINTED member is fenced (its fence confirmed) unless it leaves TAINTED first, during the fleet's update as outside it.
 MemberTaintedIsFenced ==
-    ([]<><<OperatorStep>>_vars) \/ (\A n \in Engines : (eng[n].phase = "TAINTED" /\ "fenced" \notin eng[n].evidence) ~> (eng[n].phase # "TAINTED" \/ "fenced" \in eng[n].evidence))
+    ([]<><<FiniteStep>>_vars) \/ (\A n \in Engines : (eng[n].phase = "TAINTED" /\ "fenced" \notin eng[n].evidence) ~> (eng[n].phase # "TAINTED" \/ "fenced" \in eng[n].evidence))
+
+\* In a rolling fleet the floor rises to the frontier, whichever members fail, unless it waits for something only a client or the operator gives: a live rollout of a generation below the frontier (clients are not fair: one held for ever holds the floor; the drain's deadline, not the floor, bounds an update), capacity (no member may leave service to catch up: min_admitting or fewer serve, the others quarantined until re-admitted) or a closed fleet (ABORTING, until audited). So K live generations never leave a fleet stuck on its oldest.
+FloorRises ==
+    ([]<><<FiniteStep>>_vars) \/ ((ffloor < fcommitted) ~> (ffloor = fcommitted \/ (\E n \in Engines, i \in Slots : eng[n].bind[i] # 0 /\ eng[n].bind[i] < fcommitted) \/ Cardinality({m \in Engines : Serving(eng[m])}) <= MinAdmitting \/ fphase = "ABORTING"))
 
 ==============================================================================

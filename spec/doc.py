@@ -136,9 +136,10 @@ def fleet_section(fleet: FleetSpec, *, states: int, edges: int, rolling_states: 
             "module's `FairSpec` at the rolling bounds, one run per property (TLC's "
             "liveness check grows fast with states and fairness conjuncts: the default "
             "bounds are the explorer's alone); the verdicts must be equal. A property "
-            "reads `([]<><<OperatorStep>>_vars) \\/ (P ~> Q)`: it speaks of behaviours "
-            "in which the operator's steps ("
-            f"{', '.join(sorted(fleet.finite))}) are finitely many.", ""]
+            "reads `([]<><<FiniteStep>>_vars) \\/ (P ~> Q)`: it speaks of behaviours "
+            "in which the operator's steps and a member's leaving an update it was asked for ("
+            f"{', '.join(sorted(fleet.finite))}) are finitely many; an update asks each member "
+            "once (`fasked`), as the runtime does.", ""]
     for lp in fleet.liveness:
         each = " (for every member n)" if lp.member else ""
         out.append(f"- **{lp.name}**{each} (`{_cell(lp.when_tla)}` ~> "

@@ -34,7 +34,10 @@ A member that cannot take part stops the publish: one still READY on the fleet's
 generation with rollouts bound (its drain timed out and it cancelled its own update) is
 *held back*; once every member has settled or is held back, ``fleet_abort`` may end the
 update (publishing would leave those rollouts on a member that no longer serves), and the
-held-back member simply keeps serving the committed generation.
+held-back member simply keeps serving the committed generation. An update asks each
+member once (``fasked``, the members it asked; forgotten when it ends), as the runtime
+does: a member that cancelled or abandoned it stays out of it, so members taking turns to
+leave cannot keep its decision waiting (a liveness property, FleetUpdateEnds, shows it).
 
 Quarantine is the member's TAINTED: it gets no rollout and takes no part in an update
 until it is re-admitted (``readmit``, an explicit operation that verifies label,
@@ -143,6 +146,9 @@ class FleetPhase:
 #: Fleet phases in which a member behind the fleet may catch up (not during the fleet's
 #: own update, whose decision waits for every member to settle).
 CATCH_UP_PHASES = frozenset({FleetPhase.READY, FleetPhase.ABORTING})
+#: Fleet phases of an update that asks its members to update, each once (its decision
+#: waits for each answer; a member that cancelled or abandoned stays out of it).
+ASKING_PHASES = frozenset({FleetPhase.UPDATING, FleetPhase.ROLLING})
 
 
 def update_policy_error(max_live: int, min_admitting: int, members: int) -> str | None:
@@ -287,6 +293,12 @@ class FleetState(NamedTuple):
     ffloor: int  # the oldest generation still served (the frontier, with max_live 1)
     fdown: frozenset[int] = frozenset()  # members (from 1) a recovery has yet to restart
     fcrashes: int = 0  # controller crashes so far (bounded by FleetBounds.crashes)
+    fasked: frozenset[int] = frozenset()  # members (from 1) the update under way asked
+
+
+def _asked_kept(f: FleetState) -> FleetState:
+    """The members asked are the update's: forgotten once the fleet leaves it."""
+    return f if f.fphase in ASKING_PHASES or not f.fasked else f._replace(fasked=frozenset())
 
 
 def next_tier(s: State) -> str | None:
@@ -941,8 +953,9 @@ class FleetLiveness:
 
     name: str
     doc: str
-    when: Callable[[FleetState, int], bool]
-    then: Callable[[FleetState, int], bool]
+    #: Over a state, a member (a member property's; else 0) and the bounds.
+    when: Callable[[FleetState, int, FleetBounds], bool]
+    then: Callable[[FleetState, int, FleetBounds], bool]
     when_tla: str
     then_tla: str
     member: bool = False
@@ -960,36 +973,53 @@ TRAINER_REQUESTS = frozenset({"fleet_request_update", "fleet_roll"})
 #: controller's crash (at most ``crashes``).
 FLEET_MEMBER_STEPS = frozenset({"request_update", *MEMBER_RESTARTS})
 #: The fairness is coarse, two classes per member (FleetSpec.member_fairness) and one for
-#: the fleet's decisions, and strong. Coarse: a weaker assumption than one class per step
+#: the fleet's decisions, and weak. Coarse: a weaker assumption than one class per step
 #: (whatever holds under it holds under those), and TLC's liveness check grows fast with
-#: fairness conjuncts (45 were too many for it). Strong, because weak fairness is not
-#: enough and the explorer's lassos show why: the model serialises the members of a
-#: strict update (FleetSpec.scheduled), so a member's step is disabled whenever an
-#: earlier member is between steps; a held-back member's update may be asked again after
-#: it was cancelled, and an audit in flight leaves a wave unsettled until it returns,
-#: each disabling the fleet's decision for a moment in every round. The runtime moves
-#: members in parallel and decides under the fleet's lock as soon as its members have
-#: returned: a step enabled again and again is taken.
+#: fairness conjuncts (45 were too many for it). Weak: a step that stays enabled is taken.
+#: Strong fairness was needed (and assumed) while the model could ask a member again
+#: after it cancelled and take cancels and audits for ever: each round disabled the
+#: fleet's decision for a moment. An update asks each member once now, as the runtime
+#: does (FleetSpec.asks_once), and liveness speaks of finitely many audits and cancels
+#: (FleetSpec.finite), so nothing disables a decision for ever and weak fairness does.
 FLEET_FAIRNESS: tuple[Fairness, ...] = (
     Fairness("FleetDecides",
              "The fleet's controller takes one of its decisions (all but the trainer's "
-             "requests) whenever one is enabled again and again.",
-             frozenset(fa.name for fa in FLEET_ACTIONS if fa.name not in TRAINER_REQUESTS),
-             strong=True),
+             "requests) when one stays enabled.",
+             frozenset(fa.name for fa in FLEET_ACTIONS if fa.name not in TRAINER_REQUESTS)),
 )
 #: The operator's steps: audits, suspicion and re-admission. A liveness property speaks of
 #: the behaviours that take them finitely often (a property reads
-#: ``([]<><<OperatorStep>>_vars) \\/ (P ~> Q)``), the honest assumption for each: audits
+#: ``([]<><<FiniteStep>>_vars) \\/ (P ~> Q)``), the honest assumption for each: audits
 #: that overlap for ever (one in flight on some member at every moment) would hold a
 #: wave's decision for ever, and the runtime's audits are periodic, not back to back.
 OPERATOR_STEPS = frozenset({"audit_begin", "suspect", "readmit_begin"})
+#: A member leaving an update it was asked for: cancelled while draining, or abandoned
+#: after a refusal. The model lets its controller take them at any moment (a superset of
+#: the runtime's, for safety); the runtime cancels only past the drain deadline with
+#: rollouts still bound or after a failed pause (a fault), and abandons only after the
+#: engine refused the weights with proof that nothing moved. Liveness speaks of
+#: behaviours with finitely many: an update asks each member once (FleetSpec.asks_once),
+#: so an update sees finitely many anyway; a catch-up asked again and again and cancelled
+#: each time by a rollout held for ever leaves the floor to that rollout (FloorRises
+#: allows for it); what is left out is a member that refuses every update for ever
+#: (no headroom, say), which keeps the floor down: it is not healthy.
+LEAVE_STEPS = frozenset({"cancel_update", "abandon_update"})
+_OLD_ROLLOUT_LIVE_TLA = ("(\\E n \\in Engines, i \\in Slots : "
+                         "eng[n].bind[i] # 0 /\\ eng[n].bind[i] < fcommitted)")
+
+
+def _old_rollout_live(f: FleetState) -> bool:
+    """A rollout bound under a generation below the frontier is live on some member."""
+    return any(0 < g < f.fcommitted for s in f.eng for g in s.bind)
+
+
 _UPDATING_TLA = f'fphase \\in {{"{FleetPhase.UPDATING}", "{FleetPhase.ROLLING}"}}'
 FLEET_LIVENESS: tuple[FleetLiveness, ...] = (
     FleetLiveness(
         "FleetOpens",
         "The fleet opens on its first generation: its members start verified on it.",
-        lambda f, _n: f.fphase == FleetPhase.UNINITIALIZED,
-        lambda f, _n: f.fphase != FleetPhase.UNINITIALIZED,
+        lambda f, _n, _b: f.fphase == FleetPhase.UNINITIALIZED,
+        lambda f, _n, _b: f.fphase != FleetPhase.UNINITIALIZED,
         f'fphase = "{FleetPhase.UNINITIALIZED}"', f'fphase # "{FleetPhase.UNINITIALIZED}"'),
     FleetLiveness(
         "FleetUpdateEnds",
@@ -997,24 +1027,39 @@ FLEET_LIVENESS: tuple[FleetLiveness, ...] = (
         "dropped by a controller crash, whose recovery ends: RecoveryEnds), whatever the "
         "clients do with their rollouts and whichever members fail, die or are suspected: "
         "a fleet never waits for ever on one member.",
-        lambda f, _n: f.fphase in (FleetPhase.UPDATING, FleetPhase.ROLLING),
-        lambda f, _n: f.fphase not in (FleetPhase.UPDATING, FleetPhase.ROLLING),
+        lambda f, _n, _b: f.fphase in (FleetPhase.UPDATING, FleetPhase.ROLLING),
+        lambda f, _n, _b: f.fphase not in (FleetPhase.UPDATING, FleetPhase.ROLLING),
         _UPDATING_TLA, f"~({_UPDATING_TLA})"),
     FleetLiveness(
         "RecoveryEnds",
         "A controller restarted after a crash reopens the fleet, or keeps it closed by a "
         "recorded decision (fleet_recover_closed): it does not wait for ever.",
-        lambda f, _n: f.fphase == FleetPhase.RECOVERING,
-        lambda f, _n: f.fphase != FleetPhase.RECOVERING,
+        lambda f, _n, _b: f.fphase == FleetPhase.RECOVERING,
+        lambda f, _n, _b: f.fphase != FleetPhase.RECOVERING,
         f'fphase = "{FleetPhase.RECOVERING}"', f'fphase # "{FleetPhase.RECOVERING}"'),
     FleetLiveness(
         "MemberTaintedIsFenced",
         "A TAINTED member is fenced (its fence confirmed) unless it leaves TAINTED first, "
         "during the fleet's update as outside it.",
-        lambda f, n: f.eng[n].phase is Phase.TAINTED and FENCED not in f.eng[n].evidence,
-        lambda f, n: f.eng[n].phase is not Phase.TAINTED or FENCED in f.eng[n].evidence,
+        lambda f, n, _b: f.eng[n].phase is Phase.TAINTED and FENCED not in f.eng[n].evidence,
+        lambda f, n, _b: f.eng[n].phase is not Phase.TAINTED or FENCED in f.eng[n].evidence,
         f'eng[n].phase = "TAINTED" /\\ "{FENCED}" \\notin eng[n].evidence',
         f'eng[n].phase # "TAINTED" \\/ "{FENCED}" \\in eng[n].evidence', member=True),
+    FleetLiveness(
+        "FloorRises",
+        "In a rolling fleet the floor rises to the frontier, whichever members fail, "
+        "unless it waits for something only a client or the operator gives: a live "
+        "rollout of a generation below the frontier (clients are not fair: one held for "
+        "ever holds the floor; the drain's deadline, not the floor, bounds an update), "
+        "capacity (no member may leave service to catch up: min_admitting or fewer "
+        "serve, the others quarantined until re-admitted) or a closed fleet (ABORTING, "
+        "until audited). So K live generations never leave a fleet stuck on its oldest.",
+        lambda f, _n, _b: f.ffloor < f.fcommitted,
+        lambda f, _n, b: f.ffloor == f.fcommitted or _old_rollout_live(f)
+        or _count(f, serving) <= b.min_admitting or f.fphase == FleetPhase.ABORTING,
+        "ffloor < fcommitted",
+        f"ffloor = fcommitted \\/ {_OLD_ROLLOUT_LIVE_TLA} "
+        f"\\/ {N_SERVING_TLA} <= MinAdmitting \\/ fphase = \"{FleetPhase.ABORTING}\""),
 )
 
 
@@ -1045,10 +1090,17 @@ class FleetSpec:
     #: member each, after the engine spec's own: ``member_fairness``).
     fairness: tuple[Fairness, ...] = FLEET_FAIRNESS
     member_steps: frozenset[str] = FLEET_MEMBER_STEPS
-    #: Whether the members' two classes are strongly fair (weak: a negative control).
-    member_fairness_strong: bool = True
+    #: Whether the members' two classes are strongly fair (weak is enough: see
+    #: FLEET_FAIRNESS).
+    member_fairness_strong: bool = False
+    #: Whether an update asks each member once (``fasked``), as the runtime does: its
+    #: decision then waits for one answer per member. Off (a negative control), a member
+    #: that cancelled or abandoned may be asked again and again, and members that take
+    #: turns leaving the update keep its decision disabled for ever.
+    asks_once: bool = True
     liveness: tuple[FleetLiveness, ...] = FLEET_LIVENESS
-    finite: frozenset[str] = OPERATOR_STEPS
+    #: Member steps a liveness property assumes finitely many (``FiniteStep``).
+    finite: frozenset[str] = OPERATOR_STEPS | LEAVE_STEPS
     bounds: FleetBounds = FleetBounds()
 
     def with_bounds(self, bounds: FleetBounds) -> FleetSpec:
@@ -1056,7 +1108,7 @@ class FleetSpec:
 
     @cached_property
     def member_fairness(self) -> tuple[Fairness, ...]:
-        """Every member's fairness, two strong classes. Its controller takes one of its
+        """Every member's fairness, two (weak) classes. Its controller takes one of its
         steps, or its call in flight returns (the engine spec's fair steps a member takes
         in the fleet, and the fleet's own steps for it: ``member_steps``): one class, for
         while a call is in flight none of its controller's steps is enabled, so neither
@@ -1069,7 +1121,7 @@ class FleetSpec:
         return (
             Fairness("MemberMoves",
                      "A member's controller takes one of its steps, or its call in flight "
-                     "returns, whenever one is enabled again and again.",
+                     "returns, when one stays enabled.",
                      (fair - env) | self.member_steps, strong=self.member_fairness_strong),
             Fairness("EngineFinishes", "A member's engine finishes a request it runs.",
                      fair & env, strong=self.member_fairness_strong),
@@ -1151,6 +1203,10 @@ class FleetSpec:
                     continue
                 if not self.scheduled(f, n, a):
                     continue
+                asks = self.asks_once and a.name == ASK and f.fphase in ASKING_PHASES
+                if asks and n + 1 in f.fasked:
+                    continue
+                g = f._replace(fasked=f.fasked | {n + 1}) if asks else f
                 for p in ms.params(a):
                     if a.name == "reset_begin" and p != next_tier(s):
                         continue
@@ -1161,15 +1217,15 @@ class FleetSpec:
                     for t in nxt:
                         eng = (*f.eng[:n], t._replace(faults=0), *f.eng[n + 1:])
                         out.append((a.name, (n + 1, p),
-                                    f._replace(eng=eng, faults=f.faults + int(fault))))
+                                    g._replace(eng=eng, faults=f.faults + int(fault))))
         for fa in self.actions:
             if f.fphase not in fa.sources or not fa.when(f, b):
                 continue
             if fa.needs_generation and f.fcommitted >= b.generations:
                 continue
-            out.append((fa.name, None, fa.apply(f)))
+            out.append((fa.name, None, _asked_kept(fa.apply(f))))
         if f.fphase in self.crash.sources and f.fcrashes < b.crashes:
-            out.append((self.crash.name, None, self.crash.apply(f)))
+            out.append((self.crash.name, None, _asked_kept(self.crash.apply(f))))
         if up:
             out += self.migrations(f)
         return out
@@ -1412,6 +1468,9 @@ def _member_operator(spec: FleetSpec, a: Action) -> str:
         lines.append("    /\\ TierFirst(e, t)")
     if a.name in SCHEDULED:
         lines.append("    /\\ Scheduled(n)")
+    asks = spec.asks_once and a.name == ASK
+    if asks:
+        lines.append(f"    /\\ ({_ASKING_TLA} => n \\notin fasked)")
     if fault:
         lines.append("    /\\ faults < MaxFaults")
     if a.needs_generation:
@@ -1431,7 +1490,10 @@ def _member_operator(spec: FleetSpec, a: Action) -> str:
     lines.append(f"    /\\ {' '.join(chosen)} eng' = [eng EXCEPT ![n] = {rec}]".replace(
         "/\\  eng'", "/\\ eng'"))
     lines.append("    /\\ faults' = faults + 1" if fault else "    /\\ faults' = faults")
-    lines.append("    /\\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes>>")
+    if asks:
+        lines.append(f"    /\\ fasked' = IF {_ASKING_TLA} THEN fasked \\cup {{n}} ELSE fasked")
+    lines.append("    /\\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes"
+                 + (">>" if asks else ", fasked>>"))
     return "\n".join(lines)
 
 
@@ -1478,7 +1540,7 @@ def _restart_operator(spec: FleetSpec, a: Action) -> str:
     lines += [f"    /\\ \\E w \\in {world} : eng' = [eng EXCEPT ![n] = "
               f"[w EXCEPT {', '.join(updates)}]]",
               "    /\\ fdown' = fdown \\ {n}",
-              "    /\\ UNCHANGED <<fphase, fcommitted, ftarget, faults, ffloor, fcrashes>>"]
+              "    /\\ UNCHANGED <<fphase, fcommitted, ftarget, faults, ffloor, fcrashes, fasked>>"]
     return "\n".join(lines)
 
 
@@ -1489,7 +1551,7 @@ def _crash_operator(spec: FleetSpec) -> str:
         f"\\* {c.name} [fleet, environment]: {c.doc}", f"{tla_name(c.name)} ==",
         f"    /\\ fphase \\in {sources}", "    /\\ fcrashes < MaxCrashes",
         f'    /\\ fphase\' = "{FleetPhase.RECOVERING}"', "    /\\ fdown' = Engines",
-        "    /\\ fcrashes' = fcrashes + 1",
+        "    /\\ fcrashes' = fcrashes + 1", "    /\\ fasked' = {}",
         "    /\\ UNCHANGED <<fcommitted, ftarget, eng, faults, ffloor>>"])
 
 
@@ -1516,7 +1578,8 @@ def _migration_operator(spec: FleetSpec) -> str:
         "    /\\ src # dst",
         f"    /\\ {mig.when_tla}",
         "    /\\ eng' = [eng EXCEPT ![src] = MigrateLeave(e, i), ![dst] = MigrateJoin(t, j)]",
-        "    /\\ UNCHANGED <<fphase, fcommitted, ftarget, faults, ffloor, fdown, fcrashes>>"])
+        "    /\\ UNCHANGED <<fphase, fcommitted, ftarget, faults, ffloor, fdown, fcrashes, "
+        "fasked>>"])
 
 
 def _fleet_operator(fa: FleetAction) -> str:
@@ -1531,13 +1594,18 @@ def _fleet_operator(fa: FleetAction) -> str:
         lines.append(f"    /\\ {v}' = {x}")
     if "fphase" not in fa.apply_tla:
         lines.append(f'    /\\ fphase\' = "{fa.dest}"')
-    rest = [v for v in FLEET_VARIABLES if v not in fa.apply_tla and v != "fphase"]
+    lines.append(f"    /\\ fasked' = IF {_ASKING_TLA.replace('fphase', 'fphase' + chr(39))} "
+                 "THEN fasked ELSE {}")
+    rest = [v for v in FLEET_VARIABLES if v not in fa.apply_tla and v not in ("fphase", "fasked")]
     lines.append(f"    /\\ UNCHANGED <<{', '.join(rest)}>>")
     return "\n".join(lines)
 
 
 FLEET_VARIABLES = ("fphase", "fcommitted", "ftarget", "eng", "faults", "ffloor", "fdown",
-                   "fcrashes")
+                   "fcrashes", "fasked")
+#: The member step by which an update asks a member (FleetSpec.asks_once).
+ASK = "request_update"
+_ASKING_TLA = "fphase \\in {" + ", ".join(f'"{p}"' for p in sorted(ASKING_PHASES)) + "}"
 #: Member actions the update schedule orders (FleetSpec.scheduled).
 SCHEDULED = frozenset(
     a.name for a in ACTIONS
@@ -1581,6 +1649,7 @@ def fleet_module(spec: FleetSpec = FLEET) -> str:
         "    /\\ ffloor = 1",
         "    /\\ fdown = {}",
         "    /\\ fcrashes = 0",
+        "    /\\ fasked = {}",
         "",
         "TierFirst(e, t) == \\A k \\in 1..Len(TierOrder) : TierOrder[k] = t =>",
         "    \\A j \\in 1..(k - 1) : TierOrder[j] \\in e.cleared",
@@ -1628,13 +1697,13 @@ def fleet_module(spec: FleetSpec = FLEET) -> str:
         parts.append(f"Member{mp.name} ==\n    [][\\A n \\in Engines : LET e == eng[n]\n"
                      f"                                  e2 == eng'[n] IN\n"
                      f"        {body}]_vars\n")
-    parts.append("\\* ---- liveness (under FairSpec, the operator's steps finitely many)")
+    parts.append("\\* ---- liveness (under FairSpec, with finitely many FiniteStep)")
     for lp in spec.liveness:
         body = f"({lp.when_tla}) ~> ({lp.then_tla})"
         if lp.member:
             body = f"\\A n \\in Engines : {body}"
         parts.append(f"\\* {lp.doc}\n{lp.name} ==\n"
-                     f"    ([]<><<OperatorStep>>_vars) \\/ ({body})\n")
+                     f"    ([]<><<FiniteStep>>_vars) \\/ ({body})\n")
     parts.append("=" * 78)
     return "\n".join(parts) + "\n"
 
@@ -1660,7 +1729,7 @@ def _member_call(spec: FleetSpec, name: str) -> str:
 
 def _fleet_fair_spec(spec: FleetSpec) -> str:
     """``FairSpec``: the fleet with its fairness (one conjunct per fleet decision, one per
-    member class and member), and ``OperatorStep``, the steps liveness assumes finite."""
+    member class and member), and ``FiniteStep``, the steps liveness assumes finite."""
     member_steps = {*spec.lifted, *spec.restarts}
     lines = ["\\* The fleet with its fairness assumptions (liveness is checked under it).",
              "FairSpec == Spec"]
@@ -1673,8 +1742,9 @@ def _fleet_fair_spec(spec: FleetSpec) -> str:
                              if a.name in f.actions and a.name in member_steps)
         lines.append(f"        /\\ {'SF' if f.strong else 'WF'}_vars({acts})  \\* {f.name}")
     finite = " \\/ ".join(_member_call(spec, n) for n in spec.lifted if n in spec.finite)
-    lines += ["", "\\* The operator's steps: a liveness property speaks of behaviours that take",
-              "\\* them finitely often.", f"OperatorStep == \\E n \\in Engines : {finite}"]
+    lines += ["", "\\* The operator's steps and a member leaving an update: a liveness property",
+              "\\* speaks of behaviours that take them finitely often.",
+              f"FiniteStep == \\E n \\in Engines : {finite}"]
     return "\n".join(lines)
 
 

@@ -1151,12 +1151,13 @@ class Fairness:
 @dataclass(frozen=True)
 class Liveness:
     """``when ~> then``: whenever ``when`` holds, ``then`` holds then or later, in every
-    behaviour that meets the spec's fairness assumptions."""
+    behaviour that meets the spec's fairness assumptions (each over a state and the
+    bounds, as TLA+ reads the constants)."""
 
     name: str
     doc: str
-    when: Callable[[State], bool]
-    then: Callable[[State], bool]
+    when: Callable[[State, Bounds], bool]
+    then: Callable[[State, Bounds], bool]
     when_tla: str
     then_tla: str
 
@@ -1192,18 +1193,30 @@ LIVENESS: tuple[Liveness, ...] = (
         "UpdateEnds",
         "Every update requested ends: published (READY with no target) or TAINTED "
         "(fenced, to be re-admitted), whatever the clients do with their rollouts.",
-        lambda s: s.target != 0 and s.phase is not Phase.TAINTED,
-        lambda s: (s.phase is Phase.READY and s.target == 0) or s.phase is Phase.TAINTED,
+        lambda s, _b: s.target != 0 and s.phase is not Phase.TAINTED,
+        lambda s, _b: (s.phase is Phase.READY and s.target == 0) or s.phase is Phase.TAINTED,
         'target # 0 /\\ phase # "TAINTED"',
         '(phase = "READY" /\\ target = 0) \\/ phase = "TAINTED"'),
     Liveness(
         "TaintedIsFenced",
         "A TAINTED engine is fenced (its fence confirmed) unless it leaves TAINTED first "
         "(re-admitted): failing closed ends in a fence, not in a wait.",
-        lambda s: s.phase is Phase.TAINTED and FENCED not in s.evidence,
-        lambda s: s.phase is not Phase.TAINTED or FENCED in s.evidence,
+        lambda s, _b: s.phase is Phase.TAINTED and FENCED not in s.evidence,
+        lambda s, _b: s.phase is not Phase.TAINTED or FENCED in s.evidence,
         f'phase = "TAINTED" /\\ "{FENCED}" \\notin evidence',
         f'phase # "TAINTED" \\/ "{FENCED}" \\in evidence'),
+    Liveness(
+        "ReadmitServes",
+        "A TAINTED engine that is healthy and re-admitted serves again: once its reload "
+        "holds the committed generation (weights and label) and nothing fails any more "
+        "(the fault budget spent), the re-admission ends READY with every piece of "
+        "evidence, whatever the clients do.",
+        lambda s, b: s.pending == "readmit" and s.weights == s.committed
+        and s.label == s.committed and s.faults == b.faults,
+        lambda s, _b: s.phase is Phase.READY,
+        'pending = "readmit" /\\ weights = committed /\\ label = committed '
+        '/\\ faults = MaxFaults',
+        'phase = "READY"'),
 )
 
 

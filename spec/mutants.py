@@ -200,6 +200,14 @@ LIVENESS_MUTANTS: tuple[tuple[Mutant, str], ...] = (
             lambda spec: spec.replace_action("fence_begin", when=lambda _c, _p: False,
                                              when_tla="FALSE")),
      "TaintedIsFenced"),
+    (Mutant("readmit_never_passes",
+            "The re-admission's check never accepts the engine (it compares with a "
+            "generation the reload cannot hold): a healthy engine stays quarantined, safely, "
+            "for ever.",
+            lambda spec: spec.replace_action("readmit_ok", when=lambda _c, _p: False,
+                                             when_tla="FALSE")
+            .replace_action("readmit_mismatch", truth=lambda _s, _p: True, truth_tla="TRUE")),
+     "ReadmitServes"),
 )
 
 
@@ -559,6 +567,15 @@ FAILOVER_MUTANTS: tuple[FailoverMutant, ...] = (
         "shorter on the server than the holder's own clock, or a forced takeover): two "
         "controllers act, each believing it leads. Fencing keeps every other property.",
         _takeover_early),
+    FailoverMutant(
+        "leader_never_renews",
+        "The leader never renews its lease (its keep-alive stopped): the key expires under "
+        "it while it is up and acting, and a standby may take over while it still acts. "
+        "In this model renewal is a safety matter (LeaseHeldWhileActing, the one property "
+        "that rests on the lease's timing); fencing keeps every other property.",
+        lambda s: s.replace_action("expire", when=lambda f, _sp, _p: f.leader != 0, tla=(
+            "/\\ leader # 0\n    /\\ leader' = 0 /\\ lepoch' = 0\n"
+            "    /\\ UNCHANGED <<issued, ctl, jrn, eng, bound, net>>"))),
 )
 
 
@@ -590,6 +607,14 @@ LIVENESS_ROLLING = FleetBounds(engines=2, min_serving=1, generations=2, faults=0
                                rollouts=0, max_live=2, min_admitting=1)
 LIVENESS_HELD = FleetBounds(engines=2, min_serving=2, generations=2, faults=0, rollouts=1)
 LIVENESS_FAULT = FleetBounds(engines=2, min_serving=2, generations=2, faults=1, rollouts=0)
+#: Three members, two of them in one wave at once: where members may take turns to leave an
+#: update (FleetSpec.asks_once, LEAVE_STEPS).
+LIVENESS_WIDE = FleetBounds(engines=3, min_serving=1, generations=2, faults=0, rollouts=0,
+                            max_live=2, min_admitting=1)
+#: A rolling fleet with a fault, where a member quarantined below the frontier may leave
+#: one other serving (min_admitting 0): the floor's liveness.
+LIVENESS_ROLLING_FAULT = FleetBounds(engines=2, min_serving=1, generations=2, faults=1,
+                                     rollouts=0, max_live=2, min_admitting=0)
 
 #: Fleet liveness mutants: each passes every safety check of the fleet (the negative
 #: control) and breaks the named liveness property.
@@ -620,6 +645,19 @@ FLEET_LIVENESS_MUTANTS: tuple[tuple[FleetMutant, str], ...] = (
         lambda s: _member_guard(s, "fence_begin", (lambda _f, _s, _b: False, "FALSE")),
         LIVENESS_FAULT),
      "MemberTaintedIsFenced"),
+    (FleetMutant(
+        "floor_waits_for_every_member",
+        "The floor rises only once every member is on the frontier: a member quarantined "
+        "below it (out of service, holding nothing) holds the floor for ever, and with it "
+        "every later rolling update (the next frontier must stay within K of the floor).",
+        lambda s: _fleet_action(
+            s, "fleet_raise_floor",
+            when=lambda f, _b: f.ffloor < f.fcommitted
+            and all(m.committed >= f.fcommitted for m in f.eng),
+            when_tla="ffloor < fcommitted /\\ \\A n \\in Engines : "
+                     "eng[n].committed >= fcommitted"),
+        LIVENESS_ROLLING_FAULT),
+     "FloorRises"),
 )
 
 

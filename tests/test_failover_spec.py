@@ -101,10 +101,12 @@ def test_explorer_and_tlc_catch_failover_mutant(m: FailoverMutant) -> None:
 
 
 @pytest.mark.deep
-def test_with_the_lease_broken_only_the_lease_property_fails() -> None:
+@pytest.mark.parametrize("name", ["takeover_before_lease_expired", "leader_never_renews"])
+def test_with_the_lease_broken_only_the_lease_property_fails(name: str) -> None:
     """Two controllers act at once, each believing it leads (a takeover before the old
-    lease expired): the journal's compare and the engines' fences keep every other
-    property, so safety does not rest on the lease's timing."""
-    m = next(m for m in FAILOVER_MUTANTS if m.name == "takeover_before_lease_expired")
+    lease expired, or a leader that stopped renewing): the journal's compare and the
+    engines' fences keep every other property, so safety does not rest on the lease's
+    timing."""
+    m = next(m for m in FAILOVER_MUTANTS if m.name == name)
     ex = explore_failover(m.apply(FAILOVER))
     assert set(ex.violations) == {"LeaseHeldWhileActing"}

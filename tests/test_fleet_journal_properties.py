@@ -116,3 +116,23 @@ def test_a_takeover_that_names_a_member_twice_is_rejected(
     records[i] = dict(records[i], detail={**records[i]["detail"], "fenced": fenced + fenced[:1]})
     verdict = check_fleet_records(numbered(forge._resealed(records)))
     assert (verdict.violated, verdict.first_bad_line) == ("DetailContradictsFleet", i + 1)
+
+
+def test_a_member_asked_twice_in_one_update_is_rejected(
+        journals: list[forge.Journal_]) -> None:
+    """The fleet spec asks each member once per update (``fasked``: its liveness rests on
+    it), and the checker holds a journal to it: a member that cancels and is asked again
+    within the same update is rejected at the second request, although every record is a
+    legal step of the member's own spec (the cancel, then the request, from READY)."""
+    j = next(j for j in journals if j.name == "fleet:clean_update_live")
+    assert check_fleet_records(numbered(j.records)).accepted
+    i = next(k for k, r in enumerate(j.records) if r.get("step") == "request_update")
+    ask = j.records[i]
+    cancel = {**ask, "step": "cancel_update", "phase": "READY", "target": 0,
+              "detail": {"reason": "drain timeout", "target": ask["detail"]["target"],
+                         "identity": ask["detail"]["identity"]}}
+    forged = forge._resealed([*j.records[:i + 1], cancel, ask, *j.records[i + 1:]])
+    verdict = check_fleet_records(numbered(forged))
+    assert (verdict.accepted, verdict.violated, verdict.first_bad_line) == (
+        False, "spec", i + 3), verdict
+    assert "asks each member once" in str(verdict.message)

@@ -30,8 +30,9 @@ def replays(spec: Spec, lasso: Lasso) -> bool:
 
 
 def test_the_liveness_properties_hold_by_the_explorer(exploration: Exploration) -> None:
-    assert {p.name for p in SPEC.liveness} == {"UpdateEnds", "TaintedIsFenced"}
-    assert check_liveness(exploration) == dict.fromkeys(["UpdateEnds", "TaintedIsFenced"])
+    assert {p.name for p in SPEC.liveness} == {"UpdateEnds", "TaintedIsFenced", "ReadmitServes"}
+    assert check_liveness(exploration) == dict.fromkeys(
+        ["UpdateEnds", "TaintedIsFenced", "ReadmitServes"])
 
 
 def test_tlc_agrees_on_every_liveness_property(exploration: Exploration) -> None:

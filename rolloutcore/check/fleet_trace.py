@@ -49,6 +49,7 @@ from rolloutcore.inputs import unreadable
 from rolloutcore.journal import HEADER, SCHEMA, JournalReader, not_a_journal
 from rolloutcore.spec.failover import FLEET_JOURNAL_STEPS, succeeds
 from rolloutcore.spec.fleet import (
+    ASKING_PHASES,
     CRASH,
     FLEET,
     FLEET_ACTIONS,
@@ -91,7 +92,7 @@ _RESTARTS = frozenset(a.name for a in SPEC.actions if a.kind is Kind.RESTART)
 _NEED_FENCE = frozenset({"admit", "audit_begin"})
 _FLEET_PHASES = frozenset({FleetPhase.READY, FleetPhase.UPDATING, FleetPhase.ABORTING,
                            FleetPhase.ROLLING})  # RECOVERING is never journalled
-_UPDATE_PHASES = frozenset({FleetPhase.UPDATING, FleetPhase.ROLLING})
+_UPDATE_PHASES = ASKING_PHASES
 _AUDIT_OUTCOMES = frozenset({"audit_ok", "audit_failed", "audit_mismatch"})
 _FLEET_STEP = {a.name: a for a in FLEET_ACTIONS}
 _ONE_IDENTITY, _ONE_MEMBER, _TAKEOVER = JOURNAL_PROPERTIES
@@ -123,6 +124,7 @@ class FleetTraceChecker:
     on_unused: Any = None
     _quorum_origin: int | None = None
     participants: list[str] = field(default_factory=list)  # the fleet update's members
+    asked: set[str] = field(default_factory=set)  # members the update under way asked
     #: rollout -> (member it leaves, member it joins, generation, released yet) of each
     #: migration announced and not yet admitted where it goes.
     moves: dict[str, tuple[str, str, int, bool]] = field(default_factory=dict)
@@ -141,7 +143,7 @@ class FleetTraceChecker:
         out.members = {n: c.clone() for n, c in self.members.items()}
         out.member_seq, out.group = dict(self.member_seq), list(self.group)
         out.last_audit = dict(self.last_audit)
-        out.participants = list(self.participants)
+        out.participants, out.asked = list(self.participants), set(self.asked)
         out.moves = dict(self.moves)
         out.identities, out.restarting = dict(self.identities), set(self.restarting)
         out._views = {}
@@ -285,6 +287,11 @@ class FleetTraceChecker:
                                    checker.bound.get(str(param)))
             if bad_move:
                 return "MigrationKeepsGeneration", bad_move
+        if step == "request_update" and self.fphase in _UPDATE_PHASES:
+            if name in self.asked:
+                return "spec", (f"{name} request_update again in the same update (the fleet "
+                                "spec asks each member once: fasked)")
+            self.asked.add(name)
         if step == "request_update" and self.fphase in _UPDATE_PHASES \
                 and name in self.participants and r["detail"]["target"] != self.flabel:
             return "DetailContradictsFleet", (f"{name} request_update names "
@@ -361,7 +368,7 @@ class FleetTraceChecker:
                 self.group = names
             elif step in ("fleet_request_update", "fleet_roll"):
                 self.flabel = detail["target"]
-                self.participants = list(detail["members"])
+                self.participants, self.asked = list(detail["members"]), set()
             self._take_half(fa)
             if step in ("fleet_publish", "fleet_abort"):
                 self.quorum = None  # decided: the fleet's own quorum again

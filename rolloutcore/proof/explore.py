@@ -184,8 +184,14 @@ class Lasso:
 
 def check_liveness(ex: Exploration) -> dict[str, Lasso | None]:
     """Each liveness property of the explored spec: None if it holds, else a lasso."""
+    b = ex.spec.bounds
     return fair_lassos(ex.graph, ex.initial, ex.spec.fairness,
-                       {p.name: (p.when, p.then) for p in ex.spec.liveness})
+                       {p.name: (partial(_over, p.when, b), partial(_over, p.then, b))
+                        for p in ex.spec.liveness})
+
+
+def _over(pred: Callable[[Any, Any], bool], b: Any, s: Any) -> bool:
+    return pred(s, b)
 
 
 #: A liveness property for :func:`fair_lassos`: (``when``, ``then``) over graph nodes.
@@ -253,8 +259,8 @@ def check_fleet_liveness(spec: FleetSpec, ex: FleetExploration) -> dict[str, Las
         ex.steps, ex.nodes, ex.initial,
         lambda name, p: unit_label(name, p[0]) if name in per_member else name,
         [*spec.fairness, *_per_unit(spec.member_fairness, members)],
-        _props([(lp.name, lp.member, partial(_shifted, lp.when), partial(_shifted, lp.then))
-                for lp in spec.liveness], members),
+        _props([(lp.name, lp.member, partial(_shifted, lp.when, spec.bounds),
+                 partial(_shifted, lp.then, spec.bounds)) for lp in spec.liveness], members),
         finite=lambda label: label.split("@", 1)[0] in finite)
 
 
@@ -333,9 +339,9 @@ def unit_label(action: str, unit: int) -> str:
     return f"{action}@{unit}"
 
 
-def _shifted(pred: Callable[[Any, int], bool], f: Any, n: int) -> bool:
+def _shifted(pred: Callable[[Any, int, Any], bool], b: Any, f: Any, n: int) -> bool:
     """A fleet property's predicate (members from 0) over a unit counted from 1."""
-    return pred(f, n - 1)
+    return pred(f, n - 1, b)
 
 
 def _with_bounds(pred: Callable[[Any, int, Any], bool], b: Any, f: Any, n: int) -> bool:

@@ -309,12 +309,12 @@ def fleet_state_from_tlc(values: dict[str, object],
         if rec not in seen:
             seen[rec] = state_from_tlc({str(k): v for k, v in rec.items()})
         members.append(seen[rec])
-    down = values["fdown"]
-    assert isinstance(down, frozenset)
+    down, asked = values["fdown"], values["fasked"]
+    assert isinstance(down, frozenset) and isinstance(asked, frozenset)
     return FleetState(str(values["fphase"]), int(str(values["fcommitted"])),
                       int(str(values["ftarget"])), tuple(members), int(str(values["faults"])),
                       int(str(values["ffloor"])), frozenset(int(str(n)) for n in down),
-                      int(str(values["fcrashes"])))
+                      int(str(values["fcrashes"])), frozenset(int(str(n)) for n in asked))
 
 
 def _fleet_tlc(spec: FleetSpec, *, dump_graph: bool, timeout_s: float) -> tlc.TlcResult:
