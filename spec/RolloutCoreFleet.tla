@@ -638,10 +638,12 @@ FleetReopen ==
     /\ fasked' = IF fphase' \in {"ROLLING", "UPDATING"} THEN fasked ELSE {}
     /\ UNCHANGED <<fcommitted, eng, faults, ffloor, fdown, fcrashes>>
 
-\* fleet_roll [fleet]: The trainer asks for the next generation as a rolling update (max_live >= 2, the next frontier still within max_live of the floor, a quorum serving): members on the frontier join the wave one by one while min_admitting others keep admitting.
+\* fleet_roll [fleet]: The trainer asks for the next generation as a rolling update (max_live >= 2, the next frontier still within max_live of the floor, a quorum serving, and a wave to take: a member on the frontier that may leave while min_admitting others serve): members on the frontier join the wave one by one while min_admitting others keep admitting.
 FleetRoll ==
     /\ fphase \in {"READY"}
     /\ MaxLive >= 2 /\ fcommitted + 1 - ffloor < MaxLive /\ Cardinality({m \in Engines : Serving(eng[m])}) >= MinServing
+    /\ Cardinality({m \in Engines : Serving(eng[m])}) > MinAdmitting
+    /\ \E n \in Engines : Serving(eng[n]) /\ eng[n].committed = fcommitted
     /\ fcommitted < MaxGen
     /\ fphase' = "ROLLING"
     /\ ftarget' = fcommitted + 1

@@ -340,6 +340,10 @@ def wave_width(serving_now: int, on_frontier: int, min_admitting: int) -> int:
     return max(0, min(on_frontier, serving_now - min_admitting))
 
 
+def _serves_frontier(f: FleetView, s: MemberView) -> bool:
+    return serving(f, s) and s.committed == f.fcommitted
+
+
 def bootstrapped(_f: FleetView, s: MemberView) -> bool:
     """A member its bootstrap left READY on the first generation, every piece of evidence
     in hand: what the fleet opens on."""
@@ -589,12 +593,17 @@ FLEET_ACTIONS: tuple[FleetAction, ...] = (
     FleetAction(
         "fleet_roll",
         "The trainer asks for the next generation as a rolling update (max_live >= 2, the "
-        "next frontier still within max_live of the floor, a quorum serving): members on "
-        "the frontier join the wave one by one while min_admitting others keep admitting.",
+        "next frontier still within max_live of the floor, a quorum serving, and a wave "
+        "to take: a member on the frontier that may leave while min_admitting others "
+        "serve): members on the frontier join the wave one by one while min_admitting "
+        "others keep admitting.",
         frozenset({FleetPhase.READY}), FleetPhase.ROLLING,
         lambda f, b: b.max_live >= 2 and f.fcommitted + 1 - f.ffloor < b.max_live
-        and quorum(f, b),
-        f"MaxLive >= 2 /\\ fcommitted + 1 - ffloor < MaxLive /\\ {N_SERVING_TLA} >= MinServing",
+        and quorum(f, b) and wave_width(_count(f, serving), _count(f, _serves_frontier),
+                                        b.min_admitting) >= 1,
+        f"MaxLive >= 2 /\\ fcommitted + 1 - ffloor < MaxLive /\\ {N_SERVING_TLA} >= MinServing\n"
+        f"    /\\ {N_SERVING_TLA} > MinAdmitting\n"
+        "    /\\ \\E n \\in Engines : Serving(eng[n]) /\\ eng[n].committed = fcommitted",
         lambda f: f._replace(fphase=FleetPhase.ROLLING, ftarget=f.fcommitted + 1),
         {"fphase": '"ROLLING"', "ftarget": "fcommitted + 1"}, needs_generation=True),
     FleetAction(

@@ -180,15 +180,14 @@ class Updates(FleetBase):
                 raise FleetError(
                     f"no rolling update now (nothing was changed): generation "
                     f"{self.committed + 1} would be more than {self.max_live} above the "
-                    f"floor {self.floor}, or fewer than {self.min_serving} members serve")
+                    f"floor {self.floor}, fewer than {self.min_serving} members serve, or "
+                    f"no member on the frontier may leave while min_admitting "
+                    f"{self.min_admitting} keep serving")
             serving_now = self._serving()
             frontier = [m for m in serving_now if m.view().committed == self.committed]
             width = wave_width(len(serving_now), len(frontier), self.min_admitting)
             wave = sorted(frontier, key=lambda m: (m.outstanding, m.name))[:width]
-            if not wave:
-                raise FleetError(f"{len(serving_now)} members serve: none can leave while "
-                                 f"min_admitting {self.min_admitting} keep serving (nothing "
-                                 "was changed)")
+            assert wave, "fleet_roll's guard (the spec's) promises a member that may leave"
             targets = self._targets_for(target, self.members.values())
             if {t.generation for t in targets.values()} != {self.committed + 1}:
                 raise FleetError(f"the target is not generation {self.committed + 1}")
