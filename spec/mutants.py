@@ -179,6 +179,13 @@ def _audit_failure_keeps_evidence(spec: Spec) -> Spec:
         control_tla={"pending": '"none"'})
 
 
+def _never(spec: Spec, *names: str) -> Spec:
+    """``spec`` with actions ``names`` never enabled."""
+    for name in names:
+        spec = spec.replace_action(name, when=lambda _c, _p: False, when_tla="FALSE")
+    return spec
+
+
 #: Liveness mutants: each breaks a liveness property (named) and no safety property, so
 #: that only the liveness checks (the explorer's fair-cycle search, TLC under FairSpec)
 #: can catch it; the safety checks passing on them is their negative control.
@@ -191,22 +198,18 @@ LIVENESS_MUTANTS: tuple[tuple[Mutant, str], ...] = (
     (Mutant("drain_without_deadline",
             "The drain waits for its rollouts with no deadline: the controller neither "
             "cancels the update nor aborts the rollouts that are not released.",
-            lambda spec: spec.replace_action("cancel_update", when=lambda _c, _p: False,
-                                             when_tla="FALSE")
-            .replace_action("release_aborted", when=lambda _c, _p: False, when_tla="FALSE")),
+            lambda spec: _never(spec, "cancel_update", "release_aborted")),
      "UpdateEnds"),
     (Mutant("fence_never_starts",
             "A TAINTED engine is never fenced: the controller waits for an operator instead.",
-            lambda spec: spec.replace_action("fence_begin", when=lambda _c, _p: False,
-                                             when_tla="FALSE")),
+            lambda spec: _never(spec, "fence_begin")),
      "TaintedIsFenced"),
     (Mutant("readmit_never_passes",
             "The re-admission's check never accepts the engine (it compares with a "
             "generation the reload cannot hold): a healthy engine stays quarantined, safely, "
             "for ever.",
-            lambda spec: spec.replace_action("readmit_ok", when=lambda _c, _p: False,
-                                             when_tla="FALSE")
-            .replace_action("readmit_mismatch", truth=lambda _s, _p: True, truth_tla="TRUE")),
+            lambda spec: _never(spec, "readmit_ok").replace_action(
+                "readmit_mismatch", truth=lambda _s, _p: True, truth_tla="TRUE")),
      "ReadmitServes"),
 )
 
