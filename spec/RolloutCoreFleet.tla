@@ -1055,7 +1055,7 @@ FleetOpens ==
 
 \* Every fleet update the trainer asks for ends (published, ended, or aborted; or dropped by a controller crash, whose recovery ends: RecoveryEnds), whatever the clients do with their rollouts and whichever members fail, die or are suspected: a fleet never waits for ever on one member.
 FleetUpdateEnds ==
-    ([]<><<FiniteStep>>_vars) \/ ((fphase \in {"UPDATING", "ROLLING"}) ~> (~(fphase \in {"UPDATING", "ROLLING"})))
+    ([]<><<FiniteStep>>_vars) \/ ((fphase \in {"ROLLING", "UPDATING"}) ~> (~(fphase \in {"ROLLING", "UPDATING"})))
 
 \* A controller restarted after a crash reopens the fleet, or keeps it closed by a recorded decision (fleet_recover_closed): it does not wait for ever.
 RecoveryEnds ==

@@ -151,6 +151,11 @@ CATCH_UP_PHASES = frozenset({FleetPhase.READY, FleetPhase.ABORTING})
 ASKING_PHASES = frozenset({FleetPhase.UPDATING, FleetPhase.ROLLING})
 
 
+def _asking_tla(var: str = "fphase") -> str:
+    """TLA+: fleet phase ``var`` (``fphase`` or ``fphase'``) is one of ASKING_PHASES."""
+    return f"{var} \\in {{" + ", ".join(f'"{p}"' for p in sorted(ASKING_PHASES)) + "}"
+
+
 def update_policy_error(max_live: int, min_admitting: int, members: int) -> str | None:
     """Why (``max_live`` K, ``min_admitting`` C) is not an update policy for a fleet of
     ``members``, or None: K in 1..members (more live generations than members cannot be
@@ -1022,7 +1027,6 @@ def _old_rollout_live(f: FleetState) -> bool:
     return any(0 < g < f.fcommitted for s in f.eng for g in s.bind)
 
 
-_UPDATING_TLA = f'fphase \\in {{"{FleetPhase.UPDATING}", "{FleetPhase.ROLLING}"}}'
 FLEET_LIVENESS: tuple[FleetLiveness, ...] = (
     FleetLiveness(
         "FleetOpens",
@@ -1036,9 +1040,9 @@ FLEET_LIVENESS: tuple[FleetLiveness, ...] = (
         "dropped by a controller crash, whose recovery ends: RecoveryEnds), whatever the "
         "clients do with their rollouts and whichever members fail, die or are suspected: "
         "a fleet never waits for ever on one member.",
-        lambda f, _n, _b: f.fphase in (FleetPhase.UPDATING, FleetPhase.ROLLING),
-        lambda f, _n, _b: f.fphase not in (FleetPhase.UPDATING, FleetPhase.ROLLING),
-        _UPDATING_TLA, f"~({_UPDATING_TLA})"),
+        lambda f, _n, _b: f.fphase in ASKING_PHASES,
+        lambda f, _n, _b: f.fphase not in ASKING_PHASES,
+        _asking_tla(), f"~({_asking_tla()})"),
     FleetLiveness(
         "RecoveryEnds",
         "A controller restarted after a crash reopens the fleet, or keeps it closed by a "
@@ -1099,9 +1103,6 @@ class FleetSpec:
     #: member each, after the engine spec's own: ``member_fairness``).
     fairness: tuple[Fairness, ...] = FLEET_FAIRNESS
     member_steps: frozenset[str] = FLEET_MEMBER_STEPS
-    #: Whether the members' two classes are strongly fair (weak is enough: see
-    #: FLEET_FAIRNESS).
-    member_fairness_strong: bool = False
     #: Whether an update asks each member once (``fasked``), as the runtime does: its
     #: decision then waits for one answer per member. Off (a negative control), a member
     #: that cancelled or abandoned may be asked again and again, and members that take
@@ -1131,9 +1132,9 @@ class FleetSpec:
             Fairness("MemberMoves",
                      "A member's controller takes one of its steps, or its call in flight "
                      "returns, when one stays enabled.",
-                     (fair - env) | self.member_steps, strong=self.member_fairness_strong),
+                     (fair - env) | self.member_steps),
             Fairness("EngineFinishes", "A member's engine finishes a request it runs.",
-                     fair & env, strong=self.member_fairness_strong),
+                     fair & env),
         )
 
     @cached_property
@@ -1479,7 +1480,7 @@ def _member_operator(spec: FleetSpec, a: Action) -> str:
         lines.append("    /\\ Scheduled(n)")
     asks = spec.asks_once and a.name == ASK
     if asks:
-        lines.append(f"    /\\ ({_ASKING_TLA} => n \\notin fasked)")
+        lines.append(f"    /\\ ({_asking_tla()} => n \\notin fasked)")
     if fault:
         lines.append("    /\\ faults < MaxFaults")
     if a.needs_generation:
@@ -1500,7 +1501,7 @@ def _member_operator(spec: FleetSpec, a: Action) -> str:
         "/\\  eng'", "/\\ eng'"))
     lines.append("    /\\ faults' = faults + 1" if fault else "    /\\ faults' = faults")
     if asks:
-        lines.append(f"    /\\ fasked' = IF {_ASKING_TLA} THEN fasked \\cup {{n}} ELSE fasked")
+        lines.append(f"    /\\ fasked' = IF {_asking_tla()} THEN fasked \\cup {{n}} ELSE fasked")
     lines.append("    /\\ UNCHANGED <<fphase, fcommitted, ftarget, ffloor, fdown, fcrashes"
                  + (">>" if asks else ", fasked>>"))
     return "\n".join(lines)
@@ -1603,8 +1604,8 @@ def _fleet_operator(fa: FleetAction) -> str:
         lines.append(f"    /\\ {v}' = {x}")
     if "fphase" not in fa.apply_tla:
         lines.append(f'    /\\ fphase\' = "{fa.dest}"')
-    lines.append(f"    /\\ fasked' = IF {_ASKING_TLA.replace('fphase', 'fphase' + chr(39))} "
-                 "THEN fasked ELSE {}")
+    next_asking = _asking_tla("fphase'")
+    lines.append(f"    /\\ fasked' = IF {next_asking} THEN fasked ELSE {{}}")
     rest = [v for v in FLEET_VARIABLES if v not in fa.apply_tla and v not in ("fphase", "fasked")]
     lines.append(f"    /\\ UNCHANGED <<{', '.join(rest)}>>")
     return "\n".join(lines)
@@ -1614,7 +1615,6 @@ FLEET_VARIABLES = ("fphase", "fcommitted", "ftarget", "eng", "faults", "ffloor",
                    "fcrashes", "fasked")
 #: The member step by which an update asks a member (FleetSpec.asks_once).
 ASK = "request_update"
-_ASKING_TLA = "fphase \\in {" + ", ".join(f'"{p}"' for p in sorted(ASKING_PHASES)) + "}"
 #: Member actions the update schedule orders (FleetSpec.scheduled).
 SCHEDULED = frozenset(
     a.name for a in ACTIONS

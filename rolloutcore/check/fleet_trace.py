@@ -92,7 +92,6 @@ _RESTARTS = frozenset(a.name for a in SPEC.actions if a.kind is Kind.RESTART)
 _NEED_FENCE = frozenset({"admit", "audit_begin"})
 _FLEET_PHASES = frozenset({FleetPhase.READY, FleetPhase.UPDATING, FleetPhase.ABORTING,
                            FleetPhase.ROLLING})  # RECOVERING is never journalled
-_UPDATE_PHASES = ASKING_PHASES
 _AUDIT_OUTCOMES = frozenset({"audit_ok", "audit_failed", "audit_mismatch"})
 _FLEET_STEP = {a.name: a for a in FLEET_ACTIONS}
 _ONE_IDENTITY, _ONE_MEMBER, _TAKEOVER = JOURNAL_PROPERTIES
@@ -287,16 +286,15 @@ class FleetTraceChecker:
                                    checker.bound.get(str(param)))
             if bad_move:
                 return "MigrationKeepsGeneration", bad_move
-        if step == "request_update" and self.fphase in _UPDATE_PHASES:
+        if step == "request_update" and self.fphase in ASKING_PHASES:
             if name in self.asked:
                 return "spec", (f"{name} request_update again in the same update (the fleet "
                                 "spec asks each member once: fasked)")
             self.asked.add(name)
-        if step == "request_update" and self.fphase in _UPDATE_PHASES \
-                and name in self.participants and r["detail"]["target"] != self.flabel:
-            return "DetailContradictsFleet", (f"{name} request_update names "
-                                              f"{r['detail']['target']!r}; the fleet's update "
-                                              f"is {self.flabel!r}")
+            if name in self.participants and r["detail"]["target"] != self.flabel:
+                return "DetailContradictsFleet", (f"{name} request_update names "
+                                                  f"{r['detail']['target']!r}; the fleet's "
+                                                  f"update is {self.flabel!r}")
         bad_identity = self._identity(name, str(step), r)
         if bad_identity:
             return _ONE_IDENTITY, bad_identity
