@@ -861,6 +861,7 @@ FairSpec == Spec
     /\ \A n \in Engines :
         /\ WF_vars(MRequestUpdate(n) \/ MCancelUpdate(n) \/ MPauseBegin(n) \/ MPauseOk(n) \/ MPauseFailed(n) \/ MAbandonUpdate(n) \/ MMutateBegin(n) \/ MMutateOk(n) \/ MMutateOkUnlabelled(n) \/ MMutateOkWrongWeights(n) \/ MMutateOkBroken(n) \/ MMutateRefused(n) \/ MMutateAmbiguous(n) \/ (\E t \in Tiers : MResetBegin(n, t)) \/ (\E t \in Tiers : MResetOk(n, t)) \/ (\E t \in Tiers : MResetFailed(n, t)) \/ MInvalidated(n) \/ MValidateBegin(n) \/ MValidateOk(n) \/ MValidateFailed(n) \/ MValidateMismatch(n) \/ MResumeBegin(n) \/ MResumeOk(n) \/ MResumeFailed(n) \/ MProbeBegin(n) \/ MProbeOk(n) \/ MProbeFailed(n) \/ MProbeMismatch(n) \/ MPublish(n) \/ MReopen(n) \/ MGiveUp(n) \/ MFenceBegin(n) \/ MFenceOk(n) \/ MFenceFailed(n) \/ MReadmitOk(n) \/ MReadmitMismatch(n) \/ MReadmitFailed(n) \/ MAuditOk(n) \/ MAuditMismatch(n) \/ MAuditFailed(n) \/ MRestartReady(n) \/ MRestartTainted(n))  \* MemberMoves
         /\ WF_vars((\E i \in Slots : MEngineFinish(n, i)))  \* EngineFinishes
+        /\ SF_vars((LET e == eng[n] IN "fenced" \in e.evidence) /\ (MReadmitBegin(n)))  \* WatchdogReadmits
 
 \* The operator's steps and a member leaving an update: a liveness property
 \* speaks of behaviours that take them finitely often.
@@ -1064,6 +1065,10 @@ RecoveryEnds ==
 \* A TAINTED member is fenced (its fence confirmed) unless it leaves TAINTED first, during the fleet's update as outside it.
 MemberTaintedIsFenced ==
     ([]<><<FiniteStep>>_vars) \/ (\A n \in Engines : (eng[n].phase = "TAINTED" /\ "fenced" \notin eng[n].evidence) ~> (eng[n].phase # "TAINTED" \/ "fenced" \in eng[n].evidence))
+
+\* A fenced quarantined member comes back: the fleet's watchdog re-admits it, verified (a member whose every re-admission fails is not healthy: liveness speaks of finitely many re-admissions). With MemberTaintedIsFenced: every quarantined member leaves TAINTED.
+QuarantineEnds ==
+    ([]<><<FiniteStep>>_vars) \/ (\A n \in Engines : (eng[n].phase = "TAINTED" /\ "fenced" \in eng[n].evidence) ~> (eng[n].phase # "TAINTED"))
 
 \* In a rolling fleet the floor rises to the frontier, whichever members fail, unless it waits for something only a client or the operator gives: a live rollout of a generation below the frontier (clients are not fair: one held for ever holds the floor; the drain's deadline, not the floor, bounds an update), capacity (no member may leave service to catch up: min_admitting or fewer serve, the others quarantined until re-admitted) or a closed fleet (ABORTING, until audited). So K live generations never leave a fleet stuck on its oldest.
 FloorRises ==

@@ -8,7 +8,7 @@ from rolloutcore.spec.failover import FailoverSpec
 from rolloutcore.spec.failover import __doc__ as failover_doc
 from rolloutcore.spec.fleet import JOURNAL_PROPERTIES, JOURNAL_PROPERTIES_IN_THE_MODEL, FleetSpec
 from rolloutcore.spec.fleet import __doc__ as fleet_doc
-from rolloutcore.spec.lifecycle import Action, Kind, Phase, Spec
+from rolloutcore.spec.lifecycle import Action, Fairness, Kind, Phase, Spec
 from rolloutcore.spec.mutants import (
     FAILOVER_LIVENESS_MUTANTS,
     FAILOVER_MUTANTS,
@@ -144,16 +144,22 @@ def fleet_section(fleet: FleetSpec, *, states: int, edges: int, rolling_states: 
         each = " (for every member n)" if lp.member else ""
         out.append(f"- **{lp.name}**{each} (`{_cell(lp.when_tla)}` ~> "
                    f"`{_cell(lp.then_tla)}`): {lp.doc}")
-    out += ["", "Fairness assumptions (all strong; the trainer's requests, the clients, "
-            "faults, migration and the crash are not fair):", ""]
-    out += [f"- **{f.name}** (the fleet: {', '.join(sorted(f.actions))}): {f.doc}"
-            for f in fleet.fairness]
-    out += [f"- **{f.name}** (each member: {len(f.actions)} actions): {f.doc}"
+    out += ["", "Fairness assumptions (the trainer's requests, the clients, faults, "
+            "migration and the crash are not fair):", ""]
+    out += [f"- **{f.name}** ({_strength(f)}; the fleet: {', '.join(sorted(f.actions))}): "
+            f"{f.doc}" for f in fleet.fairness]
+    out += [f"- **{f.name}** ({_strength(f)}; each member: "
+            f"{', '.join(sorted(f.actions)) if len(f.actions) < 4 else f'{len(f.actions)} actions'}"
+            f"{f' where `{_cell(f.when_tla)}`' if f.when_tla else ''}): {f.doc}"
             for f in fleet.member_fairness]
     out += ["", "Fleet liveness mutants (each passes every safety check of the fleet and "
             "breaks its property, found by the explorer):", ""]
     out += [f"- **{m.name}** (breaks {prop}): {m.doc}" for m, prop in FLEET_LIVENESS_MUTANTS]
     return out
+
+
+def _strength(f: Fairness) -> str:
+    return "strong" if f.strong else "weak"
 
 
 def failover_section(fo: FailoverSpec, *, states: int, edges: int) -> list[str]:
@@ -190,7 +196,7 @@ def failover_section(fo: FailoverSpec, *, states: int, edges: int) -> list[str]:
                    f"`{_cell(lp.then_tla)}`): {lp.doc}")
     out += ["", "Fairness assumptions (freezes, crashes, clients, the operator and the "
             "trainer are not fair):", ""]
-    out += [f"- **{f.name}** ({'strong' if f.strong else 'weak'}; {scope}): {f.doc}"
+    out += [f"- **{f.name}** ({_strength(f)}; {scope}): {f.doc}"
             for scope, group in (("the store", fo.fairness), ("each epoch", fo.epoch_fairness),
                                  ("each controller", fo.controller_fairness))
             for f in group]
@@ -266,7 +272,7 @@ def document(spec: Spec, *, states: int, edges: int, fleet: FleetSpec | None = N
     out += [f"- **{lp.name}** (`{lp.when_tla}` ~> `{lp.then_tla}`): {lp.doc}"
             for lp in spec.liveness]
     out += ["", "Fairness assumptions:", ""]
-    out += [f"- **{f.name}** ({'strong' if f.strong else 'weak'}: "
+    out += [f"- **{f.name}** ({_strength(f)}: "
             f"{', '.join(sorted(f.actions)) if len(f.actions) < 4 else 'every outcome'}): "
             f"{f.doc}" for f in spec.fairness]
     out += ["", "Liveness mutants (each passes every safety check, breaks its property, "

@@ -1018,6 +1018,21 @@ OPERATOR_STEPS = frozenset({"audit_begin", "suspect", "readmit_begin"})
 #: allows for it); what is left out is a member that refuses every update for ever
 #: (no headroom, say), which keeps the floor down: it is not healthy.
 LEAVE_STEPS = frozenset({"cancel_update", "abandon_update"})
+#: The fleet's watchdog re-admits a quarantined member once its fence is confirmed (the
+#: operator may re-admit any member at any time; that is not fair). Fenced only: an
+#: unfenced member is fenced first (MemberTaintedIsFenced), or a re-admission would hide
+#: a fence that never comes. A re-admission whose reload fails leaves the member TAINTED,
+#: to be fenced and re-admitted again; liveness speaks of finitely many re-admissions
+#: (``readmit_begin`` is an operator step), so a member whose every reload fails is not
+#: healthy and may stay out.
+WATCHDOG_READMITS = Fairness(
+    "WatchdogReadmits",
+    "The fleet's watchdog re-admits a quarantined member whose fence is confirmed. "
+    "Strong: the trainer's updates and waves shut re-admission out, so it is possible "
+    "again and again rather than all along; the runtime lets a due re-admission go "
+    "before the next update.",
+    frozenset({"readmit_begin"}), strong=True,
+    when=lambda s: FENCED in s.evidence, when_tla=f'"{FENCED}" \\in evidence')
 _OLD_ROLLOUT_LIVE_TLA = ("(\\E n \\in Engines, i \\in Slots : "
                          "eng[n].bind[i] # 0 /\\ eng[n].bind[i] < fcommitted)")
 
@@ -1058,6 +1073,16 @@ FLEET_LIVENESS: tuple[FleetLiveness, ...] = (
         lambda f, n, _b: f.eng[n].phase is not Phase.TAINTED or FENCED in f.eng[n].evidence,
         f'eng[n].phase = "TAINTED" /\\ "{FENCED}" \\notin eng[n].evidence',
         f'eng[n].phase # "TAINTED" \\/ "{FENCED}" \\in eng[n].evidence', member=True),
+    FleetLiveness(
+        "QuarantineEnds",
+        "A fenced quarantined member comes back: the fleet's watchdog re-admits it, "
+        "verified (a member whose every re-admission fails is not healthy: liveness "
+        "speaks of finitely many re-admissions). With MemberTaintedIsFenced: every "
+        "quarantined member leaves TAINTED.",
+        lambda f, n, _b: f.eng[n].phase is Phase.TAINTED and FENCED in f.eng[n].evidence,
+        lambda f, n, _b: f.eng[n].phase is not Phase.TAINTED,
+        f'eng[n].phase = "TAINTED" /\\ "{FENCED}" \\in eng[n].evidence',
+        'eng[n].phase # "TAINTED"', member=True),
     FleetLiveness(
         "FloorRises",
         "In a rolling fleet the floor rises to the frontier, whichever members fail, "
@@ -1108,6 +1133,8 @@ class FleetSpec:
     #: that cancelled or abandoned may be asked again and again, and members that take
     #: turns leaving the update keep its decision disabled for ever.
     asks_once: bool = True
+    #: What a member's controller does in some states only (one class per member each).
+    watchdog: tuple[Fairness, ...] = (WATCHDOG_READMITS,)
     liveness: tuple[FleetLiveness, ...] = FLEET_LIVENESS
     #: Member steps a liveness property assumes finitely many (``FiniteStep``).
     finite: frozenset[str] = OPERATOR_STEPS | LEAVE_STEPS
@@ -1135,6 +1162,7 @@ class FleetSpec:
                      (fair - env) | self.member_steps),
             Fairness("EngineFinishes", "A member's engine finishes a request it runs.",
                      fair & env),
+            *self.watchdog,
         )
 
     @cached_property
@@ -1749,6 +1777,8 @@ def _fleet_fair_spec(spec: FleetSpec) -> str:
     for f in spec.member_fairness:
         acts = " \\/ ".join(_member_call(spec, a.name) for a in spec.engine.actions
                              if a.name in f.actions and a.name in member_steps)
+        if f.when_tla:
+            acts = f"(LET e == eng[n] IN {lift_tla(f.when_tla)}) /\\ ({acts})"
         lines.append(f"        /\\ {'SF' if f.strong else 'WF'}_vars({acts})  \\* {f.name}")
     finite = " \\/ ".join(_member_call(spec, n) for n in spec.lifted if n in spec.finite)
     lines += ["", "\\* The operator's steps and a member leaving an update: a liveness property",

@@ -1146,6 +1146,15 @@ class Fairness:
     #: Strong: one of ``actions`` enabled again and again (not necessarily all along) is
     #: eventually taken.
     strong: bool = False
+    #: Only from states where this holds (over the state of the unit that takes the
+    #: actions: an engine's, a member's): a step the controller takes of its own accord in
+    #: some states and only when asked in others (TLA+: ``WF_vars(when /\ A)``).
+    when: Callable[[Any], bool] | None = None
+    when_tla: str = ""
+
+    def counts(self, s: Any, action: str) -> bool:
+        """A step of ``action`` from ``s`` is one of this class's."""
+        return action in self.actions and (self.when is None or self.when(s))
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from rolloutcore.spec.fleet import (
 )
 from rolloutcore.spec.lifecycle import (
     ALL_EVIDENCE,
+    FENCED,
     NO_OP,
     TAINT,
     TIERS,
@@ -648,6 +649,17 @@ FLEET_LIVENESS_MUTANTS: tuple[tuple[FleetMutant, str], ...] = (
         lambda s: _member_guard(s, "fence_begin", (lambda _f, _s, _b: False, "FALSE")),
         LIVENESS_FAULT),
      "MemberTaintedIsFenced"),
+    (FleetMutant(
+        "readmit_never_starts",
+        "The watchdog re-admits a quarantined member only once its label names its "
+        "committed generation again, which the fence replaced: no re-admission ever "
+        "starts, and a fenced member stays out for ever (the operator may still re-admit "
+        "it: the same steps, so every safety check passes).",
+        lambda s: replace(s, watchdog=tuple(
+            replace(w, when=lambda m: FENCED in m.evidence and m.label == m.committed,
+                    when_tla=f"{w.when_tla} /\\ label = committed") for w in s.watchdog)),
+        LIVENESS_FAULT),
+     "QuarantineEnds"),
     (FleetMutant(
         "floor_waits_for_every_member",
         "The floor rises only once every member is on the frontier: a member quarantined "

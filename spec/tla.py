@@ -170,6 +170,8 @@ def _fair_spec(spec: Spec) -> str:
                 v = param_var(a.param)
                 acts.append(f"(\\E {v} \\in {param_domain(a.param)} : {tla_name(a.name)}({v}))")
         kind, body = ("SF" if f.strong else "WF"), " \\/ ".join(acts)
+        if f.when_tla:
+            body = f"({f.when_tla}) /\\ ({body})"
         lines.append(f"    /\\ {kind}_vars({body})  \\* {f.name}")
     return "\n".join(lines)
 

@@ -1,5 +1,6 @@
 """Liveness of the fleet (spec.fleet.FLEET_LIVENESS): its controller opens it, every fleet
-update ends, a recovery ends, a quarantined member is fenced, under the fleet's fairness
+update ends, a recovery ends, a quarantined member is fenced and re-admitted, the floor
+rises, under the fleet's fairness
 (FLEET_FAIRNESS, FleetSpec.member_fairness) in behaviours where the operator's steps are
 finitely many. Checked by the explorer's fair-cycle search at the default, rolling and
 crash bounds, and by TLC at the rolling bounds and a smaller one (make test), with equal
@@ -21,21 +22,24 @@ from rolloutcore.spec.fleet import (
     FLEET,
     LEAVE_STEPS,
     OPERATOR_STEPS,
+    WATCHDOG_READMITS,
     FleetBounds,
     FleetSpec,
     explore_fleet,
 )
 from rolloutcore.spec.mutants import (
     FLEET_LIVENESS_MUTANTS,
+    LIVENESS_FAULT,
     LIVENESS_HELD,
     LIVENESS_ROLLING,
+    LIVENESS_ROLLING_FAULT,
     LIVENESS_WIDE,
     ROLLING,
     ROLLING_CRASH,
 )
 
 PROPERTIES = ["FleetOpens", "FleetUpdateEnds", "RecoveryEnds", "MemberTaintedIsFenced",
-              "FloorRises"]
+              "QuarantineEnds", "FloorRises"]
 MUTANTS = {m.name: (m, prop) for m, prop in FLEET_LIVENESS_MUTANTS}
 
 
@@ -127,14 +131,40 @@ def test_with_members_leaving_for_ever_the_floor_can_wait_for_ever() -> None:
 
 
 def test_fairness_is_weak_and_needed() -> None:
-    """Weak fairness is enough (the spec assumes no more), and some is needed: with the
-    fleet's decisions not fair, an update whose members all validated waits for ever."""
+    """Weak fairness is enough for all but the watchdog's re-admission (below), and some
+    is needed: with the fleet's decisions not fair, an update whose members all validated
+    waits for ever."""
     spec = FLEET.with_bounds(ROLLING)
-    assert not any(f.strong for f in (*spec.fairness, *spec.member_fairness))
+    assert [f.name for f in (*spec.fairness, *spec.member_fairness) if f.strong] == [
+        WATCHDOG_READMITS.name]
     unfair = replace(spec, fairness=())
     lasso = lassos(unfair)["FleetUpdateEnds"]
     assert lasso is not None and replays(unfair, lasso)
     assert lasso.cycle == (), lasso.describe()  # it stutters with a decision enabled
+
+
+@pytest.mark.deep
+def test_a_weakly_fair_watchdog_is_starved_by_back_to_back_waves() -> None:
+    """Negative control for WatchdogReadmits' strength: the trainer's waves shut
+    re-admission out (readmit_begin's fleet guard), so a watchdog that is only weakly fair
+    may find it possible between every two waves and never take it. The runtime lets a
+    due re-admission go before the next update (Fleet.readmit_quarantined)."""
+    spec = replace(FLEET, watchdog=(replace(WATCHDOG_READMITS, strong=False),)
+                   ).with_bounds(LIVENESS_ROLLING_FAULT)
+    lasso = lassos(spec)["QuarantineEnds"]
+    assert lasso is not None and replays(spec, lasso)
+    assert any(s.action == "fleet_roll" for s in lasso.cycle), lasso.describe()
+
+
+def test_a_watchdog_that_readmits_unfenced_members_hides_a_fence_that_never_comes() -> None:
+    """Negative control for WatchdogReadmits' condition (fenced only): a watchdog that
+    re-admits any quarantined member takes it out of TAINTED without its fence, and the
+    fleet that never fences passes MemberTaintedIsFenced."""
+    mutant, prop = MUTANTS["quarantine_never_fenced"]
+    assert mutant.bounds == LIVENESS_FAULT
+    eager = replace(FLEET, watchdog=(replace(WATCHDOG_READMITS, when=None, when_tla=""),))
+    assert lassos(mutant.apply(FLEET).with_bounds(LIVENESS_FAULT))[prop] is not None
+    assert lassos(mutant.apply(eager).with_bounds(LIVENESS_FAULT))[prop] is None
 
 
 @pytest.mark.parametrize("bounds", [

@@ -22,6 +22,7 @@ re-admission of a serving member, an out-of-band restart never found).
 from __future__ import annotations
 
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -841,7 +842,7 @@ def test_the_watchdog_finds_an_engine_restarted_out_of_band(
     quarantined without anyone asking (waited for by condition, not by time)."""
     fleet, ad = fleet3(2)
     a = NAMES[0]
-    fleet.start_watchdog(0.02)
+    fleet.start_watchdog(0.02, readmit=False)
     ad[a].reconnect(SimEngine("ckpt-9", label=label(1)))  # other weights, the same label
     deadline = time.monotonic() + GENEROUS_S
     while fleet.members[a].controller.phase is not Phase.TAINTED:
@@ -852,6 +853,73 @@ def test_the_watchdog_finds_an_engine_restarted_out_of_band(
     assert fleet.members[a].last_audit["outcome"] == Trigger.AUDIT_MISMATCH
     assert "identity" in fleet.members[a].last_audit["reason"]
     assert {x.engine for x in admit_all(fleet, 4)} == set(NAMES[1:3])
+    # Without re-admission by the watchdog it stays out: two more audits of b, still out.
+    def audits_of_b() -> int:
+        return member_steps(tmp_path / "f.jsonl", NAMES[1], "fleet_open").count(
+            Trigger.AUDIT_OK)
+
+    seen = audits_of_b()
+    fleet.start_watchdog(0.02, readmit=False)
+    deadline = time.monotonic() + GENEROUS_S
+    while audits_of_b() < seen + 2:
+        assert time.monotonic() < deadline, "the watchdog stopped auditing"
+        time.sleep(0.01)
+    fleet.stop_watchdog()
+    assert fleet.members[a].controller.phase is Phase.TAINTED
+    journal_ok(tmp_path / "f.jsonl")
+
+
+def test_the_watchdog_readmits_a_fenced_quarantined_member(
+        tmp_path: Path, fleet3: Any) -> None:
+    """The fleet spec's QuarantineEnds: the watchdog finds a replaced engine, quarantines
+    and fences it, then re-admits it, verified, onto the committed generation: it serves
+    the right tokens again with nobody asking."""
+    fleet, ad = fleet3(2)
+    a = NAMES[0]
+    ad[a].reconnect(SimEngine("ckpt-9", label=label(1)))  # other weights, the same label
+    fleet.start_watchdog(0.02)
+    deadline = time.monotonic() + GENEROUS_S
+    while Trigger.READMIT_OK not in member_steps(tmp_path / "f.jsonl", a, "fleet_open"):
+        assert time.monotonic() < deadline, "the watchdog never re-admitted the member"
+        time.sleep(0.01)
+    fleet.stop_watchdog()
+    assert member_steps(tmp_path / "f.jsonl", a, "fleet_open")[:6] == [
+        Trigger.AUDIT_BEGIN, Trigger.AUDIT_MISMATCH, Trigger.FENCE_BEGIN, Trigger.FENCE_OK,
+        Trigger.READMIT_BEGIN, Trigger.READMIT_OK]
+    assert (ad[a].engine.weights, ad[a].engine.label) == (ckpt(1), label(1))
+    assert a in {x.engine for x in admit_all(fleet, 6)}
+    prompt = (3, 1, 4, 1, 5)
+    assert ad[a].generate(prompt, 4).tokens == reference_tokens(ckpt(1), prompt, 4)
+    fleet_invariants(fleet, {})
+    journal_ok(tmp_path / "f.jsonl")
+
+
+def test_a_due_readmission_goes_before_the_trainers_next_update(
+        tmp_path: Path, fleet3: Any) -> None:
+    """The watchdog's re-admission is strongly fair in the spec (WatchdogReadmits): one
+    made due while an update holds the fleet goes before the trainer's next update, which
+    waits for it, however the two threads are scheduled."""
+    fleet, ad, a = _rogue(fleet3)
+    assert fleet.audit([a])[a].trigger == Trigger.AUDIT_MISMATCH  # quarantined, fenced
+    readmitted: list[dict[str, Any]] = []
+    updated: list[FleetCycleReport] = []
+    with fleet._update_lock:  # as if an update ran: the re-admission waits for it
+        watchdog = threading.Thread(target=lambda: readmitted.append(
+            fleet.readmit_quarantined()))
+        watchdog.start()
+        deadline = time.monotonic() + GENEROUS_S
+        while fleet._readmissions_due == 0:
+            assert time.monotonic() < deadline, "the re-admission never became due"
+            time.sleep(0.001)
+        trainer = threading.Thread(target=lambda: updated.append(fleet.update(target(2))))
+        trainer.start()
+    for t in (watchdog, trainer):
+        t.join(GENEROUS_S)
+    assert readmitted[0][a].trigger == Trigger.READMIT_OK and updated[0].published
+    _chain, records = read_journal(tmp_path / "f.jsonl")
+    steps = [(r.get("engine"), r.get("step")) for r in records]
+    assert steps.index((a, Trigger.READMIT_OK)) < steps.index((None, "fleet_request_update"))
+    assert ad[a].engine.label == label(2)  # re-admitted first, it took part in the update
     journal_ok(tmp_path / "f.jsonl")
 
 

@@ -49,7 +49,7 @@ from rolloutcore.fleet import Fleet  # noqa: E402
 from rolloutcore.gateway.core import Gateway, GatewayConfig  # noqa: E402
 from rolloutcore.gateway.server import ServerThread  # noqa: E402
 from rolloutcore.journal import read_journal  # noqa: E402
-from rolloutcore.spec.lifecycle import Phase  # noqa: E402
+from rolloutcore.spec.triggers import Trigger  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 BOUND = 60.0  # a bound against a broken test, never a measurement
@@ -302,13 +302,16 @@ def test_member_replaced_under_load_is_found_within_the_bound(env: Env) -> None:
     path and the current version name). Its connection failures suspect it (no admission
     until an audit passes; the requests are admitted again on a), and the watchdog's
     audit finds it by its weight identity within the bound (period + one audit): no
-    answer with wrong tokens, before the bound or after it. Re-admitted, it serves again."""
+    answer with wrong tokens, before the bound or after it. Then the watchdog re-admits it
+    (fenced, reloaded onto the committed checkpoint, verified: the fleet spec's
+    QuarantineEnds) with nobody asking, and it serves the right tokens again."""
     fleet, victim = env.fleet, "b"
     committed = fleet.committed
     ckpt = env.checkpoints[committed]
     other = "v1" if ckpt == "v2" else "v2"
     label = fleet.committed_target().label  # type: ignore[union-attr]
     want = env.refs[ckpt]["medium"]
+    assert env.refs[other]["medium"] != want  # a replaced engine would answer otherwise
     bound = WATCHDOG_S + fleet.policy.step_timeout_s
     answers: list[tuple[float, str | None, int, Any]] = []  # (t, engine, status, tokens)
     stop = threading.Event()
@@ -348,8 +351,12 @@ def test_member_replaced_under_load_is_found_within_the_bound(env: Env) -> None:
                        timeout=BOUND)
         assert r.status_code == 200, r.text
         back = time.monotonic()
-        found = until("the audit finds b", lambda: member.controller.phase is Phase.TAINTED)
-        time.sleep(1.0)  # the load goes on after it
+        found = until("the audit finds b", lambda: member.last_audit is not None
+                      and member.last_audit["outcome"] == "audit_mismatch")
+        readmitted = until("the watchdog re-admits b", lambda: any(
+            s.serving for s in fleet.status() if s.name == victim))
+        until("b answers again", lambda: any(
+            a[1] == victim and a[0] > readmitted and a[2] == 200 for a in answers))
     finally:
         stop.set()
         for t in clients:
@@ -359,18 +366,18 @@ def test_member_replaced_under_load_is_found_within_the_bound(env: Env) -> None:
     statuses = Counter(a[2] for a in answers)
     print(f"replaced member: {len(answers)} answers {dict(statuses)}, {len(wrong)} wrong; "
           f"found {found - back:.2f} s after its restart (bound {bound:g} s: watchdog "
-          f"{WATCHDOG_S:g} s + one audit); last audit {member.last_audit}")
-    assert member.last_audit is not None and member.last_audit["outcome"] == "audit_mismatch"
+          f"{WATCHDOG_S:g} s + one audit); re-admitted by the watchdog "
+          f"{readmitted - found:.2f} s later")
     assert found - back <= bound
     assert wrong == [], wrong[:3]
     assert statuses[200] >= 10 * LOAD_CLIENTS and not statuses[0], statuses  # a kept serving
-    assert not [a for a in answers if a[1] == victim and a[0] > back and a[2] == 200]
+    steps = [(r.get("step"), r.get("detail", {}).get("who"))
+             for r in read_journal(env.journal)[1] if r.get("engine") == victim]
+    assert (Trigger.READMIT_BEGIN, "watchdog") in steps, steps[-8:]
     engine_failures = env.metrics()
     assert sum(v for (n, labels), v in engine_failures.items()
                if n == "rolloutcore_gateway_engine_failures_total"
                and ("engine", victim) in labels) >= 1
-    out = fleet.readmit(victim, who="test: after the out-of-band restart")
-    assert out.trigger == "readmit_ok", out.reason
     r = httpx.post(f"{env.url}/v1/completions", json=body(env, "medium"), timeout=BOUND)
     assert r.status_code == 200 and r.json()["choices"][0]["token_ids"] == want
     assert check_fleet_file(env.journal).accepted

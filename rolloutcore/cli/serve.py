@@ -416,7 +416,8 @@ def add_serve_parser(sub: Any) -> None:
     p.add_argument("--access-log", action="store_true", help="log every request line")
     watch = p.add_mutually_exclusive_group()
     watch.add_argument("--watchdog", type=_at_least(0.001, float), metavar="SECONDS",
-                       help="audit every serving engine this often (default: the fleet "
+                       help="audit every serving engine, and re-admit fenced quarantined ones, "
+                       "this often (default: the fleet "
                        f"file's watchdog_s, else {DEFAULT_WATCHDOG_S:g}): an engine replaced "
                        "behind the fleet's back serves at most this long plus one audit")
     watch.add_argument("--no-watchdog", action="store_true",

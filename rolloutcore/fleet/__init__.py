@@ -25,7 +25,9 @@ file (TOML) names them: ``[[engine]] name, url, model, token, transfer``.
 An engine whose process is replaced behind the fleet's back (a new process, possibly
 other weights) looks the same to the controllers until someone looks: :meth:`Fleet.audit`
 reads every READY member again (label, identity, run state, a probe; see
-:meth:`LifecycleRunner.audit`), and the optional watchdog (``watchdog_s``) does so periodically.
+:meth:`LifecycleRunner.audit`), and the optional watchdog (``watchdog_s``) does so periodically
+and then re-admits every quarantined member whose fence is confirmed (ahead of the
+trainer's next update: :meth:`Fleet.readmit_quarantined`).
 A member whose audit finds another engine is quarantined (fenced; served again only
 after verified re-admission), one that cannot be reached stops serving until an audit
 passes, and so does one the application reports unreachable

@@ -16,7 +16,7 @@ from rolloutcore.spec.triggers import Trigger
 
 
 class Audits(FleetBase):
-    """Audits, unreachable reports and the watchdog."""
+    """Audits and unreachable reports."""
 
     def audit(self, names: Sequence[str] | None = None, *, why: str = "operator",
               blocking: bool = True) -> dict[str, Outcome]:
@@ -121,32 +121,3 @@ class Audits(FleetBase):
             log.warning("audit (%s) not journalled: %s", why, e)
         except Exception:  # a background audit must not die silently
             log.exception("audit (%s) failed", why)
-
-    def start_watchdog(self, period_s: float) -> None:
-        """Audit every READY member every ``period_s`` seconds in a background thread
-        (skipping a round while an update or re-admission runs): the period bounds how
-        long an engine replaced out of band can go unnoticed. Its outcomes are journalled
-        and kept per member (:meth:`status`)."""
-        if not period_s > 0:
-            raise ValueError(f"watchdog period must be positive, not {period_s}")
-        self.stop_watchdog()
-        self._watchdog_stop = stop = threading.Event()
-
-        def loop() -> None:
-            while not stop.wait(period_s):
-                try:
-                    self.audit(why="watchdog", blocking=False)
-                except JournalError as e:  # nothing more can be journalled (deposed, or
-                    log.warning("watchdog stopped: %s", e)  # its store failed): stop
-                    return
-                except Exception:  # keep watching: the next round may succeed
-                    log.exception("watchdog audit failed")
-
-        self._watchdog = threading.Thread(target=loop, name="fleet-watchdog", daemon=True)
-        self._watchdog.start()
-
-    def stop_watchdog(self) -> None:
-        self._watchdog_stop.set()
-        if self._watchdog is not None and self._watchdog is not threading.current_thread():
-            self._watchdog.join(timeout=60.0)
-        self._watchdog = None

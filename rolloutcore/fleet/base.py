@@ -6,8 +6,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -227,6 +228,7 @@ class FleetBase:
     _changed: threading.Condition
     _pool: ThreadPoolExecutor
     _update_lock: threading.Lock  # one update, readmission or audit at a time
+    _readmissions_due: int  # watchdog re-admissions the trainer's next update lets go first
     _quorum: int | None  # the quorum of the update being decided, if any
     _watchdog: threading.Thread | None
     _watchdog_stop: threading.Event
@@ -267,6 +269,16 @@ class FleetBase:
         """Whether the fleet spec takes fleet step ``step`` from the fleet's state now."""
         fa = FLEET_STEP[step]
         return self.phase in fa.sources and fa.when(self._fleet_state(), self._bounds())
+
+    @contextmanager
+    def _trainer_turn(self) -> Iterator[None]:
+        """The update lock for one of the trainer's updates, taken once no watchdog
+        re-admission is due (they go first: the spec's WatchdogReadmits is strongly fair,
+        and updates back to back would otherwise shut re-admission out for ever)."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._readmissions_due == 0)
+        with self._update_lock:
+            yield
 
     def _member_may(self, step: str, m: Member) -> bool:
         """Whether the fleet spec's guard lets member ``m`` take ``step`` now."""

@@ -37,7 +37,8 @@ class Fleet(Admission, Readmission, Updates, Recovery):
         an epoch (etcd, under a leadership this controller won) makes it a takeover: every
         member is fenced with the epoch before anything else (:meth:`_take_over`).
         ``watchdog_s``: audit
-        every READY member that often (see :meth:`start_watchdog`). ``max_live`` K >= 2 makes
+        every READY member, and re-admit fenced quarantined ones, that often (see
+        :meth:`start_watchdog`). ``max_live`` K >= 2 makes
         updates roll (:meth:`update`): at most K generations served at once, at least
         ``min_admitting`` members serving throughout; a recovered fleet keeps the ones its
         journal opened with."""
@@ -86,6 +87,7 @@ class Fleet(Admission, Readmission, Updates, Recovery):
             m.controller.guard = self._member_guard(m.name)
         self._pool = ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="fleet")
         self._update_lock = threading.Lock()
+        self._readmissions_due = 0
         self._quorum = None
         self._watchdog = None
         self._watchdog_stop = threading.Event()

@@ -73,7 +73,7 @@ class Updates(FleetBase):
             return self._rolling_update(target)
         if min_serving is not None and not 1 <= min_serving <= len(self.members):
             raise FleetError(f"min_serving must be in 1..{len(self.members)}")
-        with self._update_lock:
+        with self._trainer_turn():
             self._quorum = min_serving
             try:
                 return self._update(target)
@@ -165,7 +165,7 @@ class Updates(FleetBase):
         and the floor moves up to the frontier once none serves or holds a rollout below
         it. A wave that validated nothing ends on the generations served; one that leaves
         fewer than min_serving serving aborts and rolls its members back."""
-        with self._update_lock:
+        with self._trainer_turn():
             return self._roll(target)
 
     def _roll(self, target: WeightTarget | Mapping[str, WeightTarget]) -> FleetCycleReport:

@@ -213,12 +213,12 @@ def fair_lassos(g: nx.MultiDiGraph, initial: Iterable[Any], fairness: Sequence[F
     behaviour may stutter there, exactly when no fair action is enabled in it). Under
     weak fairness a maximal strongly connected component is fair whenever any part of it
     is, so the components suffice."""
-    classes = [f.actions for f in fairness]
+    classes = list(fairness)
     strong = {i for i, f in enumerate(fairness) if f.strong}
     enabled: dict[Any, set[int]] = {}
     for s in g.nodes:
         names = {k[0] for _u, _v, k in g.out_edges(s, keys=True)}
-        enabled[s] = {i for i, acts in enumerate(classes) if acts & names}
+        enabled[s] = {i for i, c in enumerate(classes) if any(c.counts(s, a) for a in names)}
     init = set(initial)
     cycles = g if finite is None else nx.subgraph_view(
         g, filter_edge=lambda _u, _v, k: not finite(k[0]))
@@ -228,7 +228,7 @@ def fair_lassos(g: nx.MultiDiGraph, initial: Iterable[Any], fairness: Sequence[F
 
 def _lasso(g: nx.MultiDiGraph, cycles: nx.MultiDiGraph, initial: set[Any], name: str,
            when: Callable[[Any], bool],
-           then: Callable[[Any], bool], classes: list[frozenset[str]], strong: set[int],
+           then: Callable[[Any], bool], classes: list[Fairness], strong: set[int],
            enabled: dict[Any, set[int]]) -> Lasso | None:
     starts = [s for s in g.nodes if when(s) and not then(s)]
     # Multi-source BFS from the obligations, never through a state where Q holds.
@@ -258,7 +258,7 @@ def check_fleet_liveness(spec: FleetSpec, ex: FleetExploration) -> dict[str, Las
     return _labelled_liveness(
         ex.steps, ex.nodes, ex.initial,
         lambda name, p: unit_label(name, p[0]) if name in per_member else name,
-        [*spec.fairness, *_per_unit(spec.member_fairness, members)],
+        [*spec.fairness, *_per_unit(spec.member_fairness, members, _member_state)],
         _props([(lp.name, lp.member, partial(_shifted, lp.when, spec.bounds),
                  partial(_shifted, lp.then, spec.bounds)) for lp in spec.liveness], members),
         finite=lambda label: label.split("@", 1)[0] in finite)
@@ -292,11 +292,31 @@ def check_failover_liveness(spec: FailoverSpec, ex: FoExploration) -> dict[str, 
 UnitProperty = tuple[str, bool, Callable[[Any, int], bool], Callable[[Any, int], bool]]
 
 
-def _per_unit(classes: Sequence[Fairness], units: range) -> list[Fairness]:
-    """Each class once per unit, over that unit's labels."""
-    return [replace(c, name=unit_label(c.name, n),
-                    actions=frozenset(unit_label(a, n) for a in c.actions))
-            for n in units for c in classes]
+def _per_unit(classes: Sequence[Fairness], units: range,
+              unit_state: Callable[[Any, int], Any] | None = None) -> list[Fairness]:
+    """Each class once per unit, over that unit's labels (and a class's ``when`` over the
+    unit's own state, ``unit_state(node, unit)``)."""
+    out = []
+    for n in units:
+        for c in classes:
+            when = None
+            if c.when is not None:
+                if unit_state is None:
+                    raise ValueError(f"{c.name}: a condition needs the unit's state")
+                when = partial(_unit_holds, c.when, unit_state, n)
+            out.append(replace(c, name=unit_label(c.name, n), when=when,
+                               actions=frozenset(unit_label(a, n) for a in c.actions)))
+    return out
+
+
+def _unit_holds(pred: Callable[[Any], bool], unit_state: Callable[[Any, int], Any], n: int,
+                node: Any) -> bool:
+    return pred(unit_state(node, n))
+
+
+def _member_state(f: Any, n: int) -> Any:
+    """A fleet member's state (members counted from 1)."""
+    return f.eng[n - 1]
 
 
 def _props(props: Sequence[UnitProperty], units: range
@@ -351,7 +371,7 @@ def _with_bounds(pred: Callable[[Any, int, Any], bool], b: Any, f: Any, n: int) 
 Edge = tuple[State, State, tuple[str, Param]]
 
 
-def _fair_component(g: nx.MultiDiGraph, states: set[State], classes: list[frozenset[str]],
+def _fair_component(g: nx.MultiDiGraph, states: set[State], classes: list[Fairness],
                     strong: set[int], enabled: dict[State, set[int]]
                     ) -> tuple[set[State], list[Edge]] | None:
     """A fair strongly connected set of ``states`` (with its inside edges and the classes
@@ -363,7 +383,7 @@ def _fair_component(g: nx.MultiDiGraph, states: set[State], classes: list[frozen
     sub = g.subgraph(states)
     for comp in sorted(nx.strongly_connected_components(sub), key=len):
         inside = [(u, v, k) for u, v, k in sub.edges(comp, keys=True) if v in comp]
-        taken = {i for _u, _v, k in inside for i, acts in enumerate(classes) if k[0] in acts}
+        taken = _taken(inside, classes)
         somewhere = set().union(*(enabled[s] for s in comp))
         everywhere = set.intersection(*(enabled[s] for s in comp))
         weak_unmet = (everywhere - strong) - taken
@@ -380,9 +400,14 @@ def _fair_component(g: nx.MultiDiGraph, states: set[State], classes: list[frozen
     return None
 
 
+def _taken(edges: list[Edge], classes: list[Fairness]) -> set[int]:
+    """The classes some of ``edges`` take (a step of its actions from a state it counts)."""
+    return {i for u, _v, k in edges for i, c in enumerate(classes) if c.counts(u, k[0])}
+
+
 def _build_lasso(g: nx.MultiDiGraph, initial: set[Any], name: str, comp: set[State],
                  inside: list[Edge], parent: dict[State, tuple[State, str, Param] | None],
-                 classes: list[frozenset[str]], enabled: dict[Any, set[int]]) -> Lasso:
+                 classes: list[Fairness], enabled: dict[Any, set[int]]) -> Lasso:
     entry = min(comp, key=lambda s: _hops(parent, s))
     # Prefix: the initial state to the obligation, then within not-Q to the entry.
     tail: list[Step] = []
@@ -396,10 +421,10 @@ def _build_lasso(g: nx.MultiDiGraph, initial: set[Any], name: str, comp: set[Sta
     # a state that disables each class it never takes (a fair component has one: weakly
     # fair classes are disabled somewhere, strongly fair ones everywhere), back home.
     out = {u: [(v, k) for uu, v, k in inside if uu == u] for u in comp}
-    taken = {i for _u, _v, k in inside for i, acts in enumerate(classes) if k[0] in acts}
+    taken = _taken(inside, classes)
     waypoints: list[tuple[State, Edge | None]] = []
     for i in sorted(taken):
-        u, v, k = next(e for e in inside if e[2][0] in classes[i])
+        u, v, k = next(e for e in inside if classes[i].counts(e[0], e[2][0]))
         waypoints.append((u, (u, v, k)))
     for i in range(len(classes)):
         if i not in taken and any(i in enabled[s] for s in comp):
