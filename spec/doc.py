@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from rolloutcore.spec.episodes import EpisodeSpec
+from rolloutcore.spec.episodes import __doc__ as episodes_doc
 from rolloutcore.spec.failover import FailoverSpec
 from rolloutcore.spec.failover import __doc__ as failover_doc
 from rolloutcore.spec.fleet import JOURNAL_PROPERTIES, JOURNAL_PROPERTIES_IN_THE_MODEL, FleetSpec
 from rolloutcore.spec.fleet import __doc__ as fleet_doc
 from rolloutcore.spec.lifecycle import Action, Fairness, Kind, Phase, Spec
 from rolloutcore.spec.mutants import (
+    EPISODE_MUTANTS,
     FAILOVER_LIVENESS_MUTANTS,
     FAILOVER_MUTANTS,
     FLEET_LIVENESS_MUTANTS,
@@ -206,11 +209,31 @@ def failover_section(fo: FailoverSpec, *, states: int, edges: int) -> list[str]:
     return out
 
 
+def episodes_section(ep: EpisodeSpec, *, states: int, edges: int) -> list[str]:
+    b = ep.bounds
+    doc = (episodes_doc or "").split("Theory of operation\n-------------------\n", 1)[-1]
+    out = ["", "## Agentic episodes", "", "Generated from `spec/episodes.py` (its module "
+           "and config: `spec/RolloutCoreEpisodes.tla`, `.cfg`).", "",
+           *doc.strip().splitlines(), "", "| action | what it does |", "|---|---|"]
+    out += [f"| {a.name} ({tla_name(a.name)}) | {_cell(a.doc)} |" for a in ep.actions]
+    out += ["", "Invariants:", ""]
+    out += [f"- **{i.name}**: {i.doc}" for i in ep.invariants]
+    out += ["", f"Default bounds: {b.members} members, {b.episodes} episode(s) of up to "
+            f"{b.turns} turns, {b.generations} generations, K {b.max_live}, min_serving "
+            f"{b.min_serving}. Reachable: **{states} states, {edges} edges** (explorer and "
+            "TLC agree edge for edge).", "",
+            "Episode mutants (each caught by the explorer and by TLC):", ""]
+    out += [f"- **{m.name}**: {m.doc}" for m in EPISODE_MUTANTS]
+    return out
+
+
 def document(spec: Spec, *, states: int, edges: int, fleet: FleetSpec | None = None,
              fleet_states: int = 0, fleet_edges: int = 0, rolling_states: int = 0,
              rolling_edges: int = 0, crash_states: int = 0, crash_edges: int = 0,
              failover: FailoverSpec | None = None,
-             failover_states: int = 0, failover_edges: int = 0) -> str:
+             failover_states: int = 0, failover_edges: int = 0,
+             episodes: EpisodeSpec | None = None, episode_states: int = 0,
+             episode_edges: int = 0) -> str:
     """The review document; ``states``/``edges`` come from exploring ``spec`` (and the
     fleet's from exploring ``fleet``)."""
     b = spec.bounds
@@ -301,6 +324,8 @@ def document(spec: Spec, *, states: int, edges: int, fleet: FleetSpec | None = N
                              crash_states=crash_states, crash_edges=crash_edges)
     if failover is not None:
         out += failover_section(failover, states=failover_states, edges=failover_edges)
+    if episodes is not None:
+        out += episodes_section(episodes, states=episode_states, edges=episode_edges)
     return "\n".join(out) + "\n"
 
 

@@ -71,6 +71,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, NamedTuple, TypeVar
 
+from rolloutcore.spec.graph import GraphExploration, explore_graph
 from rolloutcore.spec.lifecycle import Fairness
 
 T = TypeVar("T")
@@ -832,22 +833,8 @@ class FailoverSpec:
 FAILOVER = FailoverSpec()
 
 
-@dataclass
-class FoExploration:
-    states: int
-    edges: int
-    violations: dict[str, list[tuple[str, Param]]]
-    unreachable: tuple[str, ...]
-    graph: set[tuple[FoState, str, FoState]]
-    nodes: set[FoState]
-    initial: tuple[FoState, ...]
-    seconds: float
-    #: Every edge with its parameter, kept when asked for (the liveness check).
-    steps: list[tuple[FoState, str, Param, FoState]] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
+#: An exploration of the failover spec.
+FoExploration = GraphExploration[FoState]
 
 
 def explore_failover(spec: FailoverSpec = FAILOVER, *, max_states: int = 2_000_000,
@@ -856,53 +843,12 @@ def explore_failover(spec: FailoverSpec = FAILOVER, *, max_states: int = 2_000_0
     """Breadth first over every reachable state: invariants in every state, action
     properties on every edge; each property's first violation is a shortest
     counterexample (its action path)."""
-    import time
-    from collections import deque
-
-    t0 = time.perf_counter()
-    init = spec.initial_states()
-    parent: dict[FoState, tuple[FoState, str, Param] | None] = dict.fromkeys(init)
-    queue: deque[FoState] = deque(init)
-    edges: set[tuple[FoState, str, FoState]] = set()
-    steps: list[tuple[FoState, str, Param, FoState]] = []
-    violations: dict[str, list[tuple[str, Param]]] = {}
-    fired: set[str] = set()
-
-    def path(f: FoState) -> list[tuple[str, Param]]:
-        out: list[tuple[str, Param]] = []
-        cur: FoState | None = f
-        while cur is not None and parent[cur] is not None:
-            prev, name, p = parent[cur]  # type: ignore[misc]
-            out.append((name, p))
-            cur = prev
-        return out[::-1]
-
-    def check(f: FoState) -> None:
-        for inv in spec.invariants:
-            if inv.name not in violations and not inv.holds(f):
-                violations[inv.name] = path(f)
-
-    for f0 in init:
-        check(f0)
-    while queue and not (stop_at_violation and violations):
-        f = queue.popleft()
-        for name, p, g in spec.successors(f):
-            fired.add(name)
-            edges.add((f, name, g))
-            if keep_steps:
-                steps.append((f, name, p, g))
-            for prop in spec.action_properties:
-                if prop.name not in violations and not prop.holds(f, g):
-                    violations[prop.name] = [*path(f), (name, p)]
-            if g not in parent:
-                parent[g] = (f, name, p)
-                check(g)
-                queue.append(g)
-                if len(parent) > max_states:
-                    raise RuntimeError(f"more than {max_states} failover states")
-    return FoExploration(len(parent), len(edges), violations,
-                         tuple(a.name for a in spec.actions if a.name not in fired), edges,
-                         set(parent), init, time.perf_counter() - t0, steps)
+    return explore_graph(spec.initial_states(), spec.successors,
+                         [a.name for a in spec.actions],
+                         [(i.name, i.holds) for i in spec.invariants],
+                         [(p.name, p.holds) for p in spec.action_properties],
+                         what="failover", max_states=max_states,
+                         stop_at_violation=stop_at_violation, keep_steps=keep_steps)
 
 
 # ------------------------------------------------------------------------------- TLA+

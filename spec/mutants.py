@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from rolloutcore.spec.episodes import EpBounds, EpisodeSpec, EpState
 from rolloutcore.spec.failover import FailoverSpec, FoBounds
 from rolloutcore.spec.failover import _campaign as _failover_campaign
 from rolloutcore.spec.fleet import (
@@ -711,4 +712,113 @@ FAILOVER_LIVENESS_MUTANTS: tuple[tuple[FailoverMutant, str], ...] = (
             and f.leader == 0 and f.issued == 0,
             tla=s.action("campaign").tla.replace("issued < MaxEpoch", "issued = 0"))),
      "LeaderElected"),
+)
+
+
+# ------------------------------------------------------------------------------ episodes
+
+
+@dataclass(frozen=True)
+class EpisodeMutant:
+    name: str
+    doc: str
+    apply: Callable[[EpisodeSpec], EpisodeSpec]
+
+
+def _drop_tla(spec: EpisodeSpec, action: str, conjunct: str) -> str:
+    """``action``'s TLA+ body without ``conjunct`` (which it must contain)."""
+    tla = spec.action(action).tla
+    if conjunct not in tla:
+        raise ValueError(f"{action}: no {conjunct!r} in its TLA+")
+    return tla.replace(conjunct, "TRUE")
+
+
+def _turn_on_any_generation(s: EpisodeSpec) -> EpisodeSpec:
+    def when(f: EpState, b: EpBounds, p: tuple[object, ...]) -> bool:
+        x, n = f.eps[int(str(p[0])) - 1], int(str(p[1]))
+        return x.status == "idle" and not x.late and len(x.log) < b.turns \
+            and f.mem[n - 1].phase == "serve"
+    return s.replace_action("turn_begin", when=when, tla=_drop_tla(
+        s, "turn_begin", "mem[n].gen = eps[e].gen"))
+
+
+def _floor_ignores_episodes(s: EpisodeSpec) -> EpisodeSpec:
+    return s.replace_action(
+        "raise_floor",
+        when=lambda f, _b, _p: f.floor < f.front and all(m.gen > f.floor for m in f.mem),
+        tla=_drop_tla(s, "raise_floor", "\\A x \\in Episodes : Live(x) => eps[x].gen > floor"))
+
+
+def _segment_unjournalled(s: EpisodeSpec) -> EpisodeSpec:
+    seg = s.action("segment")
+    return s.replace_action(
+        "segment",
+        apply=lambda f, b, p: (g := seg.apply(f, b, p))._replace(eps=tuple(
+            y._replace(seg=x.seg) for x, y in zip(f.eps, g.eps, strict=True))),
+        tla=seg.tla.replace(", ![e].seg = eps[e].seg + 1", ""))
+
+
+def _mutate_ignoring(s: EpisodeSpec, ignored: str) -> EpisodeSpec:
+    """``mutate`` that does not wait for the turns in flight (``ignored`` "turns") or for
+    the live episodes waited for ("episodes") on its member."""
+    def holds(f: EpState, n: int) -> bool:
+        g = f.mem[n - 1].gen
+        turn = ignored != "turns"
+        waited = ignored != "episodes"
+        return any(x.member == n and (
+            (turn and x.status == "turn")
+            or (waited and x.status in ("idle", "turn") and x.policy != "segment"
+                and x.gen == g)) for x in f.eps)
+    tla = s.action("mutate").tla.replace("~Holds(n)", {
+        "turns": "~\\E x \\in Episodes : eps[x].member = n /\\ Live(x) /\\ "
+                 'eps[x].policy # "segment" /\\ eps[x].gen = mem[n].gen',
+        "episodes": '~\\E x \\in Episodes : eps[x].member = n /\\ eps[x].status = '
+                    '"turn"'}[ignored])
+    return s.replace_action(
+        "mutate", tla=tla,
+        when=lambda f, _b, p: f.mem[int(str(p[0])) - 1].phase == "drain"
+        and not holds(f, int(str(p[0]))))
+
+
+def _turn_past_deadline(s: EpisodeSpec) -> EpisodeSpec:
+    def when(f: EpState, b: EpBounds, p: tuple[object, ...]) -> bool:
+        x, n = f.eps[int(str(p[0])) - 1], int(str(p[1]))
+        return x.status == "idle" and len(x.log) < b.turns \
+            and f.mem[n - 1].phase == "serve" and f.mem[n - 1].gen == x.gen
+    return s.replace_action("turn_begin", when=when, tla=_drop_tla(
+        s, "turn_begin", "~eps[e].late"))
+
+
+#: Episode mutants: each breaks an invariant of the episode spec at its default bounds.
+EPISODE_MUTANTS: tuple[EpisodeMutant, ...] = (
+    EpisodeMutant(
+        "turn_on_other_generation",
+        "A turn is admitted on any serving member, whatever generation it serves: an "
+        "episode's turns are served by two policies in one segment.",
+        _turn_on_any_generation),
+    EpisodeMutant(
+        "floor_passes_live_episode",
+        "The floor rises once no member serves a generation, ignoring live episodes "
+        "bound to it: an idle episode is left on a generation no longer live.",
+        _floor_ignores_episodes),
+    EpisodeMutant(
+        "segment_not_journalled",
+        "An episode continues under its member's new generation without journalling a "
+        "segment boundary: its record claims one policy for turns of two.",
+        _segment_unjournalled),
+    EpisodeMutant(
+        "mutate_under_waited_episode",
+        "A member mutates under a live episode whose owner chose to wait (or to abort) "
+        "for its update: the episode's generation is gone from under it.",
+        lambda s: _mutate_ignoring(s, "episodes")),
+    EpisodeMutant(
+        "mutate_mid_turn",
+        "A member mutates with a segmenting episode's turn still in flight: the turn "
+        "crosses the update.",
+        lambda s: _mutate_ignoring(s, "turns")),
+    EpisodeMutant(
+        "turn_past_idle_deadline",
+        "An episode past its idle deadline may still start a turn: its tool's answer, "
+        "however late, is served, instead of the episode being ended and reported.",
+        _turn_past_deadline),
 )

@@ -178,7 +178,8 @@ def _spec_mutants(args: argparse.Namespace) -> int:
     why_not = modelcheck.tlc_available() if not args.no_tlc else "--no-tlc"
     verdicts: list[Any] = [*modelcheck.check_mutants(with_tlc=why_not is None),
                            *modelcheck.check_fleet_mutants(with_tlc=why_not is None),
-                           *modelcheck.check_failover_mutants(with_tlc=why_not is None)]
+                           *modelcheck.check_failover_mutants(with_tlc=why_not is None),
+                           *modelcheck.check_episode_mutants(with_tlc=why_not is None)]
     rows = [v.as_json() for v in verdicts]
     if args.json:
         _print_json({"tlc": why_not or "ran", "mutants": rows})
@@ -231,7 +232,7 @@ def _spec_tlc(args: argparse.Namespace) -> int:
         _error(f"cannot run TLC: {why_not}")
         return CANNOT_RUN
     runs = {"lifecycle": modelcheck.run_tlc(), "fleet": modelcheck.run_fleet_tlc(),
-            "failover": modelcheck.run_failover_tlc()}
+            "failover": modelcheck.run_failover_tlc(), "episodes": modelcheck.run_episodes_tlc()}
     if args.json:
         _print_json({name: run.as_json() for name, run in runs.items()})
     else:

@@ -25,6 +25,17 @@ from rolloutcore.proof.explore import (
 from rolloutcore.spec import doc as spec_doc
 from rolloutcore.spec import tla as spec_tla
 from rolloutcore.spec import triggers_gen
+from rolloutcore.spec.episodes import (
+    EPISODES,
+    Ep,
+    EpExploration,
+    EpisodeSpec,
+    EpState,
+    Mem,
+    episodes_config,
+    episodes_module,
+    explore_episodes,
+)
 from rolloutcore.spec.failover import (
     FAILOVER,
     Ctl,
@@ -48,13 +59,16 @@ from rolloutcore.spec.fleet import (
     fleet_liveness_config,
     fleet_module,
 )
+from rolloutcore.spec.graph import GraphExploration
 from rolloutcore.spec.lifecycle import SPEC, TIERS, Phase, Spec, State
 from rolloutcore.spec.mutants import (
+    EPISODE_MUTANTS,
     FAILOVER_MUTANTS,
     FLEET_MUTANTS,
     MUTANTS,
     ROLLING,
     ROLLING_CRASH,
+    EpisodeMutant,
     FailoverMutant,
     FleetMutant,
     Mutant,
@@ -69,6 +83,8 @@ FLEET_TLA_FILE = SPEC_DIR / "RolloutCoreFleet.tla"
 FLEET_CFG_FILE = SPEC_DIR / "RolloutCoreFleet.cfg"
 FAILOVER_TLA_FILE = SPEC_DIR / "RolloutCoreFailover.tla"
 FAILOVER_CFG_FILE = SPEC_DIR / "RolloutCoreFailover.cfg"
+EPISODES_TLA_FILE = SPEC_DIR / "RolloutCoreEpisodes.tla"
+EPISODES_CFG_FILE = SPEC_DIR / "RolloutCoreEpisodes.cfg"
 
 
 # ---------------------------------------------------------------------- generated files
@@ -85,6 +101,8 @@ def generated_files(spec: Spec = SPEC, exploration: Exploration | None = None, *
         FLEET_CFG_FILE: fleet_config(fleet),
         FAILOVER_TLA_FILE: failover_module(FAILOVER),
         FAILOVER_CFG_FILE: failover_config(FAILOVER),
+        EPISODES_TLA_FILE: episodes_module(EPISODES),
+        EPISODES_CFG_FILE: episodes_config(EPISODES),
     }
     if with_doc:
         fleet_counts = _fleet_counts_beside(fleet)  # the larger graph, on another core
@@ -92,6 +110,7 @@ def generated_files(spec: Spec = SPEC, exploration: Exploration | None = None, *
         rolling = explore_fleet(fleet.with_bounds(ROLLING))
         crash = explore_fleet(fleet.with_bounds(ROLLING_CRASH))
         fo = explore_failover(FAILOVER)
+        eps = explore_episodes(EPISODES)
         fleet_states, fleet_edges = fleet_counts()
         out[DOC_FILE] = spec_doc.document(spec, states=ex.states, edges=ex.edges,
                                           fleet=fleet, fleet_states=fleet_states,
@@ -99,7 +118,8 @@ def generated_files(spec: Spec = SPEC, exploration: Exploration | None = None, *
                                           rolling_edges=rolling.edges,
                                           crash_states=crash.states, crash_edges=crash.edges,
                                           failover=FAILOVER, failover_states=fo.states,
-                                          failover_edges=fo.edges)
+                                          failover_edges=fo.edges, episodes=EPISODES,
+                                          episode_states=eps.states, episode_edges=eps.edges)
     return out
 
 
@@ -404,16 +424,23 @@ def run_failover_tlc(spec: FailoverSpec = FAILOVER, *,
                      exploration: FoExploration | None = None,
                      timeout_s: float = 900) -> TlcRun:
     """TLC on the generated failover module; its whole graph against the explorer's."""
-    ex = exploration or explore_failover(spec)
-    result = _failover_tlc(spec, dump_graph=True, timeout_s=timeout_s)
+    return _graph_tlc_run(exploration or explore_failover(spec),
+                          _failover_tlc(spec, dump_graph=True, timeout_s=timeout_s),
+                          [a.name for a in spec.actions], failover_state_from_tlc)
+
+
+def _graph_tlc_run(ex: GraphExploration[Any], result: tlc.TlcResult, actions: list[str],
+                   state_from_tlc: Callable[[dict[str, object]], Any]) -> TlcRun:
+    """TLC's whole graph (its dump, states read back by ``state_from_tlc``) against the
+    explorer's ``ex``."""
     run = TlcRun(result, ex.states, ex.edges, result.distinct_states, None, None)
     if result.graph is None or result.exit_code != 0:
         return run
     g = result.graph
-    names = {spec_tla.tla_name(a.name): a.name for a in spec.actions}
-    states = {k: failover_state_from_tlc(v) for k, v in g.states.items()}
-    tlc_edges = {(states[s], names[a], states[d]) for s, a, d in g.edges}
-    run.compare((tlc_edges, set(states.values()), {states[n] for n in g.initial}),
+    names = {spec_tla.tla_name(a): a for a in actions}
+    states = {k: state_from_tlc(v) for k, v in g.states.items()}
+    run.compare(({(states[s], names[a], states[d]) for s, a, d in g.edges},
+                 set(states.values()), {states[n] for n in g.initial}),
                 (ex.graph, ex.nodes, set(ex.initial)))
     return run
 
@@ -468,7 +495,7 @@ def check_mutants(base: Spec = SPEC, *, with_tlc: bool) -> list[MutantVerdict]:
 
 @dataclass
 class FleetMutantVerdict:
-    mutant: FleetMutant | FailoverMutant
+    mutant: FleetMutant | FailoverMutant | EpisodeMutant
     explorer: dict[str, int]  # property -> counterexample length
     tlc_violated: str | None = None
     tlc_trace_length: int | None = None
@@ -525,10 +552,17 @@ def check_failover_liveness_both(spec: FailoverSpec = FAILOVER, *, with_tlc: boo
 def check_failover_mutant(m: FailoverMutant, base: FailoverSpec = FAILOVER, *,
                           with_tlc: bool) -> FleetMutantVerdict:
     mutated = m.apply(base)
-    ex = explore_failover(mutated, stop_at_violation=True)
+    return _graph_mutant_verdict(
+        m, explore_failover(mutated, stop_at_violation=True),
+        partial(_failover_tlc, mutated, dump_graph=False, timeout_s=900) if with_tlc else None)
+
+
+def _graph_mutant_verdict(m: FailoverMutant | EpisodeMutant, ex: GraphExploration[Any],
+                          run_tlc: Callable[[], tlc.TlcResult] | None) -> FleetMutantVerdict:
+    """The explorer's violations of mutant ``m`` and (``run_tlc``) TLC's first one."""
     verdict = FleetMutantVerdict(m, {k: len(v) for k, v in ex.violations.items()})
-    if with_tlc:
-        r = _failover_tlc(mutated, dump_graph=False, timeout_s=900)
+    if run_tlc is not None:
+        r = run_tlc()
         verdict.tlc_ran = True
         if r.violation in CAUGHT:
             verdict.tlc_violated = r.violated_name
@@ -539,6 +573,58 @@ def check_failover_mutant(m: FailoverMutant, base: FailoverSpec = FAILOVER, *,
 def check_failover_mutants(base: FailoverSpec = FAILOVER, *,
                            with_tlc: bool) -> list[FleetMutantVerdict]:
     return [check_failover_mutant(m, base, with_tlc=with_tlc) for m in FAILOVER_MUTANTS]
+
+
+# ---------------------------------------------------------------------------- episodes
+
+
+def episode_state_from_tlc(values: dict[str, object]) -> EpState:
+    def rec(v: object) -> dict[str, object]:
+        assert isinstance(v, tlc.TlaRecord)
+        return {str(k): x for k, x in v.items()}
+
+    def num(v: object) -> int:
+        return int(str(v))
+
+    mem, eps = values["mem"], values["eps"]
+    assert isinstance(mem, tuple) and isinstance(eps, tuple)
+    out = []
+    for x in map(rec, eps):
+        log = x["log"]
+        assert isinstance(log, tuple)
+        out.append(Ep(str(x["status"]), str(x["policy"]), num(x["member"]), num(x["gen"]),
+                      num(x["seg"]), num(x["tgen"]), bool(x["late"]),
+                      tuple((num(t[0]), num(t[1])) for t in log)))
+    return EpState(num(values["front"]), num(values["floor"]),
+                   tuple(Mem(num(m["gen"]), str(m["phase"])) for m in map(rec, mem)),
+                   tuple(out))
+
+
+def run_episodes_tlc(spec: EpisodeSpec = EPISODES, *,
+                     exploration: EpExploration | None = None,
+                     timeout_s: float = 900) -> TlcRun:
+    """TLC on the generated episode module; its whole graph against the explorer's."""
+    return _graph_tlc_run(exploration or explore_episodes(spec),
+                          _episodes_tlc(spec, dump_graph=True, timeout_s=timeout_s),
+                          [a.name for a in spec.actions], episode_state_from_tlc)
+
+
+def _episodes_tlc(spec: EpisodeSpec, *, dump_graph: bool, timeout_s: float) -> tlc.TlcResult:
+    return _tlc(spec.name, episodes_module(spec), episodes_config(spec), timeout_s=timeout_s,
+                dump_graph=dump_graph)
+
+
+def check_episode_mutant(m: EpisodeMutant, base: EpisodeSpec = EPISODES, *,
+                         with_tlc: bool) -> FleetMutantVerdict:
+    mutated = m.apply(base)
+    return _graph_mutant_verdict(
+        m, explore_episodes(mutated, stop_at_violation=True),
+        partial(_episodes_tlc, mutated, dump_graph=False, timeout_s=900) if with_tlc else None)
+
+
+def check_episode_mutants(base: EpisodeSpec = EPISODES, *,
+                          with_tlc: bool) -> list[FleetMutantVerdict]:
+    return [check_episode_mutant(m, base, with_tlc=with_tlc) for m in EPISODE_MUTANTS]
 
 
 def tlc_available() -> str | None:
