@@ -5,12 +5,12 @@ EXTENDS Integers, FiniteSets, Sequences
 
 CONSTANTS NumMembers, NumEpisodes, MaxGen, MaxLive, MinServing, MaxTurns
 
+VARIABLES front, floor, mem, eps
+vars == <<front, floor, mem, eps>>
+
 Members == 1..NumMembers
 Episodes == 1..NumEpisodes
 Policies == {"wait", "abort", "segment"}
-
-VARIABLES front, floor, mem, eps
-vars == <<front, floor, mem, eps>>
 
 Init ==
     /\ front = 1 /\ floor = 1

@@ -37,12 +37,21 @@ member serving the episode's generation; the gateway prefers the one before).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from functools import cached_property, partial
+from functools import cached_property
 from typing import Any, NamedTuple
 
-from rolloutcore.spec.graph import GraphExploration, Param, explore_graph
+from rolloutcore.spec.graph import (
+    GraphExploration,
+    Param,
+    TableAction,
+    TableInvariant,
+    explore_table,
+    table_config,
+    table_module,
+    table_successors,
+    with_params,
+)
 
 #: An episode's status: not started, waiting between turns, a turn in flight, or ended
 #: (by its owner, aborted for an update, or past its idle deadline).
@@ -108,17 +117,8 @@ def _mem(f: EpState, n: int, **kw: Any) -> EpState:
     return f._replace(mem=_set(f.mem, n - 1, f.mem[n - 1]._replace(**kw)))
 
 
-@dataclass(frozen=True)
-class EpAction:
-    """One action: ``params`` names its parameters (e an episode, n a member, p a
-    policy), ``when`` its guard, ``apply`` its effect, ``tla`` its TLA+ body."""
-
-    name: str
-    doc: str
-    params: tuple[str, ...]
-    when: Callable[[EpState, EpBounds, Param], bool]
-    apply: Callable[[EpState, EpBounds, Param], EpState]
-    tla: str
+#: An action of the episode spec (parameters: e an episode, n a member, p a policy).
+EpAction = TableAction[EpState, EpBounds]
 
 
 def _i(p: Param, k: int = 0) -> int:
@@ -296,12 +296,7 @@ ACTIONS: tuple[EpAction, ...] = (
 )
 
 
-@dataclass(frozen=True)
-class EpInvariant:
-    name: str
-    doc: str
-    tla: str
-    holds: Callable[[EpState, EpBounds], bool]
+EpInvariant = TableInvariant[EpState, EpBounds]
 
 
 def _one_policy_per_segment(x: Ep) -> bool:
@@ -370,7 +365,6 @@ INVARIANTS: tuple[EpInvariant, ...] = (
 )
 
 
-_DOMAINS = {"e": "Episodes", "n": "Members", "p": "Policies"}
 
 
 @dataclass(frozen=True)
@@ -400,19 +394,11 @@ class EpisodeSpec:
     @cached_property
     def _params(self) -> tuple[tuple[EpAction, tuple[Param, ...]], ...]:
         b = self.bounds
-        dom: dict[str, Iterable[object]] = {"e": range(1, b.episodes + 1),
-                                            "n": range(1, b.members + 1), "p": POLICIES}
-        out = []
-        for a in self.actions:
-            ps: list[Param] = [()]
-            for n in a.params:
-                ps = [(*p, v) for p in ps for v in dom[n]]
-            out.append((a, tuple(ps)))
-        return tuple(out)
+        return with_params(self.actions, {"e": range(1, b.episodes + 1),
+                                          "n": range(1, b.members + 1), "p": POLICIES})
 
     def successors(self, f: EpState) -> list[tuple[str, Param, EpState]]:
-        return [(a.name, p, a.apply(f, self.bounds, p)) for a, ps in self._params
-                for p in ps if a.when(f, self.bounds, p)]
+        return table_successors(self._params, f, self.bounds)
 
 
 EPISODES = EpisodeSpec()
@@ -426,15 +412,9 @@ def explore_episodes(spec: EpisodeSpec = EPISODES, *, max_states: int = 2_000_00
                      stop_at_violation: bool = False) -> EpExploration:
     """Breadth first over every reachable state, every invariant in every state; each
     invariant's first violation is a shortest counterexample (its action path)."""
-    return explore_graph(spec.initial_states(), spec.successors,
-                         [a.name for a in spec.actions],
-                         [(i.name, partial(_holds, i, spec.bounds)) for i in spec.invariants],
-                         what="episode", max_states=max_states,
-                         stop_at_violation=stop_at_violation)
-
-
-def _holds(inv: EpInvariant, b: EpBounds, f: EpState) -> bool:
-    return inv.holds(f, b)
+    return explore_table(spec.initial_states(), spec.successors, spec.actions,
+                         spec.invariants, (), spec.bounds, what="episode",
+                         max_states=max_states, stop_at_violation=stop_at_violation)
 
 
 # ------------------------------------------------------------------------------- TLA+
@@ -442,72 +422,40 @@ def _holds(inv: EpInvariant, b: EpBounds, f: EpState) -> bool:
 VARIABLES = ("front", "floor", "mem", "eps")
 
 
-def _tla_name(name: str) -> str:
-    return "".join(part.capitalize() for part in name.split("_"))
-
-
 def episodes_module(spec: EpisodeSpec = EPISODES) -> str:
-    parts = [
-        f"---------------------------- MODULE {spec.name} ----------------------------",
-        "\\* Generated from spec/episodes.py by `rolloutcore spec tla`.",
-        "\\* Do not edit: change the Python spec and regenerate.",
-        "EXTENDS Integers, FiniteSets, Sequences",
-        "",
-        "CONSTANTS NumMembers, NumEpisodes, MaxGen, MaxLive, MinServing, MaxTurns",
-        "",
-        "Members == 1..NumMembers",
-        "Episodes == 1..NumEpisodes",
-        f"Policies == {{{', '.join(f'{chr(34)}{p}{chr(34)}' for p in POLICIES)}}}",
-        "",
-        f"VARIABLES {', '.join(VARIABLES)}",
-        f"vars == <<{', '.join(VARIABLES)}>>",
-        "",
-        "Init ==",
-        "    /\\ front = 1 /\\ floor = 1",
-        '    /\\ mem = [n \\in Members |-> [gen |-> 1, phase |-> "serve"]]',
-        '    /\\ eps = [x \\in Episodes |-> [status |-> "none", policy |-> "wait", '
-        "member |-> 0, gen |-> 0,",
-        "                                 seg |-> 0, tgen |-> 0, late |-> FALSE, "
-        "log |-> << >>]]",
-        "",
-        'Live(x) == eps[x].status \\in {"idle", "turn"}',
-        "\\* A member holds what its update must not cross (spec/episodes.py _holds_member).",
-        "Holds(n) == \\E x \\in Episodes : eps[x].member = n /\\",
-        '    (eps[x].status = "turn" \\/ (Live(x) /\\ eps[x].policy # "segment" '
-        "/\\ eps[x].gen = mem[n].gen))",
-        "",
-    ]
-    for a in spec.actions:
-        head = _tla_name(a.name) + (f"({', '.join(a.params)})" if a.params else "")
-        parts.append(f"\\* {a.name}: {a.doc}\n{head} ==\n    {a.tla}\n")
-    disj = []
-    for a in spec.actions:
-        if not a.params:
-            disj.append(_tla_name(a.name))
-            continue
-        binders = " : ".join(f"\\E {p} \\in {_DOMAINS[p]}" for p in a.params)
-        disj.append(f"{binders} : {_tla_name(a.name)}({', '.join(a.params)})")
-    parts += ["Next ==\n" + "\n".join(f"    \\/ {d}" for d in disj), "",
-              "Spec == Init /\\ [][Next]_vars", "", "\\* ---- invariants"]
-    parts += [f"\\* {inv.doc}\n{inv.name} ==\n    {inv.tla}\n" for inv in spec.invariants]
-    parts.append("=" * 78)
-    return "\n".join(parts) + "\n"
+    return table_module(
+        spec.name, "spec/episodes.py", extends="Integers, FiniteSets, Sequences",
+        constants=("NumMembers", "NumEpisodes", "MaxGen", "MaxLive", "MinServing",
+                   "MaxTurns"),
+        preamble=[
+            "Members == 1..NumMembers",
+            "Episodes == 1..NumEpisodes",
+            f"Policies == {{{', '.join(f'{chr(34)}{p}{chr(34)}' for p in POLICIES)}}}",
+            "",
+            "Init ==",
+            "    /\\ front = 1 /\\ floor = 1",
+            '    /\\ mem = [n \\in Members |-> [gen |-> 1, phase |-> "serve"]]',
+            '    /\\ eps = [x \\in Episodes |-> [status |-> "none", policy |-> "wait", '
+            "member |-> 0, gen |-> 0,",
+            "                                 seg |-> 0, tgen |-> 0, late |-> FALSE, "
+            "log |-> << >>]]",
+            "",
+            'Live(x) == eps[x].status \\in {"idle", "turn"}',
+            "\\* A member holds what its update must not cross (spec/episodes.py "
+            "_holds_member).",
+            "Holds(n) == \\E x \\in Episodes : eps[x].member = n /\\",
+            '    (eps[x].status = "turn" \\/ (Live(x) /\\ eps[x].policy # "segment" '
+            "/\\ eps[x].gen = mem[n].gen))"],
+        variables=VARIABLES, actions=spec.actions,
+        domains={"e": "Episodes", "n": "Members", "p": "Policies"},
+        invariants=spec.invariants)
 
 
 def episodes_config(spec: EpisodeSpec = EPISODES) -> str:
     b = spec.bounds
-    return "\n".join([
-        "\\* Generated by `rolloutcore spec tla`. Do not edit.",
-        "CONSTANTS",
-        f"    NumMembers = {b.members}",
-        f"    NumEpisodes = {b.episodes}",
-        f"    MaxGen = {b.generations}",
-        f"    MaxLive = {b.max_live}",
-        f"    MinServing = {b.min_serving}",
-        f"    MaxTurns = {b.turns}",
-        "SPECIFICATION Spec",
-        "INVARIANTS", *(f"    {i.name}" for i in spec.invariants),
-    ]) + "\n"
+    return table_config({"NumMembers": b.members, "NumEpisodes": b.episodes,
+                         "MaxGen": b.generations, "MaxLive": b.max_live,
+                         "MinServing": b.min_serving, "MaxTurns": b.turns}, spec.invariants)
 
 
 __all__ = [

@@ -8,6 +8,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Generic, TypeVar
 
 S = TypeVar("S", bound=Hashable)
@@ -83,3 +84,125 @@ def explore_graph(initial: tuple[S, ...],
     return GraphExploration(len(parent), len(edges), violations,
                             tuple(a for a in actions if a not in fired), edges, set(parent),
                             initial, time.perf_counter() - t0, steps)
+
+
+# ------------------------------------------------------------ specs written as a table
+
+B = TypeVar("B")
+
+
+@dataclass(frozen=True)
+class TableAction(Generic[S, B]):
+    """One action of a table spec: ``params`` names its parameters (each ranges over
+    the domain of that name), ``when`` its guard, ``apply`` its effect, both over a
+    state, the bounds and a parameter tuple; ``tla`` its TLA+ body over the same names."""
+
+    name: str
+    doc: str
+    params: tuple[str, ...]
+    when: Callable[[S, B, Param], bool]
+    apply: Callable[[S, B, Param], S]
+    tla: str
+
+
+@dataclass(frozen=True)
+class TableInvariant(Generic[S, B]):
+    name: str
+    doc: str
+    tla: str
+    holds: Callable[[S, B], bool]
+
+
+@dataclass(frozen=True)
+class TableProperty(Generic[S, B]):
+    """A property of every step (``[][tla]_vars``)."""
+
+    name: str
+    doc: str
+    tla: str
+    holds: Callable[[S, S, B], bool]
+
+
+def with_params(actions: Sequence[TableAction[S, B]], domains: dict[str, Iterable[object]]
+                ) -> tuple[tuple[TableAction[S, B], tuple[Param, ...]], ...]:
+    """Each action with every parameter tuple it may take."""
+    out = []
+    for a in actions:
+        ps: list[Param] = [()]
+        for n in a.params:
+            ps = [(*p, v) for p in ps for v in domains[n]]
+        out.append((a, tuple(ps)))
+    return tuple(out)
+
+
+def table_successors(params: tuple[tuple[TableAction[S, B], tuple[Param, ...]], ...],
+                     f: S, b: B) -> list[tuple[str, Param, S]]:
+    return [(a.name, p, a.apply(f, b, p)) for a, ps in params for p in ps if a.when(f, b, p)]
+
+
+def explore_table(initial: tuple[S, ...], successors: Callable[[S], Iterable[tuple[str, Param, S]]],
+                  actions: Sequence[TableAction[S, B]],
+                  invariants: Sequence[TableInvariant[S, B]],
+                  properties: Sequence[TableProperty[S, B]], bounds: B, *, what: str,
+                  max_states: int = 2_000_000, stop_at_violation: bool = False
+                  ) -> GraphExploration[S]:
+    """:func:`explore_graph` over a table spec's actions and properties at ``bounds``."""
+    return explore_graph(
+        initial, successors, [a.name for a in actions],
+        [(i.name, partial(_inv_holds, i, bounds)) for i in invariants],
+        [(p.name, partial(_prop_holds, p, bounds)) for p in properties],
+        what=what, max_states=max_states, stop_at_violation=stop_at_violation)
+
+
+def _inv_holds(inv: TableInvariant[S, B], b: B, f: S) -> bool:
+    return inv.holds(f, b)
+
+
+def _prop_holds(prop: TableProperty[S, B], b: B, f: S, g: S) -> bool:
+    return prop.holds(f, g, b)
+
+
+def tla_name(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("_"))
+
+
+def table_module(name: str, source: str, *, extends: str, constants: Sequence[str],
+                 preamble: Sequence[str], variables: Sequence[str],
+                 actions: Sequence[TableAction[S, B]], domains: dict[str, str],
+                 invariants: Sequence[TableInvariant[S, B]],
+                 properties: Sequence[TableProperty[S, B]] = ()) -> str:
+    """The TLA+ module of a table spec: its constants, ``preamble`` (sets, Init and
+    helper definitions), one operator per action, Next, Spec and the properties."""
+    parts = [
+        f"---------------------------- MODULE {name} ----------------------------",
+        f"\\* Generated from {source} by `rolloutcore spec tla`.",
+        "\\* Do not edit: change the Python spec and regenerate.",
+        f"EXTENDS {extends}", "", f"CONSTANTS {', '.join(constants)}", "",
+        f"VARIABLES {', '.join(variables)}", f"vars == <<{', '.join(variables)}>>", "",
+        *preamble, ""]
+    for a in actions:
+        head = tla_name(a.name) + (f"({', '.join(a.params)})" if a.params else "")
+        parts.append(f"\\* {a.name}: {a.doc}\n{head} ==\n    {a.tla}\n")
+    disj = []
+    for a in actions:
+        call = tla_name(a.name) + (f"({', '.join(a.params)})" if a.params else "")
+        binders = "".join(f"\\E {p} \\in {domains[p]} : " for p in a.params)
+        disj.append(binders + call)
+    parts += ["Next ==\n" + "\n".join(f"    \\/ {d}" for d in disj), "",
+              "Spec == Init /\\ [][Next]_vars", "", "\\* ---- invariants"]
+    parts += [f"\\* {inv.doc}\n{inv.name} ==\n    {inv.tla}\n" for inv in invariants]
+    if properties:
+        parts.append("\\* ---- action properties")
+        parts += [f"\\* {p.doc}\n{p.name} ==\n    [][{p.tla}]_vars\n" for p in properties]
+    parts.append("=" * 78)
+    return "\n".join(parts) + "\n"
+
+
+def table_config(constants: dict[str, int], invariants: Sequence[TableInvariant[S, B]],
+                 properties: Sequence[TableProperty[S, B]] = ()) -> str:
+    return "\n".join([
+        "\\* Generated by `rolloutcore spec tla`. Do not edit.", "CONSTANTS",
+        *(f"    {k} = {v}" for k, v in constants.items()), "SPECIFICATION Spec",
+        "INVARIANTS", *(f"    {i.name}" for i in invariants),
+        *(["PROPERTIES", *(f"    {p.name}" for p in properties)] if properties else []),
+    ]) + "\n"
