@@ -365,8 +365,6 @@ INVARIANTS: tuple[EpInvariant, ...] = (
 )
 
 
-
-
 @dataclass(frozen=True)
 class EpisodeSpec:
     name: str = "RolloutCoreEpisodes"
