@@ -22,7 +22,10 @@ from rolloutcore.spec.mutants import (
     MUTANTS,
     ROLLING,
     ROLLING_CRASH,
+    STAGED_MUTANTS,
 )
+from rolloutcore.spec.staged import StagedSpec
+from rolloutcore.spec.staged import __doc__ as staged_doc
 from rolloutcore.spec.tla import tla_name, world_conjuncts
 
 
@@ -227,13 +230,33 @@ def episodes_section(ep: EpisodeSpec, *, states: int, edges: int) -> list[str]:
     return out
 
 
+def staged_section(st: StagedSpec, *, states: int, edges: int) -> list[str]:
+    b = st.bounds
+    doc = (staged_doc or "").split("Theory of operation\n-------------------\n", 1)[-1]
+    out = ["", "## Staged updates", "", "Generated from `spec/staged.py` (its module and "
+           "config: `spec/RolloutCoreStaged.tla`, `.cfg`).", "",
+           *doc.strip().splitlines(), "", "| action | what it does |", "|---|---|"]
+    out += [f"| {a.name} ({tla_name(a.name)}) | {_cell(a.doc)} |" for a in st.actions]
+    out += ["", "Invariants:", ""]
+    out += [f"- **{i.name}**: {i.doc}" for i in st.invariants]
+    out += ["", "Step properties:", ""]
+    out += [f"- **{p.name}**: {p.doc}" for p in st.properties]
+    out += ["", f"Default bounds: {b.ranks} ranks, {b.generations} generations, {b.faults} "
+            f"ambiguous install(s). Reachable: **{states} states, {edges} edges** (explorer "
+            "and TLC agree edge for edge).", "",
+            "Staged-update mutants (each caught by the explorer and by TLC):", ""]
+    out += [f"- **{m.name}**: {m.doc}" for m in STAGED_MUTANTS]
+    return out
+
+
 def document(spec: Spec, *, states: int, edges: int, fleet: FleetSpec | None = None,
              fleet_states: int = 0, fleet_edges: int = 0, rolling_states: int = 0,
              rolling_edges: int = 0, crash_states: int = 0, crash_edges: int = 0,
              failover: FailoverSpec | None = None,
              failover_states: int = 0, failover_edges: int = 0,
              episodes: EpisodeSpec | None = None, episode_states: int = 0,
-             episode_edges: int = 0) -> str:
+             episode_edges: int = 0, staged: StagedSpec | None = None,
+             staged_states: int = 0, staged_edges: int = 0) -> str:
     """The review document; ``states``/``edges`` come from exploring ``spec`` (and the
     fleet's from exploring ``fleet``)."""
     b = spec.bounds
@@ -326,6 +349,8 @@ def document(spec: Spec, *, states: int, edges: int, fleet: FleetSpec | None = N
         out += failover_section(failover, states=failover_states, edges=failover_edges)
     if episodes is not None:
         out += episodes_section(episodes, states=episode_states, edges=episode_edges)
+    if staged is not None:
+        out += staged_section(staged, states=staged_states, edges=staged_edges)
     return "\n".join(out) + "\n"
 
 

@@ -48,6 +48,7 @@ from rolloutcore.spec.lifecycle import (
     Spec,
     State,
 )
+from rolloutcore.spec.staged import StagedSpec
 
 
 @dataclass(frozen=True)
@@ -821,4 +822,62 @@ EPISODE_MUTANTS: tuple[EpisodeMutant, ...] = (
         "An episode past its idle deadline may still start a turn: its tool's answer, "
         "however late, is served, instead of the episode being ended and reported.",
         _turn_past_deadline),
+)
+
+
+# ------------------------------------------------------------------------ staged updates
+
+
+@dataclass(frozen=True)
+class StagedMutant:
+    name: str
+    doc: str
+    apply: Callable[[StagedSpec], StagedSpec]
+
+
+def _staged_tla(spec: StagedSpec, action: str, old: str, new: str) -> str:
+    tla = spec.action(action).tla
+    if old not in tla:
+        raise ValueError(f"{action}: no {old!r} in its TLA+")
+    return tla.replace(old, new)
+
+
+#: Staged-update mutants: each breaks an invariant or step property of the staged spec.
+STAGED_MUTANTS: tuple[StagedMutant, ...] = (
+    StagedMutant(
+        "install_without_every_rank_prepared",
+        "Admissions close, and ranks install, once some rank is prepared: a rank whose "
+        "shard is corrupt or missing installs it.",
+        lambda s: s.replace_action(
+            "close", when=lambda f, _b, _p: f.phase == "staging" and any(f.prep),
+            tla=_staged_tla(s, "close", "\\A r \\in Ranks : prep[r]",
+                            "\\E r \\in Ranks : prep[r]"))),
+    StagedMutant(
+        "install_of_other_manifest",
+        "A rank reports prepared once its shard is complete, without comparing its "
+        "manifest with the trainer's: another generation's bytes (a delta on the wrong "
+        "base) are installed.",
+        lambda s: s.replace_action(
+            "prepare", when=lambda f, _b, p: f.phase == "staging"
+            and f.buf[int(str(p[0])) - 1] not in (0, -2, -3) and not f.prep[int(str(p[0])) - 1],
+            tla=_staged_tla(s, "prepare", "buf[r] = target", "buf[r] \\notin {0, -2, -3}"))),
+    StagedMutant(
+        "staging_failure_taints",
+        "A refused staging latches TAINTED, as an ambiguous mutation would: a member "
+        "that never touched its served weights is quarantined.",
+        lambda s: s.replace_action(
+            "stage_fail", apply=lambda f, b, p: s.action("stage_fail").apply(f, b, p)
+            ._replace(phase="tainted"),
+            tla=_staged_tla(s, "stage_fail", "phase' = \"serving\"", "phase' = \"tainted\""))),
+    StagedMutant(
+        "staging_touches_served",
+        "A rank receives straight into its served weights (the unstaged path's transfer "
+        "kept under the staged protocol): a staging that fails leaves them changed.",
+        lambda s: s.replace_action(
+            "receive", apply=lambda f, b, p: (g := s.action("receive").apply(f, b, p))
+            ._replace(served=tuple(v if i != int(str(p[0])) - 1 else g.buf[i]
+                                   for i, v in enumerate(f.served))),
+            tla=_staged_tla(s, "receive", "/\\ UNCHANGED <<phase, committed, target, served,",
+                            "/\\ served' = [served EXCEPT ![r] = Received(k)]\n"
+                            "    /\\ UNCHANGED <<phase, committed, target,"))),
 )

@@ -68,10 +68,21 @@ from rolloutcore.spec.mutants import (
     MUTANTS,
     ROLLING,
     ROLLING_CRASH,
+    STAGED_MUTANTS,
     EpisodeMutant,
     FailoverMutant,
     FleetMutant,
     Mutant,
+    StagedMutant,
+)
+from rolloutcore.spec.staged import (
+    STAGED,
+    StagedSpec,
+    StExploration,
+    StState,
+    explore_staged,
+    staged_config,
+    staged_module,
 )
 
 SPEC_DIR = Path(spec_pkg.__file__).resolve().parent
@@ -85,6 +96,8 @@ FAILOVER_TLA_FILE = SPEC_DIR / "RolloutCoreFailover.tla"
 FAILOVER_CFG_FILE = SPEC_DIR / "RolloutCoreFailover.cfg"
 EPISODES_TLA_FILE = SPEC_DIR / "RolloutCoreEpisodes.tla"
 EPISODES_CFG_FILE = SPEC_DIR / "RolloutCoreEpisodes.cfg"
+STAGED_TLA_FILE = SPEC_DIR / "RolloutCoreStaged.tla"
+STAGED_CFG_FILE = SPEC_DIR / "RolloutCoreStaged.cfg"
 
 
 # ---------------------------------------------------------------------- generated files
@@ -103,6 +116,8 @@ def generated_files(spec: Spec = SPEC, exploration: Exploration | None = None, *
         FAILOVER_CFG_FILE: failover_config(FAILOVER),
         EPISODES_TLA_FILE: episodes_module(EPISODES),
         EPISODES_CFG_FILE: episodes_config(EPISODES),
+        STAGED_TLA_FILE: staged_module(STAGED),
+        STAGED_CFG_FILE: staged_config(STAGED),
     }
     if with_doc:
         fleet_counts = _fleet_counts_beside(fleet)  # the larger graph, on another core
@@ -111,6 +126,7 @@ def generated_files(spec: Spec = SPEC, exploration: Exploration | None = None, *
         crash = explore_fleet(fleet.with_bounds(ROLLING_CRASH))
         fo = explore_failover(FAILOVER)
         eps = explore_episodes(EPISODES)
+        staged = explore_staged(STAGED)
         fleet_states, fleet_edges = fleet_counts()
         out[DOC_FILE] = spec_doc.document(spec, states=ex.states, edges=ex.edges,
                                           fleet=fleet, fleet_states=fleet_states,
@@ -119,7 +135,9 @@ def generated_files(spec: Spec = SPEC, exploration: Exploration | None = None, *
                                           crash_states=crash.states, crash_edges=crash.edges,
                                           failover=FAILOVER, failover_states=fo.states,
                                           failover_edges=fo.edges, episodes=EPISODES,
-                                          episode_states=eps.states, episode_edges=eps.edges)
+                                          episode_states=eps.states, episode_edges=eps.edges,
+                                          staged=STAGED, staged_states=staged.states,
+                                          staged_edges=staged.edges)
     return out
 
 
@@ -495,7 +513,7 @@ def check_mutants(base: Spec = SPEC, *, with_tlc: bool) -> list[MutantVerdict]:
 
 @dataclass
 class FleetMutantVerdict:
-    mutant: FleetMutant | FailoverMutant | EpisodeMutant
+    mutant: FleetMutant | FailoverMutant | EpisodeMutant | StagedMutant
     explorer: dict[str, int]  # property -> counterexample length
     tlc_violated: str | None = None
     tlc_trace_length: int | None = None
@@ -557,7 +575,8 @@ def check_failover_mutant(m: FailoverMutant, base: FailoverSpec = FAILOVER, *,
         partial(_failover_tlc, mutated, dump_graph=False, timeout_s=900) if with_tlc else None)
 
 
-def _graph_mutant_verdict(m: FailoverMutant | EpisodeMutant, ex: GraphExploration[Any],
+def _graph_mutant_verdict(m: FailoverMutant | EpisodeMutant | StagedMutant,
+                          ex: GraphExploration[Any],
                           run_tlc: Callable[[], tlc.TlcResult] | None) -> FleetMutantVerdict:
     """The explorer's violations of mutant ``m`` and (``run_tlc``) TLC's first one."""
     verdict = FleetMutantVerdict(m, {k: len(v) for k, v in ex.violations.items()})
@@ -625,6 +644,48 @@ def check_episode_mutant(m: EpisodeMutant, base: EpisodeSpec = EPISODES, *,
 def check_episode_mutants(base: EpisodeSpec = EPISODES, *,
                           with_tlc: bool) -> list[FleetMutantVerdict]:
     return [check_episode_mutant(m, base, with_tlc=with_tlc) for m in EPISODE_MUTANTS]
+
+
+# ------------------------------------------------------------------------ staged updates
+
+
+def staged_state_from_tlc(values: dict[str, object]) -> StState:
+    def ints(v: object) -> tuple[int, ...]:
+        assert isinstance(v, tuple)
+        return tuple(int(str(x)) for x in v)
+
+    def flags(v: object) -> tuple[bool, ...]:
+        assert isinstance(v, tuple)
+        return tuple(bool(x) for x in v)
+
+    return StState(str(values["phase"]), int(str(values["committed"])),
+                   int(str(values["target"])), ints(values["served"]), ints(values["buf"]),
+                   flags(values["prep"]), flags(values["inst"]), int(str(values["faults"])))
+
+
+def _staged_tlc(spec: StagedSpec, *, dump_graph: bool, timeout_s: float) -> tlc.TlcResult:
+    return _tlc(spec.name, staged_module(spec), staged_config(spec), timeout_s=timeout_s,
+                dump_graph=dump_graph)
+
+
+def run_staged_tlc(spec: StagedSpec = STAGED, *, exploration: StExploration | None = None,
+                   timeout_s: float = 900) -> TlcRun:
+    """TLC on the generated staged-update module; its whole graph against the explorer's."""
+    return _graph_tlc_run(exploration or explore_staged(spec),
+                          _staged_tlc(spec, dump_graph=True, timeout_s=timeout_s),
+                          [a.name for a in spec.actions], staged_state_from_tlc)
+
+
+def check_staged_mutants(base: StagedSpec = STAGED, *,
+                         with_tlc: bool) -> list[FleetMutantVerdict]:
+    out = []
+    for m in STAGED_MUTANTS:
+        mutated = m.apply(base)
+        out.append(_graph_mutant_verdict(
+            m, explore_staged(mutated, stop_at_violation=True),
+            partial(_staged_tlc, mutated, dump_graph=False, timeout_s=900)
+            if with_tlc else None))
+    return out
 
 
 def tlc_available() -> str | None:
