@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
-from rolloutcore.spec.episodes import EpisodeSpec
-from rolloutcore.spec.episodes import __doc__ as episodes_doc
 from rolloutcore.spec.failover import FailoverSpec
 from rolloutcore.spec.failover import __doc__ as failover_doc
 from rolloutcore.spec.fleet import JOURNAL_PROPERTIES, JOURNAL_PROPERTIES_IN_THE_MODEL, FleetSpec
 from rolloutcore.spec.fleet import __doc__ as fleet_doc
 from rolloutcore.spec.lifecycle import Action, Fairness, Kind, Phase, Spec
 from rolloutcore.spec.mutants import (
-    EPISODE_MUTANTS,
     FAILOVER_LIVENESS_MUTANTS,
     FAILOVER_MUTANTS,
     FLEET_LIVENESS_MUTANTS,
@@ -22,10 +21,7 @@ from rolloutcore.spec.mutants import (
     MUTANTS,
     ROLLING,
     ROLLING_CRASH,
-    STAGED_MUTANTS,
 )
-from rolloutcore.spec.staged import StagedSpec
-from rolloutcore.spec.staged import __doc__ as staged_doc
 from rolloutcore.spec.tla import tla_name, world_conjuncts
 
 
@@ -212,40 +208,34 @@ def failover_section(fo: FailoverSpec, *, states: int, edges: int) -> list[str]:
     return out
 
 
-def episodes_section(ep: EpisodeSpec, *, states: int, edges: int) -> list[str]:
-    b = ep.bounds
-    doc = (episodes_doc or "").split("Theory of operation\n-------------------\n", 1)[-1]
-    out = ["", "## Agentic episodes", "", "Generated from `spec/episodes.py` (its module "
-           "and config: `spec/RolloutCoreEpisodes.tla`, `.cfg`).", "",
-           *doc.strip().splitlines(), "", "| action | what it does |", "|---|---|"]
-    out += [f"| {a.name} ({tla_name(a.name)}) | {_cell(a.doc)} |" for a in ep.actions]
-    out += ["", "Invariants:", ""]
-    out += [f"- **{i.name}**: {i.doc}" for i in ep.invariants]
-    out += ["", f"Default bounds: {b.members} members, {b.episodes} episode(s) of up to "
-            f"{b.turns} turns, {b.generations} generations, K {b.max_live}, min_serving "
-            f"{b.min_serving}. Reachable: **{states} states, {edges} edges** (explorer and "
-            "TLC agree edge for edge).", "",
-            "Episode mutants (each caught by the explorer and by TLC):", ""]
-    out += [f"- **{m.name}**: {m.doc}" for m in EPISODE_MUTANTS]
-    return out
+class TableDoc(NamedTuple):
+    """A table spec's section of the review document."""
+
+    title: str
+    source: str  # its Python file, e.g. spec/episodes.py
+    doc: str  # its module docstring (the theory of operation)
+    spec: Any  # its spec: name, actions, invariants, bounds, maybe properties
+    states: int
+    edges: int
+    mutants: Sequence[Any]
 
 
-def staged_section(st: StagedSpec, *, states: int, edges: int) -> list[str]:
-    b = st.bounds
-    doc = (staged_doc or "").split("Theory of operation\n-------------------\n", 1)[-1]
-    out = ["", "## Staged updates", "", "Generated from `spec/staged.py` (its module and "
-           "config: `spec/RolloutCoreStaged.tla`, `.cfg`).", "",
-           *doc.strip().splitlines(), "", "| action | what it does |", "|---|---|"]
-    out += [f"| {a.name} ({tla_name(a.name)}) | {_cell(a.doc)} |" for a in st.actions]
+def table_section(t: TableDoc) -> list[str]:
+    theory = t.doc.split("Theory of operation\n-------------------\n", 1)[-1]
+    out = ["", f"## {t.title}", "", f"Generated from `{t.source}` (its module and config: "
+           f"`spec/{t.spec.name}.tla`, `.cfg`).", "", *theory.strip().splitlines(), "",
+           "| action | what it does |", "|---|---|"]
+    out += [f"| {a.name} ({tla_name(a.name)}) | {_cell(a.doc)} |" for a in t.spec.actions]
     out += ["", "Invariants:", ""]
-    out += [f"- **{i.name}**: {i.doc}" for i in st.invariants]
-    out += ["", "Step properties:", ""]
-    out += [f"- **{p.name}**: {p.doc}" for p in st.properties]
-    out += ["", f"Default bounds: {b.ranks} ranks, {b.generations} generations, {b.faults} "
-            f"ambiguous install(s). Reachable: **{states} states, {edges} edges** (explorer "
-            "and TLC agree edge for edge).", "",
-            "Staged-update mutants (each caught by the explorer and by TLC):", ""]
-    out += [f"- **{m.name}**: {m.doc}" for m in STAGED_MUTANTS]
+    out += [f"- **{i.name}**: {i.doc}" for i in t.spec.invariants]
+    props = getattr(t.spec, "properties", ())
+    if props:
+        out += ["", "Step properties:", ""]
+        out += [f"- **{p.name}**: {p.doc}" for p in props]
+    out += ["", f"Default bounds: {t.spec.bounds.describe()}. Reachable: **{t.states} states, "
+            f"{t.edges} edges** (explorer and TLC agree edge for edge).", "",
+            "Mutants (each caught by the explorer and by TLC):", ""]
+    out += [f"- **{m.name}**: {m.doc}" for m in t.mutants]
     return out
 
 
@@ -254,9 +244,7 @@ def document(spec: Spec, *, states: int, edges: int, fleet: FleetSpec | None = N
              rolling_edges: int = 0, crash_states: int = 0, crash_edges: int = 0,
              failover: FailoverSpec | None = None,
              failover_states: int = 0, failover_edges: int = 0,
-             episodes: EpisodeSpec | None = None, episode_states: int = 0,
-             episode_edges: int = 0, staged: StagedSpec | None = None,
-             staged_states: int = 0, staged_edges: int = 0) -> str:
+             tables: Sequence[TableDoc] = ()) -> str:
     """The review document; ``states``/``edges`` come from exploring ``spec`` (and the
     fleet's from exploring ``fleet``)."""
     b = spec.bounds
@@ -347,10 +335,8 @@ def document(spec: Spec, *, states: int, edges: int, fleet: FleetSpec | None = N
                              crash_states=crash_states, crash_edges=crash_edges)
     if failover is not None:
         out += failover_section(failover, states=failover_states, edges=failover_edges)
-    if episodes is not None:
-        out += episodes_section(episodes, states=episode_states, edges=episode_edges)
-    if staged is not None:
-        out += staged_section(staged, states=staged_states, edges=staged_edges)
+    for t in tables:
+        out += table_section(t)
     return "\n".join(out) + "\n"
 
 

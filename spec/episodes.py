@@ -37,8 +37,8 @@ member serving the episode's generation; the gateway prefers the one before).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from functools import cached_property
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from rolloutcore.spec.graph import (
@@ -46,11 +46,9 @@ from rolloutcore.spec.graph import (
     Param,
     TableAction,
     TableInvariant,
-    explore_table,
+    TableSpec,
     table_config,
     table_module,
-    table_successors,
-    with_params,
 )
 
 #: An episode's status: not started, waiting between turns, a turn in flight, or ended
@@ -99,6 +97,11 @@ class EpBounds:
     max_live: int = 2  # K
     min_serving: int = 1  # members that keep serving while one leaves for an update
     turns: int = 3  # turns per episode
+
+    def describe(self) -> str:
+        return (f"{self.members} members, {self.episodes} episode(s) of up to {self.turns} "
+                f"turns, {self.generations} generations, K {self.max_live}, min_serving "
+                f"{self.min_serving}")
 
 
 def live(x: Ep) -> bool:
@@ -366,37 +369,21 @@ INVARIANTS: tuple[EpInvariant, ...] = (
 
 
 @dataclass(frozen=True)
-class EpisodeSpec:
+class EpisodeSpec(TableSpec):
     name: str = "RolloutCoreEpisodes"
+    what: str = "episode"
     actions: tuple[EpAction, ...] = ACTIONS
     invariants: tuple[EpInvariant, ...] = INVARIANTS
     bounds: EpBounds = field(default_factory=EpBounds)
-
-    def with_bounds(self, bounds: EpBounds) -> EpisodeSpec:
-        return replace(self, bounds=bounds)
-
-    def replace_action(self, name: str, **changes: Any) -> EpisodeSpec:
-        if name not in {a.name for a in self.actions}:
-            raise KeyError(name)
-        return replace(self, actions=tuple(replace(a, **changes) if a.name == name else a
-                                           for a in self.actions))
-
-    def action(self, name: str) -> EpAction:
-        return next(a for a in self.actions if a.name == name)
 
     def initial_states(self) -> tuple[EpState, ...]:
         b = self.bounds
         return (EpState(1, 1, (Mem(1, SERVE),) * b.members,
                         (Ep(NONE, "wait", 0, 0, 0, 0, False, ()),) * b.episodes),)
 
-    @cached_property
-    def _params(self) -> tuple[tuple[EpAction, tuple[Param, ...]], ...]:
+    def domains(self) -> dict[str, Iterable[object]]:
         b = self.bounds
-        return with_params(self.actions, {"e": range(1, b.episodes + 1),
-                                          "n": range(1, b.members + 1), "p": POLICIES})
-
-    def successors(self, f: EpState) -> list[tuple[str, Param, EpState]]:
-        return table_successors(self._params, f, self.bounds)
+        return {"e": range(1, b.episodes + 1), "n": range(1, b.members + 1), "p": POLICIES}
 
 
 EPISODES = EpisodeSpec()
@@ -410,9 +397,7 @@ def explore_episodes(spec: EpisodeSpec = EPISODES, *, max_states: int = 2_000_00
                      stop_at_violation: bool = False) -> EpExploration:
     """Breadth first over every reachable state, every invariant in every state; each
     invariant's first violation is a shortest counterexample (its action path)."""
-    return explore_table(spec.initial_states(), spec.successors, spec.actions,
-                         spec.invariants, (), spec.bounds, what="episode",
-                         max_states=max_states, stop_at_violation=stop_at_violation)
+    return spec.explore(max_states=max_states, stop_at_violation=stop_at_violation)
 
 
 # ------------------------------------------------------------------------------- TLA+

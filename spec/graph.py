@@ -7,11 +7,12 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 S = TypeVar("S", bound=Hashable)
+T = TypeVar("T")
 Param = tuple[object, ...]
 
 
@@ -206,3 +207,58 @@ def table_config(constants: dict[str, int], invariants: Sequence[TableInvariant[
         "INVARIANTS", *(f"    {i.name}" for i in invariants),
         *(["PROPERTIES", *(f"    {p.name}" for p in properties)] if properties else []),
     ]) + "\n"
+
+
+class TableSpec:
+    """What every table spec (a frozen dataclass with ``actions`` and ``bounds``) offers:
+    other bounds, an action by name, and an action replaced (a mutant)."""
+
+    actions: tuple[TableAction[Any, Any], ...]
+    invariants: tuple[TableInvariant[Any, Any], ...]
+    bounds: Any
+    #: What an exploration's error names the spec.
+    what: str = "table"
+
+    def domains(self) -> dict[str, Iterable[object]]:
+        """Each parameter name's domain at the spec's bounds."""
+        raise NotImplementedError
+
+    def initial_states(self) -> tuple[Any, ...]:
+        raise NotImplementedError
+
+    def successors(self, f: Any) -> list[tuple[str, Param, Any]]:
+        params = self.__dict__.get("_params")
+        if params is None:  # computed once per spec (a frozen dataclass: set directly)
+            params = with_params(self.actions, self.domains())
+            object.__setattr__(self, "_params", params)
+        return table_successors(params, f, self.bounds)
+
+    def explore(self, *, max_states: int = 2_000_000,
+                stop_at_violation: bool = False) -> GraphExploration[Any]:
+        """Every reachable state; invariants in every state, step properties (a spec's
+        ``properties``, if it has any) on every edge."""
+        return explore_table(self.initial_states(), self.successors, self.actions,
+                             self.invariants, getattr(self, "properties", ()), self.bounds,
+                             what=self.what, max_states=max_states,
+                             stop_at_violation=stop_at_violation)
+
+    def with_bounds(self: T, bounds: Any) -> T:
+        return replace(self, bounds=bounds)  # type: ignore[type-var]
+
+    def action(self, name: str) -> TableAction[Any, Any]:
+        return next(a for a in self.actions if a.name == name)
+
+    def replace_action(self: T, name: str, **changes: Any) -> T:
+        actions = self.actions  # type: ignore[attr-defined]
+        if name not in {a.name for a in actions}:
+            raise KeyError(name)
+        return replace(self, actions=tuple(  # type: ignore[type-var]
+            replace(a, **changes) if a.name == name else a for a in actions))
+
+    def tla_replaced(self, action: str, old: str, new: str) -> str:
+        """``action``'s TLA+ body with ``old`` (which it must contain) replaced (a mutant's
+        TLA+ beside its Python)."""
+        tla = self.action(action).tla
+        if old not in tla:
+            raise ValueError(f"{action}: no {old!r} in its TLA+")
+        return tla.replace(old, new)

@@ -38,6 +38,7 @@ from rolloutcore.spec.fleet import (
     settled,
     validated,
 )
+from rolloutcore.spec.gateways import GatewaySpec, released
 from rolloutcore.spec.lifecycle import (
     ALL_EVIDENCE,
     FENCED,
@@ -726,28 +727,21 @@ class EpisodeMutant:
     apply: Callable[[EpisodeSpec], EpisodeSpec]
 
 
-def _drop_tla(spec: EpisodeSpec, action: str, conjunct: str) -> str:
-    """``action``'s TLA+ body without ``conjunct`` (which it must contain)."""
-    tla = spec.action(action).tla
-    if conjunct not in tla:
-        raise ValueError(f"{action}: no {conjunct!r} in its TLA+")
-    return tla.replace(conjunct, "TRUE")
-
-
 def _turn_on_any_generation(s: EpisodeSpec) -> EpisodeSpec:
     def when(f: EpState, b: EpBounds, p: tuple[object, ...]) -> bool:
         x, n = f.eps[int(str(p[0])) - 1], int(str(p[1]))
         return x.status == "idle" and not x.late and len(x.log) < b.turns \
             and f.mem[n - 1].phase == "serve"
-    return s.replace_action("turn_begin", when=when, tla=_drop_tla(
-        s, "turn_begin", "mem[n].gen = eps[e].gen"))
+    return s.replace_action("turn_begin", when=when, tla=s.tla_replaced(
+        "turn_begin", "mem[n].gen = eps[e].gen", "TRUE"))
 
 
 def _floor_ignores_episodes(s: EpisodeSpec) -> EpisodeSpec:
     return s.replace_action(
         "raise_floor",
         when=lambda f, _b, _p: f.floor < f.front and all(m.gen > f.floor for m in f.mem),
-        tla=_drop_tla(s, "raise_floor", "\\A x \\in Episodes : Live(x) => eps[x].gen > floor"))
+        tla=s.tla_replaced("raise_floor",
+                           "\\A x \\in Episodes : Live(x) => eps[x].gen > floor", "TRUE"))
 
 
 def _segment_unjournalled(s: EpisodeSpec) -> EpisodeSpec:
@@ -786,8 +780,8 @@ def _turn_past_deadline(s: EpisodeSpec) -> EpisodeSpec:
         x, n = f.eps[int(str(p[0])) - 1], int(str(p[1]))
         return x.status == "idle" and len(x.log) < b.turns \
             and f.mem[n - 1].phase == "serve" and f.mem[n - 1].gen == x.gen
-    return s.replace_action("turn_begin", when=when, tla=_drop_tla(
-        s, "turn_begin", "~eps[e].late"))
+    return s.replace_action("turn_begin", when=when, tla=s.tla_replaced(
+        "turn_begin", "~eps[e].late", "TRUE"))
 
 
 #: Episode mutants: each breaks an invariant of the episode spec at its default bounds.
@@ -835,13 +829,6 @@ class StagedMutant:
     apply: Callable[[StagedSpec], StagedSpec]
 
 
-def _staged_tla(spec: StagedSpec, action: str, old: str, new: str) -> str:
-    tla = spec.action(action).tla
-    if old not in tla:
-        raise ValueError(f"{action}: no {old!r} in its TLA+")
-    return tla.replace(old, new)
-
-
 #: Staged-update mutants: each breaks an invariant or step property of the staged spec.
 STAGED_MUTANTS: tuple[StagedMutant, ...] = (
     StagedMutant(
@@ -850,7 +837,7 @@ STAGED_MUTANTS: tuple[StagedMutant, ...] = (
         "shard is corrupt or missing installs it.",
         lambda s: s.replace_action(
             "close", when=lambda f, _b, _p: f.phase == "staging" and any(f.prep),
-            tla=_staged_tla(s, "close", "\\A r \\in Ranks : prep[r]",
+            tla=s.tla_replaced("close", "\\A r \\in Ranks : prep[r]",
                             "\\E r \\in Ranks : prep[r]"))),
     StagedMutant(
         "install_of_other_manifest",
@@ -860,7 +847,7 @@ STAGED_MUTANTS: tuple[StagedMutant, ...] = (
         lambda s: s.replace_action(
             "prepare", when=lambda f, _b, p: f.phase == "staging"
             and f.buf[int(str(p[0])) - 1] not in (0, -2, -3) and not f.prep[int(str(p[0])) - 1],
-            tla=_staged_tla(s, "prepare", "buf[r] = target", "buf[r] \\notin {0, -2, -3}"))),
+            tla=s.tla_replaced("prepare", "buf[r] = target", "buf[r] \\notin {0, -2, -3}"))),
     StagedMutant(
         "staging_failure_taints",
         "A refused staging latches TAINTED, as an ambiguous mutation would: a member "
@@ -868,7 +855,7 @@ STAGED_MUTANTS: tuple[StagedMutant, ...] = (
         lambda s: s.replace_action(
             "stage_fail", apply=lambda f, b, p: s.action("stage_fail").apply(f, b, p)
             ._replace(phase="tainted"),
-            tla=_staged_tla(s, "stage_fail", "phase' = \"serving\"", "phase' = \"tainted\""))),
+            tla=s.tla_replaced("stage_fail", "phase' = \"serving\"", "phase' = \"tainted\""))),
     StagedMutant(
         "staging_touches_served",
         "A rank receives straight into its served weights (the unstaged path's transfer "
@@ -877,7 +864,53 @@ STAGED_MUTANTS: tuple[StagedMutant, ...] = (
             "receive", apply=lambda f, b, p: (g := s.action("receive").apply(f, b, p))
             ._replace(served=tuple(v if i != int(str(p[0])) - 1 else g.buf[i]
                                    for i, v in enumerate(f.served))),
-            tla=_staged_tla(s, "receive", "/\\ UNCHANGED <<phase, committed, target, served,",
+            tla=s.tla_replaced("receive", "/\\ UNCHANGED <<phase, committed, target, served,",
                             "/\\ served' = [served EXCEPT ![r] = Received(k)]\n"
                             "    /\\ UNCHANGED <<phase, committed, target,"))),
+)
+
+
+# ---------------------------------------------------------------------------- gateways
+
+
+@dataclass(frozen=True)
+class GatewayMutant:
+    name: str
+    doc: str
+    apply: Callable[[GatewaySpec], GatewaySpec]
+
+
+def _gw_index(p: tuple[object, ...], k: int) -> int:
+    return int(str(p[k])) - 1
+
+
+#: Gateway mutants: each lets a rollout cross a mutation.
+GATEWAY_MUTANTS: tuple[GatewayMutant, ...] = (
+    GatewayMutant(
+        "mutate_after_a_quorum_of_gateways",
+        "The member mutates once a majority (here one of two) of the gateways released "
+        "it: the other still admits there.",
+        lambda s: s.replace_action(
+            "mutate", when=lambda f, _b, p: f.mem[_gw_index(p, 0)].phase == "closing"
+            and 2 * sum(released(f, g, _gw_index(p, 0)) for g in f.gw) >= len(f.gw),
+            tla=s.tla_replaced("mutate", "\\A x \\in Gateways : Released(x, m)",
+                        "2 * Cardinality({x \\in Gateways : Released(x, m)}) >= NumGateways")
+            )),
+    GatewayMutant(
+        "admit_after_lease_expired",
+        "The engine takes requests stamped with an expired gateway epoch: a partitioned "
+        "gateway, its view stale, admits to a member mutating since its lease ended.",
+        lambda s: s.replace_action(
+            "admit", when=lambda f, _b, p: f.gw[_gw_index(p, 0)].open[_gw_index(p, 1)]
+            and f.gw[_gw_index(p, 0)].infl[_gw_index(p, 1)] == 0,
+            tla=s.tla_replaced("admit", " /\\ ~gw[g].expired", ""))),
+    GatewayMutant(
+        "ack_before_inflight_ended",
+        "A gateway acknowledges a close as soon as it closed the member in its view, its "
+        "rollouts there still running: the member mutates under them.",
+        lambda s: s.replace_action(
+            "ack", when=lambda f, _b, p: f.mem[_gw_index(p, 1)].phase == "closing"
+            and not (g := f.gw[_gw_index(p, 0)]).open[_gw_index(p, 1)]
+            and not g.ack[_gw_index(p, 1)] and not g.cut,
+            tla=s.tla_replaced("ack", " /\\ gw[g].infl[m] = 0", ""))),
 )

@@ -27,8 +27,8 @@ spec's, unchanged; its journals check as before.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from functools import cached_property
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from rolloutcore.spec.graph import (
@@ -37,11 +37,9 @@ from rolloutcore.spec.graph import (
     TableAction,
     TableInvariant,
     TableProperty,
-    explore_table,
+    TableSpec,
     table_config,
     table_module,
-    table_successors,
-    with_params,
 )
 
 SERVING, STAGING, CLOSED, TAINTED = "serving", "staging", "closed", "tainted"
@@ -69,6 +67,10 @@ class StBounds:
     ranks: int = 3
     generations: int = 3
     faults: int = 1  # ambiguous installs per behaviour
+
+    def describe(self) -> str:
+        return (f"{self.ranks} ranks, {self.generations} generations, {self.faults} "
+                "ambiguous install(s)")
 
 
 StAction = TableAction[StState, StBounds]
@@ -226,36 +228,20 @@ PROPERTIES: tuple[StProperty, ...] = (
 
 
 @dataclass(frozen=True)
-class StagedSpec:
+class StagedSpec(TableSpec):
     name: str = "RolloutCoreStaged"
+    what: str = "staged"
     actions: tuple[StAction, ...] = ACTIONS
     invariants: tuple[StInvariant, ...] = INVARIANTS
     properties: tuple[StProperty, ...] = PROPERTIES
     bounds: StBounds = field(default_factory=StBounds)
 
-    def with_bounds(self, bounds: StBounds) -> StagedSpec:
-        return replace(self, bounds=bounds)
-
-    def replace_action(self, name: str, **changes: Any) -> StagedSpec:
-        if name not in {a.name for a in self.actions}:
-            raise KeyError(name)
-        return replace(self, actions=tuple(replace(a, **changes) if a.name == name else a
-                                           for a in self.actions))
-
-    def action(self, name: str) -> StAction:
-        return next(a for a in self.actions if a.name == name)
-
     def initial_states(self) -> tuple[StState, ...]:
         n = self.bounds.ranks
         return (StState(SERVING, 1, 0, (1,) * n, (0,) * n, (False,) * n, (False,) * n, 0),)
 
-    @cached_property
-    def _params(self) -> tuple[tuple[StAction, tuple[Param, ...]], ...]:
-        return with_params(self.actions, {"r": range(1, self.bounds.ranks + 1),
-                                          "k": KINDS, "d": (True, False)})
-
-    def successors(self, f: StState) -> list[tuple[str, Param, StState]]:
-        return table_successors(self._params, f, self.bounds)
+    def domains(self) -> dict[str, Iterable[object]]:
+        return {"r": range(1, self.bounds.ranks + 1), "k": KINDS, "d": (True, False)}
 
 
 STAGED = StagedSpec()
@@ -266,9 +252,7 @@ StExploration = GraphExploration[StState]
 def explore_staged(spec: StagedSpec = STAGED, *, max_states: int = 2_000_000,
                    stop_at_violation: bool = False) -> StExploration:
     """Every reachable state; invariants in every state, step properties on every edge."""
-    return explore_table(spec.initial_states(), spec.successors, spec.actions,
-                         spec.invariants, spec.properties, spec.bounds, what="staged",
-                         max_states=max_states, stop_at_violation=stop_at_violation)
+    return spec.explore(max_states=max_states, stop_at_violation=stop_at_violation)
 
 
 VARIABLES = ("phase", "committed", "target", "served", "buf", "prep", "inst", "faults")

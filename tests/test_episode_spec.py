@@ -70,7 +70,7 @@ def test_each_mutant_breaks_its_invariant(name: str) -> None:
 
 def test_tlc_graph_equals_the_explorers() -> None:
     require_tlc()
-    run = modelcheck.run_episodes_tlc()
+    run = modelcheck.EPISODE_MODEL.run_tlc()
     assert run.result.exit_code == 0, run.result.error_message
     assert run.graphs_equal, (run.only_python[:3], run.only_tlc[:3])
     assert (run.tlc_states, run.tlc_edges) == (run.python_states, run.python_edges)
@@ -78,7 +78,7 @@ def test_tlc_graph_equals_the_explorers() -> None:
 
 def test_tlc_catches_every_mutant() -> None:
     require_tlc()
-    verdicts = modelcheck.check_episode_mutants(with_tlc=True)
+    verdicts = modelcheck.EPISODE_MODEL.check_mutants(with_tlc=True)
     assert {v.mutant.name for v in verdicts} == set(BREAKS)
     for v in verdicts:
         assert v.caught and v.tlc_violated in v.explorer, v.as_json()

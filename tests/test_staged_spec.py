@@ -80,7 +80,7 @@ def test_a_partial_install_really_mixes_weights_that_then_serve() -> None:
 
 def test_tlc_graph_equals_the_explorers() -> None:
     require_tlc()
-    run = modelcheck.run_staged_tlc()
+    run = modelcheck.STAGED_MODEL.run_tlc()
     assert run.result.exit_code == 0, run.result.error_message
     assert run.graphs_equal, (run.only_python[:3], run.only_tlc[:3])
     assert (run.tlc_states, run.tlc_edges) == (run.python_states, run.python_edges)
@@ -88,7 +88,7 @@ def test_tlc_graph_equals_the_explorers() -> None:
 
 def test_tlc_catches_every_mutant() -> None:
     require_tlc()
-    verdicts = modelcheck.check_staged_mutants(with_tlc=True)
+    verdicts = modelcheck.STAGED_MODEL.check_mutants(with_tlc=True)
     assert {v.mutant.name for v in verdicts} == set(BREAKS)
     for v in verdicts:
         assert v.caught and v.tlc_violated in v.explorer, v.as_json()

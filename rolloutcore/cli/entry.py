@@ -179,8 +179,8 @@ def _spec_mutants(args: argparse.Namespace) -> int:
     verdicts: list[Any] = [*modelcheck.check_mutants(with_tlc=why_not is None),
                            *modelcheck.check_fleet_mutants(with_tlc=why_not is None),
                            *modelcheck.check_failover_mutants(with_tlc=why_not is None),
-                           *modelcheck.check_episode_mutants(with_tlc=why_not is None),
-                           *modelcheck.check_staged_mutants(with_tlc=why_not is None)]
+                           *(v for m in modelcheck.TABLE_MODELS
+                             for v in m.check_mutants(with_tlc=why_not is None))]
     rows = [v.as_json() for v in verdicts]
     if args.json:
         _print_json({"tlc": why_not or "ran", "mutants": rows})
@@ -233,8 +233,8 @@ def _spec_tlc(args: argparse.Namespace) -> int:
         _error(f"cannot run TLC: {why_not}")
         return CANNOT_RUN
     runs = {"lifecycle": modelcheck.run_tlc(), "fleet": modelcheck.run_fleet_tlc(),
-            "failover": modelcheck.run_failover_tlc(), "episodes": modelcheck.run_episodes_tlc(),
-            "staged": modelcheck.run_staged_tlc()}
+            "failover": modelcheck.run_failover_tlc(),
+            **{m.key: m.run_tlc() for m in modelcheck.TABLE_MODELS}}
     if args.json:
         _print_json({name: run.as_json() for name, run in runs.items()})
     else:

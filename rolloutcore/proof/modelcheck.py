@@ -23,13 +23,14 @@ from rolloutcore.proof.explore import (
     explore,
 )
 from rolloutcore.spec import doc as spec_doc
+from rolloutcore.spec import episodes as episodes_spec
+from rolloutcore.spec import gateways as gateways_spec
+from rolloutcore.spec import staged as staged_spec
 from rolloutcore.spec import tla as spec_tla
 from rolloutcore.spec import triggers_gen
 from rolloutcore.spec.episodes import (
     EPISODES,
     Ep,
-    EpExploration,
-    EpisodeSpec,
     EpState,
     Mem,
     episodes_config,
@@ -59,26 +60,32 @@ from rolloutcore.spec.fleet import (
     fleet_liveness_config,
     fleet_module,
 )
+from rolloutcore.spec.gateways import (
+    GATEWAYS,
+    Gw,
+    GwState,
+    explore_gateways,
+    gateways_config,
+    gateways_module,
+)
+from rolloutcore.spec.gateways import Mem as GwMem
 from rolloutcore.spec.graph import GraphExploration
 from rolloutcore.spec.lifecycle import SPEC, TIERS, Phase, Spec, State
 from rolloutcore.spec.mutants import (
     EPISODE_MUTANTS,
     FAILOVER_MUTANTS,
     FLEET_MUTANTS,
+    GATEWAY_MUTANTS,
     MUTANTS,
     ROLLING,
     ROLLING_CRASH,
     STAGED_MUTANTS,
-    EpisodeMutant,
     FailoverMutant,
     FleetMutant,
     Mutant,
-    StagedMutant,
 )
 from rolloutcore.spec.staged import (
     STAGED,
-    StagedSpec,
-    StExploration,
     StState,
     explore_staged,
     staged_config,
@@ -94,13 +101,16 @@ FLEET_TLA_FILE = SPEC_DIR / "RolloutCoreFleet.tla"
 FLEET_CFG_FILE = SPEC_DIR / "RolloutCoreFleet.cfg"
 FAILOVER_TLA_FILE = SPEC_DIR / "RolloutCoreFailover.tla"
 FAILOVER_CFG_FILE = SPEC_DIR / "RolloutCoreFailover.cfg"
-EPISODES_TLA_FILE = SPEC_DIR / "RolloutCoreEpisodes.tla"
-EPISODES_CFG_FILE = SPEC_DIR / "RolloutCoreEpisodes.cfg"
-STAGED_TLA_FILE = SPEC_DIR / "RolloutCoreStaged.tla"
-STAGED_CFG_FILE = SPEC_DIR / "RolloutCoreStaged.cfg"
 
 
 # ---------------------------------------------------------------------- generated files
+
+#: Each table spec's section title in the review document, its source and its theory.
+TABLE_TITLES = {
+    "episodes": ("Agentic episodes", "spec/episodes.py", episodes_spec.__doc__ or ""),
+    "staged": ("Staged updates", "spec/staged.py", staged_spec.__doc__ or ""),
+    "gateways": ("Several gateways", "spec/gateways.py", gateways_spec.__doc__ or ""),
+}
 
 
 def generated_files(spec: Spec = SPEC, exploration: Exploration | None = None, *,
@@ -114,19 +124,16 @@ def generated_files(spec: Spec = SPEC, exploration: Exploration | None = None, *
         FLEET_CFG_FILE: fleet_config(fleet),
         FAILOVER_TLA_FILE: failover_module(FAILOVER),
         FAILOVER_CFG_FILE: failover_config(FAILOVER),
-        EPISODES_TLA_FILE: episodes_module(EPISODES),
-        EPISODES_CFG_FILE: episodes_config(EPISODES),
-        STAGED_TLA_FILE: staged_module(STAGED),
-        STAGED_CFG_FILE: staged_config(STAGED),
     }
+    for model in TABLE_MODELS:
+        out.update(model.files())
     if with_doc:
         fleet_counts = _fleet_counts_beside(fleet)  # the larger graph, on another core
         ex = exploration or explore(spec)
         rolling = explore_fleet(fleet.with_bounds(ROLLING))
         crash = explore_fleet(fleet.with_bounds(ROLLING_CRASH))
         fo = explore_failover(FAILOVER)
-        eps = explore_episodes(EPISODES)
-        staged = explore_staged(STAGED)
+        tables = [(m, m.explore(m.spec)) for m in TABLE_MODELS]
         fleet_states, fleet_edges = fleet_counts()
         out[DOC_FILE] = spec_doc.document(spec, states=ex.states, edges=ex.edges,
                                           fleet=fleet, fleet_states=fleet_states,
@@ -134,10 +141,10 @@ def generated_files(spec: Spec = SPEC, exploration: Exploration | None = None, *
                                           rolling_edges=rolling.edges,
                                           crash_states=crash.states, crash_edges=crash.edges,
                                           failover=FAILOVER, failover_states=fo.states,
-                                          failover_edges=fo.edges, episodes=EPISODES,
-                                          episode_states=eps.states, episode_edges=eps.edges,
-                                          staged=STAGED, staged_states=staged.states,
-                                          staged_edges=staged.edges)
+                                          failover_edges=fo.edges, tables=[
+                                              spec_doc.TableDoc(*TABLE_TITLES[m.key], m.spec,
+                                                                x.states, x.edges, m.mutants)
+                                              for m, x in tables])
     return out
 
 
@@ -513,7 +520,7 @@ def check_mutants(base: Spec = SPEC, *, with_tlc: bool) -> list[MutantVerdict]:
 
 @dataclass
 class FleetMutantVerdict:
-    mutant: FleetMutant | FailoverMutant | EpisodeMutant | StagedMutant
+    mutant: Any  # a fleet, failover or table spec's mutant
     explorer: dict[str, int]  # property -> counterexample length
     tlc_violated: str | None = None
     tlc_trace_length: int | None = None
@@ -575,8 +582,7 @@ def check_failover_mutant(m: FailoverMutant, base: FailoverSpec = FAILOVER, *,
         partial(_failover_tlc, mutated, dump_graph=False, timeout_s=900) if with_tlc else None)
 
 
-def _graph_mutant_verdict(m: FailoverMutant | EpisodeMutant | StagedMutant,
-                          ex: GraphExploration[Any],
+def _graph_mutant_verdict(m: Any, ex: GraphExploration[Any],
                           run_tlc: Callable[[], tlc.TlcResult] | None) -> FleetMutantVerdict:
     """The explorer's violations of mutant ``m`` and (``run_tlc``) TLC's first one."""
     verdict = FleetMutantVerdict(m, {k: len(v) for k, v in ex.violations.items()})
@@ -594,7 +600,7 @@ def check_failover_mutants(base: FailoverSpec = FAILOVER, *,
     return [check_failover_mutant(m, base, with_tlc=with_tlc) for m in FAILOVER_MUTANTS]
 
 
-# ---------------------------------------------------------------------------- episodes
+# ----------------------------------------------------------------------- table specs
 
 
 def episode_state_from_tlc(values: dict[str, object]) -> EpState:
@@ -619,36 +625,6 @@ def episode_state_from_tlc(values: dict[str, object]) -> EpState:
                    tuple(out))
 
 
-def run_episodes_tlc(spec: EpisodeSpec = EPISODES, *,
-                     exploration: EpExploration | None = None,
-                     timeout_s: float = 900) -> TlcRun:
-    """TLC on the generated episode module; its whole graph against the explorer's."""
-    return _graph_tlc_run(exploration or explore_episodes(spec),
-                          _episodes_tlc(spec, dump_graph=True, timeout_s=timeout_s),
-                          [a.name for a in spec.actions], episode_state_from_tlc)
-
-
-def _episodes_tlc(spec: EpisodeSpec, *, dump_graph: bool, timeout_s: float) -> tlc.TlcResult:
-    return _tlc(spec.name, episodes_module(spec), episodes_config(spec), timeout_s=timeout_s,
-                dump_graph=dump_graph)
-
-
-def check_episode_mutant(m: EpisodeMutant, base: EpisodeSpec = EPISODES, *,
-                         with_tlc: bool) -> FleetMutantVerdict:
-    mutated = m.apply(base)
-    return _graph_mutant_verdict(
-        m, explore_episodes(mutated, stop_at_violation=True),
-        partial(_episodes_tlc, mutated, dump_graph=False, timeout_s=900) if with_tlc else None)
-
-
-def check_episode_mutants(base: EpisodeSpec = EPISODES, *,
-                          with_tlc: bool) -> list[FleetMutantVerdict]:
-    return [check_episode_mutant(m, base, with_tlc=with_tlc) for m in EPISODE_MUTANTS]
-
-
-# ------------------------------------------------------------------------ staged updates
-
-
 def staged_state_from_tlc(values: dict[str, object]) -> StState:
     def ints(v: object) -> tuple[int, ...]:
         assert isinstance(v, tuple)
@@ -663,29 +639,71 @@ def staged_state_from_tlc(values: dict[str, object]) -> StState:
                    flags(values["prep"]), flags(values["inst"]), int(str(values["faults"])))
 
 
-def _staged_tlc(spec: StagedSpec, *, dump_graph: bool, timeout_s: float) -> tlc.TlcResult:
-    return _tlc(spec.name, staged_module(spec), staged_config(spec), timeout_s=timeout_s,
-                dump_graph=dump_graph)
+def gateway_state_from_tlc(values: dict[str, object]) -> GwState:
+    def rec(v: object) -> dict[str, object]:
+        assert isinstance(v, tlc.TlaRecord)
+        return {str(k): x for k, x in v.items()}
+
+    def seq(v: object) -> tuple[object, ...]:
+        assert isinstance(v, tuple)
+        return v
+
+    return GwState(
+        tuple(GwMem(str(m["phase"]), int(str(m["gen"]))) for m in map(rec, seq(values["mem"]))),
+        tuple(Gw(tuple(bool(x) for x in seq(g["open"])), tuple(bool(x) for x in seq(g["ack"])),
+                 tuple(int(str(x)) for x in seq(g["infl"])), bool(g["cut"]),
+                 bool(g["expired"])) for g in map(rec, seq(values["gw"]))),
+        int(str(values["cuts"])))
 
 
-def run_staged_tlc(spec: StagedSpec = STAGED, *, exploration: StExploration | None = None,
-                   timeout_s: float = 900) -> TlcRun:
-    """TLC on the generated staged-update module; its whole graph against the explorer's."""
-    return _graph_tlc_run(exploration or explore_staged(spec),
-                          _staged_tlc(spec, dump_graph=True, timeout_s=timeout_s),
-                          [a.name for a in spec.actions], staged_state_from_tlc)
+@dataclass(frozen=True)
+class TableModel:
+    """A table spec (spec/graph.py) as the checkers see it: its generated module and
+    config, its explorer, how TLC's states read back, and its mutants."""
+
+    key: str
+    spec: Any
+    module: Callable[[Any], str]
+    config: Callable[[Any], str]
+    explore: Callable[..., GraphExploration[Any]]
+    state_from_tlc: Callable[[dict[str, object]], Any]
+    mutants: tuple[Any, ...]
+
+    def files(self) -> dict[Path, str]:
+        return {SPEC_DIR / f"{self.spec.name}.tla": self.module(self.spec),
+                SPEC_DIR / f"{self.spec.name}.cfg": self.config(self.spec)}
+
+    def tlc(self, spec: Any, *, dump_graph: bool, timeout_s: float) -> tlc.TlcResult:
+        return _tlc(spec.name, self.module(spec), self.config(spec), timeout_s=timeout_s,
+                    dump_graph=dump_graph)
+
+    def run_tlc(self, spec: Any = None, *, exploration: GraphExploration[Any] | None = None,
+                timeout_s: float = 900) -> TlcRun:
+        """TLC on the generated module; its whole graph against the explorer's."""
+        spec = self.spec if spec is None else spec
+        return _graph_tlc_run(exploration or self.explore(spec),
+                              self.tlc(spec, dump_graph=True, timeout_s=timeout_s),
+                              [a.name for a in spec.actions], self.state_from_tlc)
+
+    def check_mutants(self, *, with_tlc: bool) -> list[FleetMutantVerdict]:
+        out = []
+        for m in self.mutants:
+            mutated = m.apply(self.spec)
+            out.append(_graph_mutant_verdict(
+                m, self.explore(mutated, stop_at_violation=True),
+                partial(self.tlc, mutated, dump_graph=False, timeout_s=900)
+                if with_tlc else None))
+        return out
 
 
-def check_staged_mutants(base: StagedSpec = STAGED, *,
-                         with_tlc: bool) -> list[FleetMutantVerdict]:
-    out = []
-    for m in STAGED_MUTANTS:
-        mutated = m.apply(base)
-        out.append(_graph_mutant_verdict(
-            m, explore_staged(mutated, stop_at_violation=True),
-            partial(_staged_tlc, mutated, dump_graph=False, timeout_s=900)
-            if with_tlc else None))
-    return out
+EPISODE_MODEL = TableModel("episodes", EPISODES, episodes_module, episodes_config,
+                           explore_episodes, episode_state_from_tlc, EPISODE_MUTANTS)
+STAGED_MODEL = TableModel("staged", STAGED, staged_module, staged_config, explore_staged,
+                          staged_state_from_tlc, STAGED_MUTANTS)
+GATEWAY_MODEL = TableModel("gateways", GATEWAYS, gateways_module, gateways_config,
+                           explore_gateways, gateway_state_from_tlc, GATEWAY_MUTANTS)
+#: The table specs, in the review document's order.
+TABLE_MODELS = (EPISODE_MODEL, STAGED_MODEL, GATEWAY_MODEL)
 
 
 def tlc_available() -> str | None:
