@@ -76,6 +76,7 @@ def test_tlc_graph_equals_the_explorers() -> None:
     assert (run.tlc_states, run.tlc_edges) == (run.python_states, run.python_edges)
 
 
+@pytest.mark.deep  # make test: TLC once per mutant
 def test_tlc_catches_every_mutant() -> None:
     require_tlc()
     verdicts = modelcheck.EPISODE_MODEL.check_mutants(with_tlc=True)

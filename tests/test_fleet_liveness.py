@@ -67,7 +67,7 @@ def lassos(spec: FleetSpec) -> dict[str, Lasso | None]:
     pytest.param(FLEET.bounds, marks=pytest.mark.deep, id="strict"),
     pytest.param(ROLLING, id="rolling"),
     pytest.param(ROLLING_CRASH, id="rolling-crash"),
-    pytest.param(LIVENESS_WIDE, id="wide")])
+    pytest.param(LIVENESS_WIDE, marks=pytest.mark.deep, id="wide")])
 def test_every_fleet_liveness_property_holds(bounds: FleetBounds) -> None:
     assert [lp.name for lp in FLEET.liveness] == PROPERTIES
     assert lassos(FLEET.with_bounds(bounds)) == dict.fromkeys(PROPERTIES)
@@ -120,6 +120,7 @@ def test_an_update_that_asks_a_member_again_hides_a_wedge() -> None:
     assert lassos(replace(spec, asks_once=False))[prop] is None
 
 
+@pytest.mark.deep  # three members: make test
 def test_with_members_leaving_for_ever_the_floor_can_wait_for_ever() -> None:
     """Negative control for LEAVE_STEPS: if a member may cancel (or abandon after a
     refusal) every catch-up for ever with nothing bound, the floor never rises: members
@@ -156,6 +157,7 @@ def test_a_weakly_fair_watchdog_is_starved_by_back_to_back_waves() -> None:
     assert any(s.action == "fleet_roll" for s in lasso.cycle), lasso.describe()
 
 
+@pytest.mark.deep  # two explorations with a fault: make test
 def test_a_watchdog_that_readmits_unfenced_members_hides_a_fence_that_never_comes() -> None:
     """Negative control for WatchdogReadmits' condition (fenced only): a watchdog that
     re-admits any quarantined member takes it out of TAINTED without its fence, and the
