@@ -391,11 +391,16 @@ def s_pause_semantics(ctx: ScenarioContext) -> None:
     roll, n = e.prompt("rollout"), e.rollout_tokens
     ref1 = e.reference("v1", "rollout")
     ref_probe = e.reference("v1", "probe")
-    t0 = time.perf_counter()
-    full = e.raw_generate(roll, n)
-    t_full = time.perf_counter() - t0
-    ctx.check("an undisturbed rollout equals the reference", full.tokens == ref1,
-              {"seconds": round(t_full, 3), "first_diff": first_diff(full.tokens, ref1)})
+    runs = []
+    for _ in range(2):  # the first may include a cold start (one took 4x the second)
+        t0 = time.perf_counter()
+        full = e.raw_generate(roll, n)
+        runs.append((time.perf_counter() - t0, full.tokens))
+    t_full = min(t for t, _ in runs)  # the pauses below land a quarter into a warm rollout
+    ctx.check("an undisturbed rollout equals the reference",
+              all(tokens == ref1 for _, tokens in runs),
+              {"seconds": [round(t, 3) for t, _ in runs],
+               "first_diff": [first_diff(tokens, ref1) for _, tokens in runs]})
     lead, hold = 0.25 * t_full, max(0.1, 0.3 * t_full)
     obs = {m.value: _observe_pause(ctx, m, lead, hold) for m in PauseMode}
 

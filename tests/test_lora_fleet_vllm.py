@@ -37,6 +37,7 @@ from rolloutcore.conformance.fixtures.tiny_lora import build_lora_adapters  # no
 from rolloutcore.conformance.fixtures.tiny_model import build_models  # noqa: E402
 from rolloutcore.conformance.fixtures.vllm_server import VllmServer  # noqa: E402
 from rolloutcore.engine.identity import ADAPTER_JOIN, checkpoint_identity  # noqa: E402
+from rolloutcore.journal import read_journal  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 BOUND = 120.0  # a bound against a broken test, never a measurement
@@ -99,36 +100,33 @@ def _watchdog_under_load(url: str, servers: list[VllmServer]) -> None:
         assert audit["outcome"] == "audit_ok" and audit["at"] > t0, e
 
 
+def _member_steps(journal: Path, name: str) -> list[tuple[str, Any]]:
+    """Member ``name``'s journalled steps so far, with who asked (a re-admission's)."""
+    return [(str(r.get("step")), (r.get("detail") or {}).get("who"))
+            for r in read_journal(journal)[1] if r.get("engine") == name]
+
+
 def _adapter_reloaded_in_place(url: str, a: VllmServer, adapters: dict[str, Path],
-                               a2_tokens: list[int]) -> None:
+                               a2_tokens: list[int], journal: Path) -> None:
     """An operator reloads the served adapter's name in place from a1's directory on
     member a, behind the controller's back: the next audit finds an adapter RolloutCore
     did not stage (a mismatch, not an unreadable engine): a is quarantined and fenced;
-    a verified re-admission stages a2 again and a serves it."""
+    then the watchdog re-admits it, verified (a2 staged again), with nobody asking, and
+    a serves a2 (the journal says so, step by step)."""
+    before = len(_member_steps(journal, "a"))
     r = httpx.post(f"{a.url}/v1/load_lora_adapter", timeout=BOUND, json={
         "lora_name": "pol", "lora_path": str(adapters["a1"]), "load_inplace": True})
     assert r.status_code == 200, r.text
-    deadline = time.monotonic() + 10 * WATCHDOG_S
-    while True:  # (the audit's outcome is kept once its fence has ended too)
-        row = next(e for e in _status(url)["engines"] if e["name"] == "a")
-        if row["quarantined"] and row["last_audit"]["outcome"] != "audit_ok":
-            break
-        assert time.monotonic() < deadline, row
+    deadline = time.monotonic() + BOUND
+    while "readmit_ok" not in (steps := [s for s, _ in _member_steps(journal, "a")[before:]]):
+        assert time.monotonic() < deadline, steps
         time.sleep(0.1)
-    assert row["last_audit"]["outcome"] == "audit_mismatch", row
-    # The watchdog's audit reads the engine, then probes it: which evidence met the
-    # reload first depends on when the audit ran against it (both are the mismatch).
-    # The engine's own report names the adapter nobody staged, whenever it is read.
-    assert any(why in row["last_audit"]["reason"]
-               for why in (f"adapter unstaged:{adapters['a1']}", "tokens differ")), row
-    from rolloutcore.adapters.http import HttpAdapter
-
-    seen = HttpAdapter(a.url, lora="pol").read_identity(time.monotonic() + BOUND)
-    assert seen is not None and f"unstaged:{adapters['a1']}" in seen, seen
-    label = httpx.get(f"{a.url}/weight_info", timeout=BOUND).json()["weight_version"]
-    assert label.startswith("tainted:"), label  # fenced
-    r = httpx.post(f"{url}/admin/readmit", json={"engine": "a"}, timeout=BOUND)
-    assert r.status_code == 200 and r.json()["outcome"] == "readmit_ok", r.text
+    steps_who = _member_steps(journal, "a")[before:]
+    names = [s for s, _ in steps_who]
+    mismatch = names.index("audit_mismatch")
+    assert names[mismatch:mismatch + 5] == [
+        "audit_mismatch", "fence_begin", "fence_ok", "readmit_begin", "readmit_ok"], names
+    assert steps_who[mismatch + 3][1] == "watchdog", steps_who
     row = next(e for e in _status(url)["engines"] if e["name"] == "a")
     assert row["serving"] and not row["quarantined"], row
     ref = _reference(adapters["a2"])
@@ -191,7 +189,8 @@ def test_a_lora_fleet_behind_the_gateway(servers: list[VllmServer], tmp_path: Pa
             "model": "tiny", "prompt": [1, 2], "max_tokens": 1})
         assert wrong.status_code == 404  # the gateway serves the adapter's name only
         _watchdog_under_load(url, servers)
-        _adapter_reloaded_in_place(url, servers[0], adapters, served["a2"])
+        _adapter_reloaded_in_place(url, servers[0], adapters, served["a2"],
+                                   fleet_file.with_suffix(".journal.jsonl"))
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=BOUND)
