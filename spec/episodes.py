@@ -37,6 +37,7 @@ member serving the episode's generation; the gateway prefers the one before).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -134,12 +135,26 @@ def _x(f: EpState, p: Param) -> Ep:
     return f.eps[_i(p) - 1]
 
 
+#: What a member's drain does to an idle live episode bound to its generation, by the
+#: policy its owner chose: the drain waits for it (None), aborts it (``abort_episode``),
+#: or lets it go on, idle, to continue as a new segment under a newer generation
+#: (``segment``). The runtime (the gateway's episodes) reads it from here.
+ON_DRAIN: dict[str, str | None] = {"wait": None, "abort": "abort_episode",
+                                   "segment": "segment"}
+assert set(ON_DRAIN) == set(POLICIES)
+#: The journal's names: an episode's hold (its admission) is released with
+#: ``{HOLD_ENDS: why}``, ``why`` being HOLD_LET_GO (its member drains, the episode goes
+#: on, a segmenting one) or how the episode ended.
+HOLD_ENDS, HOLD_LET_GO = "hold_ends", "drain"
+
+
 def _holds_member(f: EpState, n: int) -> bool:
     """Member ``n`` holds what its update must not cross: a turn in flight, or a live
-    episode bound to its generation whose owner chose to wait or to abort."""
+    episode bound to its generation that its drain does not let go (it waits for it, or
+    aborts it first)."""
     g = f.mem[n - 1].gen
     return any(x.member == n and (x.status == TURN or (
-        live(x) and x.policy != "segment" and x.gen == g)) for x in f.eps)
+        live(x) and ON_DRAIN[x.policy] != "segment" and x.gen == g)) for x in f.eps)
 
 
 _UNCHANGED_EPS = "/\\ UNCHANGED <<front, floor, mem>>"
@@ -302,15 +317,25 @@ ACTIONS: tuple[EpAction, ...] = (
 EpInvariant = TableInvariant[EpState, EpBounds]
 
 
-def _one_policy_per_segment(x: Ep) -> bool:
+def one_policy_per_segment(log: tuple[tuple[int, int], ...]) -> bool:
+    """An episode's record, as (segment, generation) per turn: one generation per
+    segment. The journal checker applies it to each episode's admissions."""
     gens: dict[int, int] = {}
-    return all(gens.setdefault(s, g) == g for s, g in x.log) and (
-        x.status != TURN or x.tgen == x.gen)
+    return all(gens.setdefault(s, g) == g for s, g in log)
+
+
+def segments_in_order(log: tuple[tuple[int, int], ...]) -> bool:
+    """Segments follow one another in order, each under a newer generation."""
+    return all((s1 < s2 and g1 < g2) or s1 == s2 for (s1, g1), (s2, g2)
+               in itertools.pairwise(log))
+
+
+def _one_policy_per_segment(x: Ep) -> bool:
+    return one_policy_per_segment(x.log) and (x.status != TURN or x.tgen == x.gen)
 
 
 def _segments_in_order(x: Ep) -> bool:
-    return all((s1 < s2 and g1 < g2) or s1 == s2 for (s1, g1), (s2, g2)
-               in zip(x.log, x.log[1:], strict=False))
+    return segments_in_order(x.log)
 
 
 INVARIANTS: tuple[EpInvariant, ...] = (
@@ -444,7 +469,10 @@ def episodes_config(spec: EpisodeSpec = EPISODES) -> str:
 __all__ = [
     "ACTIONS",
     "EPISODES",
+    "HOLD_ENDS",
+    "HOLD_LET_GO",
     "INVARIANTS",
+    "ON_DRAIN",
     "POLICIES",
     "Ep",
     "EpBounds",
@@ -455,4 +483,6 @@ __all__ = [
     "episodes_config",
     "episodes_module",
     "explore_episodes",
+    "one_policy_per_segment",
+    "segments_in_order",
 ]

@@ -47,6 +47,12 @@ from rolloutcore.check.trace import (
 )
 from rolloutcore.inputs import unreadable
 from rolloutcore.journal import HEADER, SCHEMA, JournalReader, not_a_journal
+from rolloutcore.spec.episodes import (
+    HOLD_ENDS,
+    HOLD_LET_GO,
+    one_policy_per_segment,
+    segments_in_order,
+)
 from rolloutcore.spec.failover import FLEET_JOURNAL_STEPS, succeeds
 from rolloutcore.spec.fleet import (
     ASKING_PHASES,
@@ -135,6 +141,8 @@ class FleetTraceChecker:
     restarting: set[str] = field(default_factory=set)  # taken over, not yet restarted
     fdown: frozenset[str] = frozenset()  # members the recovery under way has yet to restart
     strict_timing: bool = False  # late outcomes rejected (else: a warning)
+    #: Live agentic episodes: id -> (segment, generation, holding an admission now).
+    episodes: dict[str, tuple[int, int, bool]] = field(default_factory=dict)
 
     def clone(self) -> FleetTraceChecker:
         """An independent checker in this one's state."""
@@ -145,6 +153,7 @@ class FleetTraceChecker:
         out.participants, out.asked = list(self.participants), set(self.asked)
         out.moves = dict(self.moves)
         out.identities, out.restarting = dict(self.identities), set(self.restarting)
+        out.episodes = dict(self.episodes)
         out._views = {}
         out.on_unused = out._quorum_origin = None
         return out
@@ -298,6 +307,13 @@ class FleetTraceChecker:
         bad_identity = self._identity(name, str(step), r)
         if bad_identity:
             return _ONE_IDENTITY, bad_identity
+        detail = r.get("detail")
+        if isinstance(detail, Mapping) and "episode" in detail and step in ("admit",
+                                                                          "release"):
+            bad_episode = self._episode(str(step), detail, checker.bound.get(str(param)),
+                                        released)
+            if bad_episode:
+                return bad_episode
         if step == "publish" and name in self.group:
             self.group.remove(name)
         if step in _AUDIT_OUTCOMES:
@@ -531,6 +547,42 @@ class FleetTraceChecker:
                         f"{src} on generation {gen}: one rollout, two policies")
         else:
             return f"{name} {step} of rollout {rollout!r} is not the move {src} -> {dst}"
+        return None
+
+    def _episode(self, step: str, d: Mapping[str, Any], bound: int | None,
+                 released: int | None) -> tuple[str, str] | None:
+        """An agentic episode's hold taken or let go (the gateway's episodes): the
+        episode spec's OneEpisodeOnePolicy and SegmentsInOrder over its admissions, one
+        hold at a time."""
+        e, seg = d["episode"], d.get("segment")
+        if not isinstance(e, str):
+            return "spec", f"episode {e!r:.40}: not an episode id"
+        last = self.episodes.get(e)
+        if step == "release":
+            if last is None or released is None:
+                return "spec", f"episode {e!r} lets go of a hold it did not take"
+            if d.get(HOLD_ENDS) == HOLD_LET_GO:
+                self.episodes[e] = (last[0], last[1], False)
+            else:
+                del self.episodes[e]
+            return None
+        if type(seg) is not int or seg < 1 or bound is None:
+            return "spec", f"episode {e!r}: segment {seg!r:.20} is not a segment number"
+        if last is None and seg != 1:
+            return "SegmentsInOrder", f"episode {e!r} starts at segment {seg}, not 1"
+        if last is not None and last[2]:
+            return "OneEpisodeOnePolicy", (f"episode {e!r} takes a second hold (segment "
+                                           f"{seg}) while it holds one")
+        if last is not None:
+            pair = ((last[0], last[1]), (seg, bound))
+            if not one_policy_per_segment(pair):
+                return "OneEpisodeOnePolicy", (f"episode {e!r}: segment {seg} admitted under "
+                                               f"generation {bound}, it was under {last[1]}")
+            if not segments_in_order(pair):
+                return "SegmentsInOrder", (f"episode {e!r}: segment {seg} under generation "
+                                           f"{bound} follows segment {last[0]} under "
+                                           f"{last[1]}")
+        self.episodes[e] = (seg, bound, True)
         return None
 
     def _invariants(self) -> tuple[str, str] | None:

@@ -36,14 +36,17 @@ class Admission(FleetBase):
 
     def admit(self, rollout_id: str, *, wait: float = 0.0, min_generation: int = 0,
               max_staleness: int | None = None, cancel: threading.Event | None = None,
-              detail: Mapping[str, Any] | None = None, exclude: Sequence[str] = ()) -> Lease:
+              detail: Mapping[str, Any] | None = None, exclude: Sequence[str] = (),
+              generation: int | None = None, prefer: str | None = None) -> Lease:
         """Bind a rollout to its member's committed generation on a serving member: the
         newest generation served, then the fewest outstanding rollouts. Only members
         whose generation is at least ``min_generation`` and at most ``max_staleness``
         behind the frontier qualify. While none does (admissions closed by an update, or
         no member new enough), wait up to ``wait`` seconds, woken by the step that opens
         them; ``cancel`` ends the wait. ``exclude``: members not to bind it to (they
-        failed this request already)."""
+        failed this request already). ``generation``: only a member serving exactly that
+        one (an episode's segment); ``prefer``: that member first, when it qualifies (where
+        the episode's prefix is cached)."""
         deadline = time.monotonic() + wait
         refused = set(exclude)  # and members that refused it (suspected meanwhile)
         with self._changed:
@@ -55,9 +58,12 @@ class Admission(FleetBase):
                 floor = admission_floor(self.committed, min_generation, max_staleness)
                 open_now = [m for m in self._admissible() if m.name not in refused]
                 candidates = [m for m in open_now
-                              if m.controller.control.committed >= floor]
+                              if m.controller.control.committed >= floor and (
+                                  generation is None
+                                  or m.controller.control.committed == generation)]
                 if candidates:
-                    m = min(candidates, key=lambda x: (-x.controller.control.committed,
+                    m = min(candidates, key=lambda x: (x.name != prefer,
+                                                       -x.controller.control.committed,
                                                        x.outstanding, x.name))
                     try:
                         b = m.controller.admit(rollout_id, detail)
@@ -72,7 +78,9 @@ class Admission(FleetBase):
                                              f"{rollout_id!r} cancelled while waiting")
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    why = ((f"committed generation {self.committed} is below {floor}"
+                    why = ((f"no member serves generation {generation}"
+                            if generation is not None else
+                            f"committed generation {self.committed} is below {floor}"
                             if self.committed < floor else f"no member serves generation "
                             f"{floor} or newer (frontier {self.committed})")
                            if open_now else f"the fleet is {self.phase}"

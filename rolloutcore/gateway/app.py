@@ -47,17 +47,28 @@ from rolloutcore.gateway.collector import (
     wants_injection,
 )
 from rolloutcore.gateway.core import Busy, Gateway, Refusal
+from rolloutcore.gateway.episodes import (
+    EpisodeRefused,
+    TurnLease,
+    check_episode_id,
+    check_policy,
+)
 from rolloutcore.gateway.wire import (
     H_ENGINE,
+    H_EPISODE,
+    H_EPISODE_END,
+    H_EPISODE_POLICY,
     H_GENERATION,
     H_IDENTITY,
     H_LABEL,
     H_MAX_STALENESS,
     H_MIN_GENERATION,
     H_ROLLOUT,
+    H_SEGMENT,
     H_SEQ,
+    H_TURN,
 )
-from rolloutcore.trajectories.format import Segment
+from rolloutcore.trajectories.format import EpisodeTurn, Segment
 
 log = logging.getLogger("rolloutcore.gateway")
 
@@ -134,6 +145,8 @@ class GatewayApp:
                 Route("/admin/readmit", self._admin_readmit, methods=["POST"]),
                 Route("/admin/audit", self._admin_audit, methods=["POST"]),
                 Route("/admin/floor", self._admin_floor, methods=["POST"]),
+                Route("/v1/episodes/{episode}", self._episode, methods=["GET"]),
+                Route("/v1/episodes/{episode}/end", self._episode_end, methods=["POST"]),
             ],
             exception_handlers={HTTPException: self._http_error, Exception: self._crash},
             lifespan=self._lifespan)
@@ -185,6 +198,7 @@ class GatewayApp:
         try:
             min_gen = _header_count(headers, H_MIN_GENERATION)
             staleness = _header_count(headers, H_MAX_STALENESS)
+            episode = _episode_headers(headers)
             body, obj = b"", None
             if scope["method"] == "POST":
                 body = await _read_body(receive, headers, cfg.max_body_bytes)
@@ -198,14 +212,36 @@ class GatewayApp:
             return
         inject = False
         # only a rolling fleet ever has a member of the stream's generation to move it to
-        movable = obj is not None and self.gw.fleet.rolling and movable_stream(endpoint, obj)
+        # (an episode's turn never moves: its member's drain waits for it)
+        movable = obj is not None and self.gw.fleet.rolling and episode is None \
+            and movable_stream(endpoint, obj)
         if obj is not None and (self.gw.records is not None or movable) \
                 and wants_injection(endpoint, obj):
             obj = {**obj, "return_token_ids": True}
             body, inject = json.dumps(obj).encode(), True
         await _Exchange(self, endpoint, scope, headers, body, obj, min_gen, inject,
                         None if H_MAX_STALENESS not in headers else staleness,
-                        movable)(receive, send)
+                        movable, episode)(receive, send)
+
+    # ------------------------------------------------------------------ episodes
+
+    async def _episode(self, request: Request) -> Response:
+        """An episode's state: live or ended (why), its segment, its turns."""
+        try:
+            eid = check_episode_id(request.path_params["episode"])
+            return JSONResponse(self.gw.episodes.get(eid))
+        except EpisodeRefused as e:
+            return error_response(_episode_refusal(e))
+
+    async def _episode_end(self, request: Request) -> Response:
+        """End an episode (idle: at once; a turn in flight: when it ends); its state."""
+        try:
+            eid = check_episode_id(request.path_params["episode"])
+            out = await asyncio.get_running_loop().run_in_executor(
+                self.gw.quick, self.gw.episodes.end, eid)
+            return JSONResponse(out)
+        except EpisodeRefused as e:
+            return error_response(_episode_refusal(e))
 
     # ------------------------------------------------------------------ the rest
 
@@ -352,6 +388,32 @@ class GatewayApp:
         return await self._admin(request, op)
 
 
+def _episode_refusal(e: EpisodeRefused) -> Refusal:
+    return Refusal(e.status, str(e), code=e.code,
+                   type="invalid_request_error" if e.status < 500 else "server_error")
+
+
+def _episode_headers(headers: Mapping[str, str]) -> tuple[str, str | None, bool] | None:
+    """An episode's turn: (its id, the policy named, whether it ends the episode)."""
+    raw = headers.get(H_EPISODE)
+    if raw is None:
+        if H_EPISODE_POLICY in headers or H_EPISODE_END in headers:
+            raise _bad(f"{H_EPISODE_POLICY} and {H_EPISODE_END} need {H_EPISODE}",
+                       param=H_EPISODE)
+        return None
+    end = headers.get(H_EPISODE_END, "false").strip().lower()
+    if end not in ("true", "false"):
+        raise _bad(f"{H_EPISODE_END} must be true or false", param=H_EPISODE_END)
+    policy = headers.get(H_EPISODE_POLICY)
+    try:
+        eid = check_episode_id(raw.strip())
+        if policy is not None:
+            check_policy(policy)
+    except EpisodeRefused as e:
+        raise _episode_refusal(e) from None
+    return eid, policy, end == "true"
+
+
 async def _wrap(fut: Any) -> Any:
     return await asyncio.wrap_future(fut)
 
@@ -457,7 +519,8 @@ class _Exchange:
     def __init__(self, owner: GatewayApp, endpoint: str, scope: Scope,
                  headers: dict[str, str], body: bytes, obj: dict[str, Any] | None,
                  min_generation: int, inject: bool, max_staleness: int | None = None,
-                 movable: bool = False) -> None:
+                 movable: bool = False,
+                 episode: tuple[str, str | None, bool] | None = None) -> None:
         self.owner, self.gw = owner, owner.gw
         self.endpoint, self.path = endpoint, scope["path"]
         self.method = scope["method"]
@@ -469,6 +532,8 @@ class _Exchange:
         self.max_staleness = max_staleness
         self.inject = inject
         self.movable = movable
+        self.episode = episode  # (id, policy named, ends the episode) of a turn
+        self.turn: TurnLease | None = None
         self.collector = Collector(endpoint, obj) if (
             obj is not None and (self.gw.records is not None or movable)) else None
         self.segments: list[Segment] = []  # a migrated stream's parts left behind
@@ -510,7 +575,7 @@ class _Exchange:
         # An engine that cannot be reached never saw the request: it is suspected (no
         # admission until an audit passes) and the request admitted anew, on another
         # member, at most once per other member.
-        retries = len(gw.fleet.members) - 1
+        retries = 0 if self.episode else len(gw.fleet.members) - 1
         while await self._admit(send, cancel):
             try:
                 await self._forward(send)
@@ -553,6 +618,16 @@ class _Exchange:
         loop = asyncio.get_running_loop()
         try:
             with anyio.CancelScope(shield=True):  # a lease, once made, is never dropped
+                if self.episode is not None:
+                    eid, policy, _ = self.episode
+                    try:
+                        self.turn = await loop.run_in_executor(
+                            gw.waits, gw.episodes.begin_turn, eid, policy, self.endpoint,
+                            cancel)
+                    except EpisodeRefused as e:
+                        raise _episode_refusal(e) from None
+                    self.lease = self.bound = self.turn.lease
+                    return True
                 first = await loop.run_in_executor(
                     gw.quick, gw.admit_now, gw.new_rollout_id(), self.endpoint,
                     self.min_generation, tuple(self.failed_on), self.max_staleness)
@@ -600,7 +675,7 @@ class _Exchange:
             self.upstream = up = await session.request(
                 self.method, url, data=data_out, headers=headers_out, allow_redirects=False)
         headers = [(k.encode(), v.encode()) for k, v in up.headers.items()
-                   if k.lower() not in _HOP] + lease_headers(lease)
+                   if k.lower() not in _HOP] + lease_headers(lease) + self._turn_headers()
         streaming = self.stream and up.status == 200 and up.headers.get(
             "content-type", "").startswith("text/event-stream")
         self.status = up.status
@@ -780,6 +855,13 @@ class _Exchange:
             await self._suspect(f"answered HTTP {up.status}", retried=False)
         return None
 
+    def _turn_headers(self) -> list[tuple[bytes, bytes]]:
+        if self.turn is None or self.episode is None:
+            return []
+        return [(H_EPISODE.encode(), self.episode[0].encode()),
+                (H_SEGMENT.encode(), str(self.turn.segment).encode()),
+                (H_TURN.encode(), str(self.turn.index).encode())]
+
     def _upstream_headers(self, engine: str) -> dict[str, str]:
         out = {k: v for k, v in self.headers_in.items()
                if k.lower() not in _HOP and not k.lower().startswith("x-rolloutcore-")}
@@ -893,9 +975,17 @@ class _Exchange:
 
         first = self.segments[0] if self.segments else None
         segments = self.segments
+        turn, episode = self.turn, self.episode
 
         def release() -> None:
-            binding = gw.release(lease, detail)
+            if turn is not None and episode is not None:  # the hold stays; the turn ends
+                gw.episodes.end_turn(episode[0], ok=self.status == 200 and not cut,
+                                     end=episode[2], tokens=None if collector is None
+                                     else len(collector.tokens))
+                binding = Binding(lease.rollout_id, lease.generation, lease.identity,
+                                  lease.seq)
+            else:
+                binding = gw.release(lease, detail)
             if collector is None or gw.records is None:
                 return
             parts: tuple[Segment, ...] = ()
@@ -905,7 +995,8 @@ class _Exchange:
                 binding = Binding(binding.rollout_id, binding.generation, binding.identity,
                                   first.seq, aborted=binding.aborted)
             rec = collector.record(binding, lease.label, started_at, seconds, parts,
-                                   broken=cut)
+                                   broken=cut, episode=None if turn is None or episode is None
+                                   else EpisodeTurn(episode[0], turn.segment, turn.index))
             if isinstance(rec, str):
                 gw.metrics.records.labels("skipped").inc()
                 log.info("no record for %s: %s", lease.rollout_id, rec)

@@ -19,6 +19,7 @@ from typing import Any
 from rolloutcore.engine.controller import Binding
 from rolloutcore.trajectories.format import (
     Decoding,
+    EpisodeTurn,
     RecordError,
     Segment,
     Timing,
@@ -127,8 +128,8 @@ class Collector:
             else None)
 
     def record(self, binding: Binding, label: str, started_at: float, seconds: float,
-               segments: tuple[Segment, ...] = (), *, broken: bool = False
-               ) -> TrajectoryRecord | str:
+               segments: tuple[Segment, ...] = (), *, broken: bool = False,
+               episode: EpisodeTurn | None = None) -> TrajectoryRecord | str:
         """The record, or why there is none (``broken``: the stream broke off mid-way,
         the record holds what came before the break)."""
         if self.multi:
@@ -151,7 +152,7 @@ class Collector:
                 logprobs=None if logprobs is None else tuple(logprobs),
                 decoding=self.decoding(), finish_reason=self.finish_reason,
                 stop_reason=self.stop_reason, timing=Timing(started_at, max(0.0, seconds)),
-                segments=segments, broken=broken)
+                segments=segments, broken=broken, episode=episode)
         except (RecordError, TypeError, ValueError) as e:
             return f"not a valid record: {e}"
 

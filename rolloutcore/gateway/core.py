@@ -32,6 +32,7 @@ from rolloutcore.engine.postconditions import Outcome
 from rolloutcore.errors import GatewayRefused, Refused
 from rolloutcore.fleet import Fleet, FleetCycleReport, FleetError, Lease, TargetFactory
 from rolloutcore.gateway.collector import RecordWriter
+from rolloutcore.gateway.episodes import Episodes
 from rolloutcore.gateway.metrics import GatewayMetrics
 from rolloutcore.journal import JournalError
 from rolloutcore.spec.fleet import admission_floor
@@ -58,6 +59,7 @@ class GatewayConfig:
     connect_timeout_s: float = 5.0
     upstream_timeout_s: float = 600.0  # between two bytes of an engine's answer
     engine_tokens: dict[str, str] = field(default_factory=dict, repr=False)
+    episode_idle_s: float = 600.0  # an agentic episode idle that long is ended (expired)
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -68,6 +70,8 @@ class GatewayConfig:
             raise ValueError(f"queue_wait_s must be >= 0, got {self.queue_wait_s}")
         if self.max_body_bytes < 1:
             raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
+        if not self.episode_idle_s > 0:
+            raise ValueError(f"episode_idle_s must be > 0, got {self.episode_idle_s}")
         if self.admin_token is not None and not self.admin_token:
             raise ValueError("admin_token must not be empty (None: no token)")
 
@@ -149,6 +153,12 @@ class Gateway:
         self._movable: dict[int, tuple[str, Callable[[], None]]] = {}
         self._tokens = itertools.count(1)
         fleet.drain_listeners.append(self._draining)
+        self.episodes = Episodes(fleet, idle_s=config.episode_idle_s,
+                                 queue_wait_s=config.queue_wait_s, pool=self.quick, clock=clock)
+        self._reaper_stop = threading.Event()
+        self._reaper = threading.Thread(target=self._reap, name="gateway-episodes",
+                                        daemon=True)
+        self._reaper.start()
         self.last_report: FleetCycleReport | None = None
         self.last_error: str | None = None  # the last admin job's failure, until one succeeds
         self.failed_jobs: list[dict[str, Any]] = []  # the latest FAILED_JOBS_KEPT failures
@@ -253,6 +263,15 @@ class Gateway:
         """Release a lease; returns once the release is durable in the journal."""
         with self.fleet.journal.deferred():
             return self.fleet.release(lease, detail)
+
+    def _reap(self) -> None:
+        """End idle episodes past their deadline (a tenth of it apart, at most 1 s)."""
+        period = min(1.0, self.config.episode_idle_s / 10)
+        while not self._reaper_stop.wait(period):
+            try:
+                self.episodes.expire_due()
+            except Exception as e:  # the journal failed: said, and tried again next time
+                log.error("ending idle episodes failed: %s: %s", type(e).__name__, e)
 
     # ------------------------------------------------------------------ migration
 
@@ -454,6 +473,7 @@ class Gateway:
             "admin": {"running": self._busy, "last_error": self.last_error,
                       "failed_jobs": list(self.failed_jobs),
                       "last_cycle": report.as_json() if report else None},
+            "episodes": self.episodes.status(),
             "journal": {"path": str(f.journal.path), "last_seq": f.journal.last_seq,
                         "group_commit": f.journal.group_commit,
                         "fsyncs": f.journal.fsyncs},
@@ -479,6 +499,9 @@ class Gateway:
         """After the server stopped: let a running admin operation finish (an update
         closed mid-way would leave the fleet to recovery), then close the fleet."""
         self.begin_shutdown()
+        self._reaper_stop.set()
+        self._reaper.join()
+        self.episodes.close()
         self._admin.shutdown(wait=True)
         self.waits.shutdown(wait=True)
         self.quick.shutdown(wait=True)

@@ -37,8 +37,9 @@ from rolloutcore.inputs import file_problem
 
 #: 2: the binding says whether the drain aborted the rollout; 3: a migrated rollout's
 #: segments; 4: the sample's index in its admission's group, and which logprobs these are;
-#: 5: whether the rollout broke off (its engine failed mid-stream: a partial response).
-SCHEMA_VERSION = 5
+#: 5: whether the rollout broke off (its engine failed mid-stream: a partial response);
+#: 6: which turn of an agentic episode it is (null: none).
+SCHEMA_VERSION = 6
 SCHEMA_NAME = "rolloutcore.trajectory"
 _PARQUET_META_KEY = b"rolloutcore.trajectory.schema_version"
 
@@ -216,10 +217,37 @@ class Segment:
 
 
 _SEGMENT_KEYS = ("engine", "seq", "generation", "start", "end")
+
+
+@dataclass(frozen=True)
+class EpisodeTurn:
+    """Which turn of which agentic episode a record is: its segment (the episode's
+    binding it ran under, from 1) and its number in the episode (from 1). A turn's record
+    is bound to its segment's admission; several turns share one."""
+
+    episode: str
+    segment: int
+    turn: int
+
+    def __post_init__(self) -> None:
+        if not _str(self.episode, "episode.episode"):
+            raise RecordError("episode.episode: must not be empty")
+        _int(self.segment, "episode.segment", minimum=1)
+        _int(self.turn, "episode.turn", minimum=1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"episode": self.episode, "segment": self.segment, "turn": self.turn}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> EpisodeTurn:
+        d = _exact_keys(d, "episode", ("episode", "segment", "turn"))
+        return cls(_str(d["episode"], "episode.episode"), _int(d["segment"], "episode.segment"),
+                   _int(d["turn"], "episode.turn"))
+
 _BINDING_KEYS = ("rollout_id", "generation", "identity", "seq", "aborted")
 _RECORD_KEYS = ("schema", "schema_version", "binding", "label", "prompt_token_ids",
                 "response_token_ids", "logprobs", "logprobs_mode", "decoding", "finish_reason",
-                "stop_reason", "timing", "segments", "sample", "broken")
+                "stop_reason", "timing", "segments", "sample", "broken", "episode")
 #: vLLM's ``logprobs_mode`` values: ``raw_*`` before any processing (temperature, top-k,
 #: top-p, penalties, the min_tokens mask), ``processed_*`` after it.
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits")
@@ -250,6 +278,8 @@ class TrajectoryRecord:
     #: Its engine failed mid-stream: the response is what came before the break (never a
     #: finished rollout; a trainer leaves it out or treats it as truncated).
     broken: bool = False
+    #: An agentic episode's turn (None: a rollout of its own).
+    episode: EpisodeTurn | None = None
     schema_version: int = field(default=SCHEMA_VERSION)
 
     def __post_init__(self) -> None:
@@ -298,6 +328,8 @@ class TrajectoryRecord:
         sr = self.stop_reason
         if sr is not None and not isinstance(sr, str):
             _int(sr, "stop_reason")
+        if self.episode is not None and not isinstance(self.episode, EpisodeTurn):
+            raise RecordError("episode: expected an EpisodeTurn")
         self._check_segments()
 
     def _check_segments(self) -> None:
@@ -358,6 +390,7 @@ class TrajectoryRecord:
             "segments": [x.to_dict() for x in self.segments],
             "sample": self.sample,
             "broken": self.broken,
+            "episode": None if self.episode is None else self.episode.to_dict(),
         }
 
     @classmethod
@@ -371,6 +404,7 @@ class TrajectoryRecord:
             raise RecordError(f"schema_version {sv!r} is not supported (this build reads "
                               f"{SCHEMA_VERSION})")
         d = _exact_keys(d, "record", _RECORD_KEYS)
+        episode = d["episode"]
         b = _exact_keys(d["binding"], "binding", _BINDING_KEYS)
         binding = Binding(_str(b["rollout_id"], "binding.rollout_id"),
                           _int(b["generation"], "binding.generation"),
@@ -391,7 +425,8 @@ class TrajectoryRecord:
                                   for x in _seq(d["segments"], "segments")),
                    sample=_int(d["sample"], "sample", minimum=0),
                    logprobs_mode=_opt_str(d["logprobs_mode"], "logprobs_mode"),
-                   broken=d["broken"])
+                   broken=d["broken"],
+                   episode=None if episode is None else EpisodeTurn.from_dict(episode))
 
 
 def record_from(binding: Binding, label: str, prompt: Sequence[int], result: GenerationResult,
@@ -494,7 +529,9 @@ def _arrow_schema() -> Any:
          ("segments", pa.list_(pa.struct([
              ("engine", pa.string()), ("seq", pa.int64()), ("generation", pa.int64()),
              ("start", pa.int64()), ("end", pa.int64())]))),
-         ("sample", pa.int64()), ("broken", pa.bool_())],
+         ("sample", pa.int64()), ("broken", pa.bool_()),
+         ("episode", pa.struct([("episode", pa.string()), ("segment", pa.int64()),
+                                ("turn", pa.int64())]))],
         metadata={_PARQUET_META_KEY: str(SCHEMA_VERSION).encode()},
     )
 
@@ -620,7 +657,7 @@ def write_records(path: str | os.PathLike[str], records: Iterable[TrajectoryReco
     return write_jsonl(path, records)
 
 
-__all__ = ["SCHEMA_VERSION", "Decoding", "RecordError", "Segment", "Timing", "TrajectoryRecord",
-           "dumps", "greedy", "iter_jsonl", "iter_parquet", "iter_records", "iter_records_at",
-           "read_jsonl", "read_parquet", "read_records", "record_from",
+__all__ = ["SCHEMA_VERSION", "Decoding", "EpisodeTurn", "RecordError", "Segment", "Timing",
+           "TrajectoryRecord", "dumps", "greedy", "iter_jsonl", "iter_parquet", "iter_records",
+           "iter_records_at", "read_jsonl", "read_parquet", "read_records", "record_from",
            "write_jsonl", "write_parquet", "write_records"]

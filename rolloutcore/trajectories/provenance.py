@@ -41,6 +41,7 @@ from typing import Any
 
 from rolloutcore.errors import BadInput
 from rolloutcore.journal import ChainReport, JournalReader, not_a_journal
+from rolloutcore.spec.episodes import one_policy_per_segment, segments_in_order
 from rolloutcore.trajectories.format import TrajectoryRecord
 
 CONSISTENT, REJECTED, UNVERIFIABLE = "consistent", "rejected", "unverifiable"
@@ -153,6 +154,10 @@ class JournalIndex:
         #: The same for the other samples of a group: (admission index, sample) -> 1 +
         #: position (only groups' records fill it).
         self.claimed_samples: dict[tuple[int, int], int] = {}
+        #: An episode's turns share its segment's admission: (admission index, turn) ->
+        #: 1 + position; and per episode, its last turn's (turn, segment, generation).
+        self.claimed_turns: dict[tuple[int, int], int] = {}
+        self.episodes: dict[str, tuple[int, int, int]] = {}
         self.engines = array("i")  # the member it was admitted on, as an index of names
         self.engine_names: list[str | None] = []
         engine_ids: dict[str | None, int] = {}
@@ -256,12 +261,17 @@ class JournalIndex:
                 if on != seg.engine:
                     reasons.append(f"{what}claims member {seg.engine!r}, journal seq {seq} "
                                    f"admitted it on {on!r}")
-            first = self.claimed[i] if record.sample == 0 else \
+            turn = record.episode.turn if record.episode is not None else 0
+            first = self.claimed_turns.get((i, turn), 0) if turn else \
+                self.claimed[i] if record.sample == 0 else \
                 self.claimed_samples.get((i, record.sample), 0)
             if first:
-                which = f"sample {record.sample} of " if record.sample else ""
+                which = f"sample {record.sample} of " if record.sample else \
+                    f"turn {turn} of " if turn else ""
                 reasons.append(f"{what}a second record for {which}the admission at seq {seq} "
                                f"(the first is at {unit} {first - 1})")
+            elif turn:
+                self.claimed_turns[(i, turn)] = position + 1
             elif record.sample == 0:
                 self.claimed[i] = position + 1
             else:
@@ -281,12 +291,39 @@ class JournalIndex:
                 reasons.append(f"claims it {said}; the journal released it as {was}")
             elif not last and self.released[i] == ABORTED:
                 reasons.append(f"{what}the drain aborted it: the rollout cannot go on")
+        if record.episode is not None:
+            reasons += self._episode_turn(record)
         if reasons:
             return self._verdict(position, record, REJECTED, reasons)
         if unverifiable:
             return self._verdict(position, record, UNVERIFIABLE, [
                 f"identity unverifiable: the journal names no identity for generation {gen}"])
         return self._verdict(position, record, CONSISTENT, [])
+
+    def _episode_turn(self, record: TrajectoryRecord) -> list[str]:
+        """An episode's turn: under its segment's admission (the gateway names a hold
+        ``<episode>#<segment>.<n>``, and the digest above ties the name to the journal),
+        after the turn before it, and its segments in the spec's order: one generation
+        per segment, each segment under a newer one (records in the order written)."""
+        e = record.episode
+        assert e is not None
+        out = []
+        if not record.rollout_id.startswith(f"{e.episode}#{e.segment}."):
+            out.append(f"turn {e.turn} of episode {e.episode!r} claims segment {e.segment}; "
+                       f"its admission {record.rollout_id!r} is not that segment's")
+        last = self.episodes.get(e.episode)
+        now = (e.segment, record.version)
+        if last is not None:
+            if e.turn <= last[0]:
+                out.append(f"turn {e.turn} of episode {e.episode!r} comes after its turn "
+                           f"{last[0]}")
+            pair = ((last[1], last[2]), now)
+            if not (one_policy_per_segment(pair) and segments_in_order(pair)):
+                out.append(f"episode {e.episode!r}: segment {e.segment} under generation "
+                           f"{record.version} follows segment {last[1]} under "
+                           f"{last[2]} (one generation per segment, each newer)")
+        self.episodes[e.episode] = (e.turn, *now)
+        return out
 
     @staticmethod
     def _verdict(position: int, record: TrajectoryRecord, verdict: str,
