@@ -14,28 +14,39 @@ ended by the test, the idle deadline by an injected clock.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from helpers import wait_until
-from test_gateway import (  # noqa: F401 (upstream: a fixture)
+from test_gateway import (
     BOUND,
+    FAKE_LOGPROB,
     MODEL,
     FakeUpstream,
     Rig,
+    fake_upstream,
     in_thread,
     rig,
-    upstream,
 )
 
 from rolloutcore import cli
+from rolloutcore.adapters.sim import reference_tokens
 from rolloutcore.check.fleet_trace import check_fleet_records
 from rolloutcore.journal import read_journal
+from rolloutcore.rl import EpisodeEnded, GroupError, RolloutClient, Sampling
 from rolloutcore.spec.lifecycle import Phase
+from rolloutcore.trajectories.format import write_jsonl
 
 EPISODE = "x-rolloutcore-episode"
+
+
+@pytest.fixture
+def upstream() -> Iterator[FakeUpstream]:
+    with fake_upstream() as up:
+        yield up
 
 
 class Clock:
@@ -47,8 +58,8 @@ class Clock:
 
 
 def turn(r: Rig, eid: str, text: str, *, policy: str | None = None, end: bool = False,
-         n: int = 3, **headers: str) -> httpx.Response:
-    h = {EPISODE: eid, **headers}
+         n: int = 3, headers: dict[str, str] | None = None) -> httpx.Response:
+    h = {EPISODE: eid, **(headers or {})}
     if policy is not None:
         h["x-rolloutcore-episode-policy"] = policy
     if end:
@@ -74,8 +85,9 @@ def rolling(tmp_path: Path, upstream: FakeUpstream, **kw: Any) -> Any:
     return rig(tmp_path, upstream, min_serving=1, max_live=2, min_admitting=1, **kw)
 
 
-def start_update(r: Rig) -> tuple[Any, dict[str, Any]]:
-    return in_thread(lambda: r.update("ckpt-2", "v2"))
+def start_update(r: Rig, checkpoint: str = "ckpt-2", label: str = "v2"
+                 ) -> tuple[Any, dict[str, Any]]:
+    return in_thread(lambda: r.update(checkpoint, label))
 
 
 def finish(r: Rig, t: Any, box: dict[str, Any]) -> dict[str, Any]:
@@ -214,7 +226,7 @@ def test_bad_episode_input_is_refused_and_changes_nothing(
         served(r, turn(r, "ep5", "one", policy="segment"), "one")
         assert turn(r, "ep5", "two", policy="wait").json()["error"]["code"] == \
             "episode_policy_fixed"
-        t, box = in_thread(lambda: turn(r, "ep5", "held", **{"x-test-hold": "g"}))
+        t, box = in_thread(lambda: turn(r, "ep5", "held", headers={"x-test-hold": "g"}))
         wait_until(lambda: r.gw.episodes.status()["turns_in_flight"] == 1, "a turn")
         assert turn(r, "ep5", "meanwhile").json()["error"]["code"] == "turn_in_flight"
         upstream.gates["g"].set()
@@ -237,3 +249,50 @@ def test_shutdown_ends_live_episodes_as_lost(tmp_path: Path, upstream: FakeUpstr
     assert holds(r)[-1]["detail"]["hold_ends"] == "lost"
     assert check_fleet_records(enumerate(
         [x for x in read_journal(r.journal)[1]], 1)).accepted
+
+
+def test_the_trainers_episode_handle_keeps_tokens_mask_and_provenance(
+        tmp_path: Path, upstream: FakeUpstream) -> None:
+    """``RolloutClient.episode``: environment tokens masked out, the policy's tokens with
+    their behaviour logprobs, each turn's segment and generation; a segmenting episode
+    across an update keeps one generation per segment; its per-turn records verify
+    against the journal. An aborting one is told it ended."""
+    with rolling(tmp_path, upstream) as r:
+        client = RolloutClient(r.url, MODEL, logprobs_mode="raw_logprobs")
+        sampling = Sampling(temperature=0.0, max_tokens=3)
+        with client.episode(policy="segment", sampling=sampling) as ep:
+            ep.observe([5, 6, 7])
+            first = ep.turn()
+            assert (first.segment, first.generation) == (1, 1)
+            assert list(first.token_ids) == list(reference_tokens(
+                r.checkpoints[1], (5, 6, 7), 3))
+            t, box = start_update(r)
+            finish(r, t, box)
+            ep.observe([8, 9])
+            second = ep.turn(Sampling(temperature=0.0, max_tokens=2))
+            ep.end(reward=1.0)
+        rec = ep.record
+        assert rec.status == "done" and rec.reward == 1.0
+        assert rec.segments == [(1, 1), (2, 2)] and not rec.one_policy
+        assert rec.mask == [False] * 3 + [True] * 3 + [False] * 2 + [True] * 2
+        assert rec.logprobs[3:6] == [FAKE_LOGPROB] * 3 and rec.logprobs[:3] == [None] * 3
+        assert list(second.token_ids) == list(reference_tokens(
+            r.checkpoints[2], tuple(rec.tokens[:second.start]), 2))
+        rec.check()
+        out = tmp_path / "episode.jsonl"
+        write_jsonl(out, rec.records())
+        assert cli.main(["records", "verify", str(out), "--journal", str(r.journal)]) == 0
+        rec.mask[0] = True  # negative control: a mask that claims an environment token
+        with pytest.raises(GroupError, match="mask"):
+            rec.check()
+        with client.episode(policy="abort", sampling=sampling) as ab:
+            ab.observe([1, 2])
+            ab.turn()
+            t, box = start_update(r, "ckpt-3", "v3")  # its member drains
+            finish(r, t, box)
+            with pytest.raises(EpisodeEnded) as e:
+                ab.turn()
+            assert e.value.code == "episode_aborted"
+        assert ab.record.status == "aborted"
+        client.close()
+        r.check()

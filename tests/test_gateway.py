@@ -59,6 +59,7 @@ from rolloutcore.spec.lifecycle import Phase
 BOUND = 10.0
 MODEL = "tiny"
 PROMPT = [7, 1, 4, 9, 2]
+FAKE_LOGPROB = -0.5  # the logprob a fake engine reports for every token
 
 
 # --------------------------------------------------------------------- fake upstream
@@ -171,6 +172,9 @@ class FakeUpstream:
             else:
                 c["text"] = text
                 c["prompt_token_ids"] = prompt if ids and not k else None
+                if body.get("logprobs") is not None:  # a fixed value: what is read back
+                    c["logprobs"] = {"token_logprobs": [FAKE_LOGPROB] * len(tokens),
+                                     "tokens": [f" t{t}" for t in tokens]}
             return c
 
         def top(obj: dict[str, Any], first: bool) -> dict[str, Any]:
@@ -212,6 +216,12 @@ class FakeUpstream:
 
 @pytest.fixture
 def upstream() -> Iterator[FakeUpstream]:
+    with fake_upstream() as up:
+        yield up
+
+
+@contextmanager
+def fake_upstream() -> Iterator[FakeUpstream]:
     import uvicorn
 
     from rolloutcore.gateway.server import bind

@@ -21,6 +21,8 @@ from rolloutcore.rl.client import (
     Sampling,
     engine_logprobs_mode,
 )
+from rolloutcore.rl.episode import Episode, EpisodeEnded, EpisodeRecord, Turn
 
-__all__ = ["Group", "GroupError", "GroupRefused", "Partial", "RolloutBuffer", "RolloutClient",
-           "Sample", "Sampling", "Stale", "Taken", "engine_logprobs_mode"]
+__all__ = ["Episode", "EpisodeEnded", "EpisodeRecord", "Group", "GroupError", "GroupRefused",
+           "Partial", "RolloutBuffer", "RolloutClient", "Sample", "Sampling", "Stale", "Taken",
+           "Turn", "engine_logprobs_mode"]

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -36,6 +36,9 @@ from rolloutcore.gateway.wire import (
     H_SEQ,
 )
 from rolloutcore.trajectories.format import LOGPROBS_MODES, Decoding, Timing, TrajectoryRecord
+
+if TYPE_CHECKING:
+    from rolloutcore.rl.episode import Episode
 
 
 class Partial(StrEnum):
@@ -170,6 +173,14 @@ class RolloutClient:
     def close(self) -> None:
         self.http.close()
 
+    def episode(self, *, policy: str = "wait", sampling: Sampling | None = None,
+                episode_id: str | None = None) -> Episode:
+        """A multi-turn agentic episode (see :mod:`rolloutcore.rl.episode`); ``policy``:
+        what an update of its member does to it (wait, abort or segment)."""
+        from rolloutcore.rl.episode import Episode
+        return Episode(self.http, self.model, policy=policy, logprobs_mode=self.logprobs_mode,
+                       sampling=sampling or Sampling(), episode_id=episode_id)
+
     def generate_group(self, prompt_ids: Sequence[int], n: int, sampling: Sampling, *,
                        partial: Partial = Partial.WAIT, min_generation: int | None = None,
                        max_staleness: int | None = None) -> Group:
@@ -203,7 +214,7 @@ class RolloutClient:
                started: float, seconds: float, attempt: int) -> Group:
         if r.status_code != 200:
             raise GroupRefused(f"the gateway refused the group: HTTP {r.status_code}: "
-                               f"{r.text[:300]}", code=_refusal_code(r), status=r.status_code)
+                               f"{r.text[:300]}", code=refusal_code(r), status=r.status_code)
         h = r.headers
         try:
             generation, seq = int(h[H_GENERATION]), int(h[H_SEQ])
@@ -232,7 +243,7 @@ class RolloutClient:
                      label, self.logprobs_mode, sampling, started, seconds, attempt)
 
 
-def _refusal_code(r: httpx.Response) -> str | None:
+def refusal_code(r: httpx.Response) -> str | None:
     """The OpenAI-style ``error.code`` of a refusal's body, if it has one."""
     try:
         code = r.json()["error"]["code"]
