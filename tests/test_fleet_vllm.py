@@ -22,6 +22,7 @@ pytestmark = pytest.mark.vllm
 if importlib.util.find_spec("vllm") is None:  # pragma: no cover - depends on the env
     pytest.skip("vllm is not installed (pip install -e '.[vllm]')", allow_module_level=True)
 
+from rolloutcore import cli  # noqa: E402
 from rolloutcore.adapters.contract import PauseMode  # noqa: E402
 from rolloutcore.check.fleet_trace import check_fleet_file  # noqa: E402
 from rolloutcore.conformance.fixtures.server_pool import ServerPool  # noqa: E402
@@ -35,6 +36,7 @@ from rolloutcore.conformance.fleet_scenarios import (  # noqa: E402
 from rolloutcore.conformance.harness import wait_until  # noqa: E402
 from rolloutcore.gateway.core import Gateway, GatewayConfig  # noqa: E402
 from rolloutcore.gateway.server import ServerThread  # noqa: E402
+from rolloutcore.journal import read_journal  # noqa: E402
 from rolloutcore.spec.fleet import FleetPhase  # noqa: E402
 from rolloutcore.spec.lifecycle import Phase  # noqa: E402
 
@@ -207,3 +209,76 @@ def test_gateway_streams_move_off_draining_vllm_members_with_the_greedy_tokens(
 
     assert cli.main(["records", "verify", str(records), "--journal",
                      str(fleet.journal.path)]) == 0
+
+
+def test_gateway_episodes_across_a_rolling_update_of_vllm_members(
+        rig: FleetRig, tmp_path: Path) -> None:
+    """Three agentic episodes (one per member: wait, abort, segment) through the gateway
+    while a rolling update (K=2, one member leaving at a time) moves the fleet to v2.
+    The waiting episode's member drains and waits: its second turn runs there under v1
+    and continues the v1 greedy reference exactly (turn 1 gave its first half); once it
+    ends, the member updates. The aborting one is aborted by its member's drain; the
+    segmenting one lets its member go and goes on as segment 2 under v2. Its records
+    and the gateway's verify against the journal, which checks (episodes included)."""
+    from rolloutcore.rl import EpisodeEnded, RolloutClient, Sampling
+    from rolloutcore.trajectories.format import write_jsonl
+
+    rig.restore()
+    e0 = rig.engines["a"]
+    prompt, reference = list(e0.prompt("probe")), list(e0.reference("v1", "probe"))
+    half = len(reference) // 2
+    sampling = Sampling(temperature=0.0, max_tokens=half, min_tokens=half)
+    fleet = rig.open("gateway_episodes", min_serving=1, max_live=2, min_admitting=2)
+    records = tmp_path / "records.jsonl"
+    assert fleet.bootstrap(rig.targets(1)) is not None and fleet.phase == FleetPhase.READY
+    gw = Gateway(fleet, GatewayConfig(model="tiny", records=records, queue_wait_s=BOUND),
+                 target_of=rig.target_of)
+    try:
+        with ServerThread(gw) as url, ThreadPoolExecutor(2) as pool:
+            client = RolloutClient(url, "tiny", logprobs_mode="raw_logprobs",
+                                   timeout_s=BOUND)
+            eps = {p: client.episode(policy=p, sampling=sampling)
+                   for p in ("wait", "abort", "segment")}
+            for ep in eps.values():
+                ep.observe(prompt)
+                assert list(ep.turn().token_ids) == reference[:half]
+            where = {p: ep.record.turns[0].engine for p, ep in eps.items()}
+            assert sorted(where.values()) == ["a", "b", "c"]  # one hold each
+            rolling = pool.submit(fleet.update, rig.targets(2))
+            waiting = fleet.members[where["wait"]]
+            assert wait_until(lambda: waiting.controller.phase is Phase.DRAINING, BOUND)
+            second = eps["wait"].turn()  # on its draining member, under v1
+            assert (second.engine, second.generation) == (where["wait"], 1)
+            assert list(second.token_ids) == reference[half:]
+            assert waiting.controller.phase is Phase.DRAINING  # it waited
+            assert eps["wait"].end(1.0) == "done"
+            rep = rolling.result(timeout=3 * BOUND)
+            assert rep.published and sorted(rep.committed_on) == ["a", "b", "c"], \
+                rep.as_json()
+            with pytest.raises(EpisodeEnded) as aborted:
+                eps["abort"].turn()
+            assert aborted.value.code == "episode_aborted"
+            seg = eps["segment"]
+            seg.observe(prompt[:3])  # a tool's answer: environment tokens
+            third = seg.turn()
+            assert (third.segment, third.generation) == (2, 2)
+            assert third.binding.identity == rig.targets(2)[third.engine].identity
+            assert seg.end(0.0) == "done"
+            client.close()
+    finally:
+        gw.close()
+        fleet.close()
+    rec = seg.record
+    assert rec.segments == [(1, 1), (2, 2)]
+    assert rec.mask == [False] * len(prompt) + [True] * half + [False] * 3 + [True] * half
+    rec.check()
+    mine = tmp_path / "episodes.jsonl"
+    write_jsonl(mine, [r for ep in eps.values() for r in ep.record.records()])
+    for path in (mine, records):
+        assert cli.main(["records", "verify", str(path), "--journal",
+                         str(fleet.journal.path)]) == 0
+    verdict = check_fleet_file(fleet.journal.path)
+    assert verdict.accepted, verdict.message
+    ends = [x["detail"]["hold_ends"] for x in read_journal(fleet.journal.path)[1]
+            if x.get("step") == "release" and "hold_ends" in (x.get("detail") or {})]
+    assert sorted(ends) == ["aborted", "done", "done", "drain"]

@@ -64,6 +64,7 @@ class Sampling:
     top_k: int | None = None
     max_tokens: int = 16
     seed: int | None = None
+    min_tokens: int = 0  # vLLM's: no end-of-sequence before that many tokens
 
     def __post_init__(self) -> None:
         # The record's Decoding checks the shared fields; top_k is ours.
@@ -72,7 +73,8 @@ class Sampling:
             raise ValueError(f"top_k must be a positive integer or None, got {self.top_k!r}")
 
     def decoding(self) -> Decoding:
-        return Decoding(self.temperature, self.top_p, self.max_tokens, 0, (), self.seed)
+        return Decoding(self.temperature, self.top_p, self.max_tokens, self.min_tokens, (),
+                        self.seed)
 
     def body(self) -> dict[str, Any]:
         out: dict[str, Any] = {"temperature": self.temperature, "top_p": self.top_p,
@@ -81,6 +83,8 @@ class Sampling:
             out["top_k"] = self.top_k
         if self.seed is not None:
             out["seed"] = self.seed
+        if self.min_tokens:
+            out["min_tokens"] = self.min_tokens
         return out
 
 
