@@ -30,11 +30,15 @@ from test_gateway import (
     fake_upstream,
     in_thread,
     rig,
+    target_of,
 )
 
 from rolloutcore import cli
 from rolloutcore.adapters.sim import reference_tokens
 from rolloutcore.check.fleet_trace import check_fleet_records
+from rolloutcore.fleet import Fleet
+from rolloutcore.gateway.core import Gateway, GatewayConfig
+from rolloutcore.gateway.server import ServerThread
 from rolloutcore.journal import read_journal
 from rolloutcore.rl import EpisodeEnded, GroupError, RolloutClient, Sampling
 from rolloutcore.spec.lifecycle import Phase
@@ -295,4 +299,57 @@ def test_the_trainers_episode_handle_keeps_tokens_mask_and_provenance(
             assert e.value.code == "episode_aborted"
         assert ab.record.status == "aborted"
         client.close()
+        r.check()
+
+
+def test_a_restarted_gateway_ends_the_episodes_live_when_it_stopped_as_lost(
+        tmp_path: Path, upstream: FakeUpstream) -> None:
+    """The gateway's process dies under a live episode (nothing of it runs on). A new
+    one on the fleet's journal recovers the fleet (the members' restarts drop the dead
+    process's holds) and finds the episode in the journal: ended as lost, its next turn
+    refused, GET saying why; new episodes run; the journal checks."""
+    with rolling(tmp_path, upstream) as r:
+        served(r, turn(r, "ep7", "begin", policy="wait"), "begin")
+        served(r, turn(r, "ep8", "other", policy="segment", end=True), "other")
+        # a dead process: nothing more of it is written
+        r.gw.episodes.close = lambda: None  # type: ignore[assignment]
+        r.fleet.close = lambda: None  # type: ignore[assignment]
+        members = [(n, r.adapters[n], m.url) for n, m in r.fleet.members.items()]
+        fleet = Fleet(members, journal=r.journal, min_serving=1, target_of=target_of,
+                      max_live=2, min_admitting=1)
+        assert fleet.recovered and fleet.phase == "READY"
+        gw = Gateway(fleet, GatewayConfig(model=MODEL), target_of=target_of)
+        try:
+            with ServerThread(gw) as url:
+                again = httpx.post(f"{url}/v1/chat/completions", headers={EPISODE: "ep7"},
+                                   json={"model": MODEL, "messages": [
+                                       {"role": "user", "content": "x"}]}, timeout=BOUND)
+                assert again.status_code == 409
+                assert again.json()["error"]["code"] == "episode_lost"
+                state = httpx.get(f"{url}/v1/episodes/ep7", timeout=BOUND).json()
+                assert state["status"] == "lost" and "restart" in state["why"]
+                assert httpx.get(f"{url}/v1/episodes/ep8", timeout=BOUND).status_code == 404
+                fresh = httpx.post(f"{url}/v1/chat/completions", headers={
+                    EPISODE: "ep9", "x-rolloutcore-episode-end": "true"}, json={
+                    "model": MODEL, "messages": [{"role": "user", "content": "y"}]},
+                    timeout=BOUND)
+                assert fresh.status_code == 200, fresh.text
+        finally:
+            gw.close()
+    verdict = check_fleet_records(enumerate(list(read_journal(r.journal)[1]), 1))
+    assert verdict.accepted, verdict.message
+
+
+def test_an_engine_that_fails_mid_turn_ends_its_episode_as_lost(
+        tmp_path: Path, upstream: FakeUpstream) -> None:
+    """A turn whose engine answers 5xx: the client gets the error, the episode is ended
+    as lost (its hold released, journalled), and its member is suspected."""
+    with rolling(tmp_path, upstream) as r:
+        served(r, turn(r, "ep10", "begin"), "begin")
+        bad = turn(r, "ep10", "then", headers={"x-test-fail": "500"})
+        assert bad.status_code == 500
+        state = httpx.get(f"{r.url}/v1/episodes/ep10", timeout=BOUND).json()
+        assert state["status"] == "lost"
+        assert turn(r, "ep10", "again").json()["error"]["code"] == "episode_lost"
+        assert holds(r)[-1]["detail"]["hold_ends"] == "lost"
         r.check()

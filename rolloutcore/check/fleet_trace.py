@@ -141,8 +141,9 @@ class FleetTraceChecker:
     restarting: set[str] = field(default_factory=set)  # taken over, not yet restarted
     fdown: frozenset[str] = frozenset()  # members the recovery under way has yet to restart
     strict_timing: bool = False  # late outcomes rejected (else: a warning)
-    #: Live agentic episodes: id -> (segment, generation, holding an admission now).
-    episodes: dict[str, tuple[int, int, bool]] = field(default_factory=dict)
+    #: Live agentic episodes: id -> (segment, generation, member, its hold's rollout id
+    #: or None once let go). A hold a restart or a fence freed is no longer held.
+    episodes: dict[str, tuple[int, int, str, str | None]] = field(default_factory=dict)
 
     def clone(self) -> FleetTraceChecker:
         """An independent checker in this one's state."""
@@ -310,8 +311,8 @@ class FleetTraceChecker:
         detail = r.get("detail")
         if isinstance(detail, Mapping) and "episode" in detail and step in ("admit",
                                                                           "release"):
-            bad_episode = self._episode(str(step), detail, checker.bound.get(str(param)),
-                                        released)
+            bad_episode = self._episode(name, str(step), str(param), detail,
+                                        checker.bound.get(str(param)), released)
             if bad_episode:
                 return bad_episode
         if step == "publish" and name in self.group:
@@ -549,8 +550,8 @@ class FleetTraceChecker:
             return f"{name} {step} of rollout {rollout!r} is not the move {src} -> {dst}"
         return None
 
-    def _episode(self, step: str, d: Mapping[str, Any], bound: int | None,
-                 released: int | None) -> tuple[str, str] | None:
+    def _episode(self, name: str, step: str, rollout: str, d: Mapping[str, Any],
+                 bound: int | None, released: int | None) -> tuple[str, str] | None:
         """An agentic episode's hold taken or let go (the gateway's episodes): the
         episode spec's OneEpisodeOnePolicy and SegmentsInOrder over its admissions, one
         hold at a time."""
@@ -559,10 +560,10 @@ class FleetTraceChecker:
             return "spec", f"episode {e!r:.40}: not an episode id"
         last = self.episodes.get(e)
         if step == "release":
-            if last is None or released is None:
+            if last is None or last[3] != rollout or released is None:
                 return "spec", f"episode {e!r} lets go of a hold it did not take"
             if d.get(HOLD_ENDS) == HOLD_LET_GO:
-                self.episodes[e] = (last[0], last[1], False)
+                self.episodes[e] = (*last[:3], None)
             else:
                 del self.episodes[e]
             return None
@@ -570,9 +571,9 @@ class FleetTraceChecker:
             return "spec", f"episode {e!r}: segment {seg!r:.20} is not a segment number"
         if last is None and seg != 1:
             return "SegmentsInOrder", f"episode {e!r} starts at segment {seg}, not 1"
-        if last is not None and last[2]:
+        if last is not None and last[3] is not None and last[3] in self.members[last[2]].bound:
             return "OneEpisodeOnePolicy", (f"episode {e!r} takes a second hold (segment "
-                                           f"{seg}) while it holds one")
+                                           f"{seg}) while it holds one on {last[2]}")
         if last is not None:
             pair = ((last[0], last[1]), (seg, bound))
             if not one_policy_per_segment(pair):
@@ -582,7 +583,7 @@ class FleetTraceChecker:
                 return "SegmentsInOrder", (f"episode {e!r}: segment {seg} under generation "
                                            f"{bound} follows segment {last[0]} under "
                                            f"{last[1]}")
-        self.episodes[e] = (seg, bound, True)
+        self.episodes[e] = (seg, bound, name, rollout)
         return None
 
     def _invariants(self) -> tuple[str, str] | None:

@@ -26,7 +26,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
@@ -305,6 +305,38 @@ class Episodes:
             except (FleetError, IllegalTransition) as e:
                 log.warning("episode %s: its hold on %s: %s", ep.id, hold.engine, e)
         log.info("episode %s: %s", ep.id, _WHY[then])
+
+    # ---------------------------------------------------------------- recovery
+
+    def recover(self, records: Iterable[Mapping[str, Any]]) -> list[str]:
+        """A gateway that starts on a fleet's journal: every episode live when the last
+        one stopped (a hold taken and never ended) lost its gateway, and its hold went
+        with the controller's restart. Each is ended as lost, explicitly: its next turn
+        is refused (``409 episode_lost``) and ``GET`` says why. Streams the records."""
+        live: dict[str, dict[str, Any]] = {}
+        for r in records:
+            d = r.get("detail")
+            if not isinstance(d, Mapping) or not isinstance(d.get("episode"), str):
+                continue
+            eid = d["episode"]
+            if r.get("step") == "admit":
+                live[eid] = {"segment": d.get("segment"), "policy": d.get("policy"),
+                             "member": r.get("engine")}
+            elif r.get("step") == "release" and d.get(HOLD_ENDS) != DRAIN:
+                live.pop(eid, None)
+        with self._lock:
+            for eid, x in live.items():
+                policy = x["policy"] if x["policy"] in POLICIES else "wait"
+                ep = Episode(eid, policy, self.idle_s, self.clock(), status=LOST,
+                             segment=x["segment"] if isinstance(x["segment"], int) else 1,
+                             member=x["member"] if isinstance(x["member"], str) else None,
+                             why="its gateway stopped while it was live (found in the "
+                                 "journal on restart)")
+                self._ended[eid] = ep
+                self.counts[LOST] += 1
+        for eid in live:
+            log.warning("episode %s was live when the gateway stopped: ended as lost", eid)
+        return sorted(live)
 
     # ------------------------------------------------------------------ status
 
