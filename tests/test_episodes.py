@@ -312,8 +312,8 @@ def test_a_restarted_gateway_ends_the_episodes_live_when_it_stopped_as_lost(
         served(r, turn(r, "ep7", "begin", policy="wait"), "begin")
         served(r, turn(r, "ep8", "other", policy="segment", end=True), "other")
         # a dead process: nothing more of it is written
-        r.gw.episodes.close = lambda: None  # type: ignore[assignment]
-        r.fleet.close = lambda: None  # type: ignore[assignment]
+        r.gw.episodes.close = lambda: None
+        r.fleet.close = lambda: None
         members = [(n, r.adapters[n], m.url) for n, m in r.fleet.members.items()]
         fleet = Fleet(members, journal=r.journal, min_serving=1, target_of=target_of,
                       max_live=2, min_admitting=1)
