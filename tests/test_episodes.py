@@ -353,3 +353,23 @@ def test_an_engine_that_fails_mid_turn_ends_its_episode_as_lost(
         assert turn(r, "ep10", "again").json()["error"]["code"] == "episode_lost"
         assert holds(r)[-1]["detail"]["hold_ends"] == "lost"
         r.check()
+
+
+@pytest.mark.deep
+def test_the_episode_benchmark_runs_and_its_checks_hold(capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    """benchmarks/bench_episodes.py at a small size: every turn's tokens are its serving
+    generation's greedy reference, every journal checks (exit 0)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_episodes", Path(__file__).resolve().parents[1] / "benchmarks" /
+        "bench_episodes.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--seconds", "3", "--scale", "0.05", "--workers", "8",
+                       "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["mode"] for r in rows] == list(bench.MODES)
+    assert all(r["wrong"] == 0 and r["journal_ok"] and r["turns"] > 0 for r in rows)

@@ -182,14 +182,14 @@ class Episodes:
         queued request."""
         gen, segment = ep.generation, ep.segment
         journal = self.fleet.journal
-        if gen is not None:
-            try:
-                with journal.deferred():
-                    return self._admit(ep, endpoint, segment, cancel, wait=0.0,
-                                       generation=gen)
-            except AdmissionTimeout:
-                segment += 1  # no member serves it any more: the next segment
         try:
+            if gen is not None:
+                try:
+                    with journal.deferred():
+                        return self._admit(ep, endpoint, segment, cancel, wait=0.0,
+                                           generation=gen)
+                except AdmissionTimeout:
+                    segment += 1  # no member serves it any more: the next segment
             with journal.deferred():
                 floor = admission_floor(self.fleet.committed, 0 if gen is None else gen + 1)
                 return self._admit(ep, endpoint, segment, cancel, wait=self.queue_wait_s,
