@@ -327,6 +327,7 @@ def read_timeline(journal: str | os.PathLike[str]) -> Timeline:
     open_: dict[str, int] = {}  # rollout id -> its bar in flight
     members: list[str] = []  # as the fleet's fleet_open names them
     committed: set[int] = set()
+    episodes_seen: dict[str, str] = {}  # "<episode>#<segment>" -> episode, once held
     t0, end, newest, fleet = 0.0, 0.0, 0, False
     try:
         for n, rec in reader:
@@ -359,6 +360,16 @@ def read_timeline(journal: str | os.PathLike[str]) -> Timeline:
                 open_[fact.rollout_id] = len(bars)
                 bars.append(Bar(lane, fact.rollout_id, fact.generation, fact.seq, x,
                                 row=lanes.take_row(lane)))
+                d = rec.get("detail")
+                if isinstance(d, Mapping) and type(d.get("segment")) is int \
+                        and d["segment"] > 1 and d.get("episode") != episodes_seen.get(
+                            fact.rollout_id.rsplit(".", 1)[0]):
+                    # an agentic episode's next segment starts here (a hold it takes again
+                    # for the same segment is not a boundary)
+                    marks.append(Mark("segment", x, lane, fact.generation,
+                                      rollout_id=fact.rollout_id))
+                if isinstance(d, Mapping) and isinstance(d.get("episode"), str):
+                    episodes_seen[fact.rollout_id.rsplit(".", 1)[0]] = d["episode"]
             elif fact.kind == "release" and fact.rollout_id is not None:
                 i = open_.pop(fact.rollout_id, None)
                 if i is not None:  # a release of nothing in flight: the trace checker's
@@ -797,6 +808,8 @@ _MARK_STYLE: dict[str, dict[str, Any]] = {
               "label": "fenced"},
     "fence_failed": {"marker": "s", "color": "#111111", "mfc": "white", "mew": 1.0,
                      "ms": 6, "label": "fence failed"},
+    "segment": {"marker": "D", "color": "#111111", "mfc": "white", "mew": 1.0, "ms": 4,
+                "label": "episode: next segment"},
 }
 #: Where in its lane (from the lane's top, lane units) a mark goes: in the strip above
 #: the bars, apart from one another since they often come at the same instant.
@@ -852,6 +865,13 @@ def _draw_marks(ax: Axes, tl: Timeline, y_of: Mapping[str, int],
                             annotation_clip=False)
         elif m.lane is None or m.lane not in y_of:
             continue  # every lane a mark names is drawn; a fleet mark is handled above
+        elif m.kind == "segment":  # on the new segment's bar, where it starts
+            bar = next((b for b in tl.bars if b.rollout_id == m.rollout_id and
+                        b.start == m.t), None)
+            if bar is None:
+                continue
+            style = {k: v for k, v in _MARK_STYLE[m.kind].items() if k != "label"}
+            ax.plot([m.t], [bar_y[id(bar)]], ls="none", zorder=7, **style)
         elif m.kind == "migrate":
             if m.to_lane is None or m.to_lane not in y_of:
                 continue

@@ -6,6 +6,7 @@ logprobs against the trainer's recomputation to 1e-4 nats, the reward rising).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from rolloutcore.conformance.demos.agentic_run import AGENTIC, AgenticRun
 from rolloutcore.conformance.demos.rl_run import RLConfig, run_rl_demo
 from rolloutcore.conformance.fixtures.server_pool import ServerPool
 from rolloutcore.conformance.fixtures.tiny_model import DEFAULT_OUT, build_models
@@ -95,3 +97,28 @@ def test_a_group_an_aborting_drain_interrupts_is_never_split(
     index = JournalIndex(fleet.journal.path)
     verdicts = [index.check(i, r) for i, r in enumerate(g.records())]
     assert [v.verdict for v in verdicts] == [CONSISTENT] * 4, verdicts
+
+
+#: The agentic demo at reduced size (the tool task learns more slowly than the
+#: single-turn one: more steps).
+REDUCED_AGENTIC = dataclasses.replace(AGENTIC, steps=20, fault_step=6, threshold=0.5)
+
+
+def test_the_agentic_loop_learns_through_episodes(tmp_path: Path,
+                                                  vllm_pool: ServerPool) -> None:
+    """make demo's run at reduced size: episodes (call, slow tool, answer) through the
+    gateway, the loss on the final turn's scored token only, every check of the
+    single-turn run plus the mask's; every turn recorded and verified under its
+    segment."""
+    lines: list[str] = []
+    result = run_rl_demo(REDUCED_AGENTIC, tmp_path, lines.append, pool=vllm_pool,
+                         runner=AgenticRun, name="agentic")
+    failed = [c for c in result.checks if not c.ok]
+    assert result.error is None, "\n".join(lines[-30:])
+    assert not failed and result.passed, "\n".join(lines[-30:])
+    ev = result.evidence
+    assert ev["loss_tokens_outside_mask"] == 0 and ev["environment_tokens_in_context"] > 0
+    # two turns per episode, each its own record
+    assert ev["records"] >= 2 * REDUCED_AGENTIC.steps * REDUCED_AGENTIC.groups_per_step * \
+        REDUCED_AGENTIC.samples_per_group
+    print("\n".join(lines[-8:]))

@@ -219,7 +219,7 @@ class RLRun:
         cfg = self.cfg
         models = build_models(DEFAULT_OUT)
         torch.manual_seed(cfg.seed)
-        task = SuccessorTask(models["v1"], tail_tokens=cfg.tail_tokens)
+        task = self._task(models["v1"])
         by_ids = {p.token_ids: p for p in task.all_prompts()}
         # float32 weights and activations, attention summed in float64: the trainer's
         # recomputation is then exact, and the logprob check measures vLLM's error alone.
@@ -235,8 +235,6 @@ class RLRun:
         records = self.work / "rl-records.jsonl"
         self.result.records = str(records)
         records.unlink(missing_ok=True)
-        writing = threading.Lock()
-        sampling = Sampling(temperature=1.0, top_p=1.0, max_tokens=task.max_tokens)
         self.say(f"== task: {task.describe()}")
         self.say(f"== {cfg.steps} steps of {cfg.groups_per_step} groups x "
                  f"{cfg.samples_per_group} samples; publish every step; max_lag "
@@ -244,15 +242,7 @@ class RLRun:
         try:
             with ServerThread(gw) as url:
                 client = RolloutClient(url, "tiny", logprobs_mode=mode)
-
-                def make(rng: random.Random) -> Any:
-                    prompt = task.prompts(rng, 1)[0]
-                    group = client.generate_group(prompt.token_ids, cfg.samples_per_group,
-                                                  sampling)
-                    with writing:  # every group generated is recorded, consumed or not
-                        write_jsonl(records, group.records(), append=True)
-                    return group
-
+                make = self._producer(task, client, records)
                 with _Producers(cfg.producers, make, buffer, cfg.seed,
                                 cfg.samples_per_group) as producers:
                     self._loop(trainer, task, by_ids, buffer, publisher, gw, identities,
@@ -263,6 +253,44 @@ class RLRun:
             fleet.close()
         self._final_checks(buffer, identities)
         return self.result
+
+    # ------------------------------------------------------------------ the task
+
+    def _task(self, model_dir: Path) -> Any:
+        return SuccessorTask(model_dir, tail_tokens=self.cfg.tail_tokens)
+
+    def _producer(self, task: Any, client: RolloutClient, records: Path
+                  ) -> Callable[[random.Random], Any]:
+        """What a producer thread makes: a group of ``samples_per_group`` samples of one
+        prompt, recorded (every group generated is, consumed or not)."""
+        sampling = Sampling(temperature=1.0, top_p=1.0, max_tokens=task.max_tokens)
+        writing = threading.Lock()
+
+        def make(rng: random.Random) -> Any:
+            prompt = task.prompts(rng, 1)[0]
+            group = client.generate_group(prompt.token_ids, self.cfg.samples_per_group,
+                                          sampling)
+            with writing:
+                write_jsonl(records, group.records(), append=True)
+            return group
+        return make
+
+    def _train_samples(self, taken: list[Any], task: Any, by_ids: dict[Any, Any],
+                       generation: int) -> tuple[list[TrainSample], list[float],
+                                                 list[Any]]:
+        """The batch's training samples, rewards, and per sample the behaviour logprobs
+        to compare with the trainer's (None: not of the trainer's generation)."""
+        samples, rewards, current = [], [], []
+        for t in taken:
+            g = t.group
+            prompt = by_ids[g.prompt_ids]
+            rs = [task.reward(prompt, s.token_ids) for s in g.samples]
+            rewards += rs
+            for s, adv in zip(g.samples, group_advantages(rs), strict=True):
+                samples.append(TrainSample(g.prompt_ids, s.token_ids, adv,
+                                           task.scored_tokens))
+                current.append(s.logprobs if t.lag == 0 else None)
+        return samples, rewards, current
 
     # -------------------------------------------------------------------------- loop
 
@@ -287,16 +315,7 @@ class RLRun:
                                        f"{producers.errors[-3:]}")
                 taken += more
             wait_s = time.perf_counter() - t0
-            samples, rewards, current = [], [], []
-            for t in taken:
-                g = t.group
-                prompt = by_ids[g.prompt_ids]
-                rs = [task.reward(prompt, s.token_ids) for s in g.samples]
-                rewards += rs
-                for s, adv in zip(g.samples, group_advantages(rs), strict=True):
-                    samples.append(TrainSample(g.prompt_ids, s.token_ids, adv,
-                                               task.scored_tokens))
-                    current.append(s.logprobs if t.lag == 0 else None)
+            samples, rewards, current = self._train_samples(taken, task, by_ids, generation)
             stats = trainer.step(samples)
             for behaviour, recomputed in zip(current, stats.logprobs, strict=True):
                 if behaviour is not None and behaviour:

@@ -55,6 +55,9 @@ class ToolTask:
         """Task prompts (``<prefix> Step d``): the episode's first context."""
         return self.base.prompts(rng, n)
 
+    def all_prompts(self) -> list[Prompt]:
+        return self.base.all_prompts()
+
     def reading(self, rng: random.Random) -> int:
         """What the tool answers this episode: a digit the policy cannot know before."""
         return rng.randrange(self.k)

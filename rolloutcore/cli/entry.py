@@ -473,8 +473,9 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    if sum([args.fleet is not None, args.lifecycle, args.trl]) > 1:
-        return _bad_input(args, "--fleet, --lifecycle and --trl are different demos: pick one")
+    if sum([args.fleet is not None, args.lifecycle, args.trl, args.single_turn]) > 1:
+        return _bad_input(args, "--fleet, --lifecycle, --trl and --single-turn are different "
+                          "demos: pick one")
     if args.fleet is not None:
         if args.fleet < 2:
             return _bad_input(args, f"--fleet needs at least 2 servers, got {args.fleet}")
@@ -487,9 +488,18 @@ def _demo(args: argparse.Namespace) -> int:
         return demo_main(as_json=args.json)
     if args.steps is not None and args.steps < 4:
         return _bad_input(args, f"--steps must be at least 4, got {args.steps}")
+    import dataclasses
+
     from rolloutcore.conformance.demos.rl_run import RLConfig
 
     cfg = None if args.steps is None else RLConfig(steps=args.steps, fault_step=args.steps // 2)
+    if not (args.trl or args.single_turn):
+        from rolloutcore.conformance.demos.agentic_run import AGENTIC
+        from rolloutcore.conformance.demos.agentic_run import main as agentic_main
+
+        return agentic_main(as_json=args.json, cfg=None if args.steps is None else
+                            dataclasses.replace(AGENTIC, steps=args.steps,
+                                                fault_step=args.steps // 2))
     if args.trl:
         try:
             import trl  # noqa: F401
@@ -556,12 +566,13 @@ def _add_remote_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_demo_conformance_parsers(sub: Any) -> None:
-    demo = sub.add_parser("demo", help="an online-RL run that learns through RolloutCore on "
-                          "two real vLLM CPU servers, verified end to end, with pictures (exit 0 "
-                          "only if all checks pass)")
+    demo = sub.add_parser("demo", help="an agentic online-RL run (episodes: a tool call, a "
+                          "slow tool, the answer) that learns through RolloutCore on two real "
+                          "vLLM CPU servers, verified end to end, with pictures (exit 0 only "
+                          "if all checks pass)")
     demo.add_argument("--json", action="store_true")
     demo.add_argument("--steps", type=int, metavar="N", help="training steps of the RL run "
-                      "(default 24; the member is killed at step N/2)")
+                      "(default 30; the member is killed at step N/2)")
     demo.add_argument("--lifecycle", action="store_true", help="instead: live updates of one "
                       "server, step by step")
     demo.add_argument("--fleet", type=int, metavar="N", help="a fleet of N servers (about "
@@ -569,6 +580,8 @@ def _add_demo_conformance_parsers(sub: Any) -> None:
                       "and re-admitted")
     demo.add_argument("--trl", action="store_true", help="the RL run with TRL's own "
                       "GRPOTrainer, generating and publishing through RolloutCore")
+    demo.add_argument("--single-turn", action="store_true", help="the single-turn RL run "
+                      "(groups of samples of one prompt) instead of episodes")
     demo.set_defaults(func=_demo)
     conf = sub.add_parser("conformance", help="the scenario corpus against real vLLM and the "
                           "simulator")
