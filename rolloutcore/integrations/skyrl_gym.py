@@ -33,6 +33,7 @@ from rolloutcore.gateway.wire import (
     H_TURN,
 )
 from rolloutcore.rl.client import GroupError, GroupRefused, refusal_code
+from rolloutcore.rl.episode import segments_of
 
 Messages = list[dict[str, Any]]
 
@@ -70,11 +71,7 @@ class EpisodeRun:
     @property
     def segments(self) -> list[tuple[int, int]]:
         """(segment, generation) per segment, in order."""
-        out: list[tuple[int, int]] = []
-        for t in self.turns:
-            if not out or out[-1][0] != t.segment:
-                out.append((t.segment, t.generation))
-        return out
+        return segments_of(self.turns)
 
 
 def run_episode(base_url: str, model: str, env: TextEnv, prompt: Sequence[dict[str, Any]], *,

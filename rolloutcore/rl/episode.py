@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -68,6 +68,23 @@ class Turn:
         return self.binding.generation
 
 
+class _SegmentTurn(Protocol):
+    @property
+    def segment(self) -> int: ...
+
+    @property
+    def generation(self) -> int: ...
+
+
+def segments_of(turns: Sequence[_SegmentTurn]) -> list[tuple[int, int]]:
+    """(segment, generation) of each segment of an episode's turns, in order."""
+    out: list[tuple[int, int]] = []
+    for t in turns:
+        if not out or out[-1][0] != t.segment:
+            out.append((t.segment, t.generation))
+    return out
+
+
 @dataclass
 class EpisodeRecord:
     """An episode as the trainer keeps it: every token in order, which ones the policy
@@ -88,11 +105,7 @@ class EpisodeRecord:
     @property
     def segments(self) -> list[tuple[int, int]]:
         """(segment, generation) of each segment, in order."""
-        out: list[tuple[int, int]] = []
-        for t in self.turns:
-            if not out or out[-1][0] != t.segment:
-                out.append((t.segment, t.generation))
-        return out
+        return segments_of(self.turns)
 
     @property
     def one_policy(self) -> bool:
@@ -213,4 +226,4 @@ class Episode:
         return rec.status
 
 
-__all__ = ["Episode", "EpisodeEnded", "EpisodeRecord", "Turn"]
+__all__ = ["Episode", "EpisodeEnded", "EpisodeRecord", "Turn", "segments_of"]
