@@ -350,3 +350,68 @@ def test_skyrl_gym_episodes_through_the_gateway_across_updates(
                      str(fleet.journal.path)]) == 0
     verdict = check_fleet_file(fleet.journal.path)
     assert verdict.accepted, verdict.message
+
+
+def test_gateway_episodes_idle_deadline_restart_and_killed_member_on_vllm(
+        rig: FleetRig, tmp_path: Path) -> None:
+    """The episode scenarios that end an episode, on three vLLM servers: one idle past
+    its deadline (the gateway's clock injected) is expired and refused; a gateway that
+    stops under a live episode and starts again on the fleet's journal ends it as lost;
+    one whose member's server is SIGKILLed is lost at its next turn (a 502, its hold
+    released) while other episodes go on. The journal checks."""
+    class Clock:
+        now = 0.0
+
+        def __call__(self) -> float:
+            return self.now
+
+    clock = Clock()
+    rig.restore()
+    fleet = rig.open("episode_ends", min_serving=1, max_live=2, min_admitting=1)
+    assert fleet.bootstrap(rig.targets(1)) is not None and fleet.phase == FleetPhase.READY
+    gw = Gateway(fleet, GatewayConfig(model="tiny", queue_wait_s=BOUND, episode_idle_s=60.0),
+                 target_of=rig.target_of, clock=clock)
+    prompt = list(rig.engines["a"].prompt("probe"))
+
+    def turn(url: str, eid: str) -> httpx.Response:
+        return httpx.post(f"{url}/v1/completions", headers={"x-rolloutcore-episode": eid},
+                          json={"model": "tiny", "prompt": prompt, "max_tokens": 4,
+                                "temperature": 0}, timeout=BOUND)
+
+    with ServerThread(gw) as url:
+        assert turn(url, "idle").status_code == 200
+        clock.now += 61.0
+        assert gw.episodes.expire_due() == ["idle"]
+        assert turn(url, "idle").json()["error"]["code"] == "episode_expired"
+        assert turn(url, "live").status_code == 200
+    # the gateway's process dies under "live": nothing of it is written any more
+    gw.begin_shutdown()
+    gw.episodes.close = lambda: None  # type: ignore[method-assign]
+    fleet.close = lambda: None  # type: ignore[method-assign]
+    again = rig.open("episode_ends", min_serving=1, max_live=2, min_admitting=1,
+                     recover=True)
+    gw2 = Gateway(again, GatewayConfig(model="tiny", queue_wait_s=BOUND),
+                  target_of=rig.target_of)
+    victim = ""
+    try:
+        with ServerThread(gw2) as url:
+            after = turn(url, "live")
+            assert after.status_code == 409 and after.json()["error"]["code"] == \
+                "episode_lost", after.text
+            first = turn(url, "doomed")
+            assert first.status_code == 200
+            victim = first.headers["x-rolloutcore-engine"]
+            rig.engines[victim].kill()
+            broken = turn(url, "doomed")
+            assert broken.status_code == 502, broken.text
+            assert gw2.episodes.get("doomed")["status"] == "lost"
+            other = turn(url, "other")  # a member that serves takes new episodes
+            assert other.status_code == 200 and \
+                other.headers["x-rolloutcore-engine"] != victim
+    finally:
+        gw2.close()
+        again.close()
+        if victim:
+            rig.engines[victim].restart_process("v1")
+    verdict = check_fleet_file(again.journal.path)
+    assert verdict.accepted, verdict.message
