@@ -152,6 +152,10 @@ def test_abort_ends_the_episode_when_its_member_drains(
         state = httpx.get(f"{r.url}/v1/episodes/ep2", timeout=BOUND).json()
         assert state["status"] == "aborted" and len(state["turns"]) == 1
         assert holds(r)[-1]["detail"]["hold_ends"] == "aborted"
+        # its owner restarts it whole, as a new episode: all of it on generation 2
+        for k, text in enumerate(("search for it", "the search result")):
+            resp = turn(r, "ep2-again", text, policy="abort", end=k == 1)
+            assert served(r, resp, text)[:2] == (1, 2)
         r.check()
 
 
