@@ -90,6 +90,7 @@ PAUSE_ROUTES = ("sleep", "pause")
 RUNNING = "vllm:num_requests_running"
 PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
 PREFIX_HITS = "vllm:prefix_cache_hits_total"
+GENERATED = "vllm:generation_tokens_total"
 #: What one pause or resume sends, per route: (method, path, query).
 PAUSE_WIRE: dict[str, tuple[str, str]] = {"sleep": ("POST", "/sleep"),
                                           "pause": ("POST", "/pause")}
@@ -439,6 +440,13 @@ class HttpAdapter:
     def running_requests(self, deadline: float | None = None) -> int | None:
         v = _metric_sum(self.read_metrics(deadline, (RUNNING,)), RUNNING)
         return None if v is None else int(v)
+
+    def generated_tokens(self, deadline: float | None = None) -> int:
+        """Tokens the engine has generated since it started (every request's)."""
+        v = _metric_sum(self.read_metrics(deadline, (GENERATED,)), GENERATED)
+        if v is None:
+            raise AdapterError(f"read_metrics: no {GENERATED}")
+        return int(v)
 
     def prefix_counters(self, deadline: float | None = None) -> tuple[int, int]:
         """(queries, hits) of the prefix cache, in tokens, summed over engines."""

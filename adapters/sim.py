@@ -138,6 +138,7 @@ class SimEngine:
         self.prefix_queries = 0
         self.prefix_hits = 0
         self.completed = 0
+        self.generated = 0  # tokens generated, cumulative (vLLM's generation_tokens_total)
         #: The engine's fencing token (controller failover): loads of an older epoch are
         #: refused, as our worker extension refuses them.
         self.gate = EpochGate()
@@ -178,6 +179,7 @@ class SimEngine:
                                                 extra={"cached_tokens": cached})
                     req.weights_seen.add(self.weights)
                     req.tokens.append(_token(kv, self.weights, context))
+                    self.generated += 1
                     context = _extend(context, req.tokens[-1:])
                     made = (req.tokens[-1], self.weights)
                 if on_token is not None:

@@ -157,6 +157,11 @@ class HarnessEngine(abc.ABC):
         ...
 
     @abc.abstractmethod
+    def generated_tokens(self) -> int:
+        """Tokens generated so far, cumulative over every request (a test waits on its
+        progress, never on the machine's speed)."""
+
+    @abc.abstractmethod
     def pid(self) -> int:
         """The serving process (constant while the same server serves)."""
 
@@ -338,6 +343,9 @@ class SimHarnessEngine(HarnessEngine):
 
     def running_requests(self) -> int:
         return len(self.engine.running)
+
+    def generated_tokens(self) -> int:
+        return self.engine.generated
 
     def pid(self) -> int:
         return id(self.engine)
@@ -573,6 +581,9 @@ class VllmHarnessEngine(HarnessEngine):
 
     def running_requests(self) -> int:
         return self.direct.running_requests() or 0
+
+    def generated_tokens(self) -> int:
+        return self.direct.generated_tokens()
 
     def pid(self) -> int:
         pid: int = self.server.pid

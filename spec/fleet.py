@@ -474,14 +474,18 @@ class FleetAction:
     needs_generation: bool = False
 
 
-def _publish_validated(f: FleetState, *, rolling: bool = False) -> FleetState:
+def _publish_validated(f: FleetState, *, rolling: bool = False,
+                       commits: Callable[[FleetState, State], bool] | None = None
+                       ) -> FleetState:
     """Commit the target on every validated member at once; a strict update moves the
-    floor with the frontier, a rolling wave leaves it (the others serve the old one)."""
+    floor with the frontier, a rolling wave leaves it (the others serve the old one).
+    ``commits``: which members commit (a mutant's rule; the spec's is ``validated``)."""
     pub = SPEC.action("publish")
+    which = commits or validated
     eng: list[State] = []
     for s in f.eng:
         upd: dict[str, Any] = {**pub.control(s, None), "phase": Phase.READY}
-        eng.append(s._replace(**upd) if validated(f, s) else s)
+        eng.append(s._replace(**upd) if which(f, s) else s)
     return f._replace(fphase=FleetPhase.READY, fcommitted=f.ftarget, ftarget=0, eng=tuple(eng),
                       ffloor=f.ffloor if rolling else f.ftarget)
 

@@ -8,7 +8,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from functools import partial
+from functools import cached_property, partial
 from typing import Any, Generic, TypeVar
 
 S = TypeVar("S", bound=Hashable)
@@ -226,12 +226,13 @@ class TableSpec:
     def initial_states(self) -> tuple[Any, ...]:
         raise NotImplementedError
 
+    @cached_property
+    def action_params(self) -> tuple[tuple[Any, tuple[Param, ...]], ...]:
+        """Each action with every parameter its domains give (once per spec)."""
+        return with_params(self.actions, self.domains())
+
     def successors(self, f: Any) -> list[tuple[str, Param, Any]]:
-        params = self.__dict__.get("_params")
-        if params is None:  # computed once per spec (a frozen dataclass: set directly)
-            params = with_params(self.actions, self.domains())
-            object.__setattr__(self, "_params", params)
-        return table_successors(params, f, self.bounds)
+        return table_successors(self.action_params, f, self.bounds)
 
     def explore(self, *, max_states: int = 2_000_000,
                 stop_at_violation: bool = False) -> GraphExploration[Any]:

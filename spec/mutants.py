@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Generic, TypeVar
 
 from rolloutcore.spec.episodes import EpBounds, EpisodeSpec, EpState
 from rolloutcore.spec.failover import FailoverSpec, FoBounds
@@ -32,6 +32,7 @@ from rolloutcore.spec.fleet import (
     MemberView,
     SlotsView,
     UpdatePolicy,
+    _publish_validated,
     held_back,
     quorum,
     serving,
@@ -347,16 +348,9 @@ def _migration_target(spec: FleetSpec, target: Callable[..., bool], target_tla: 
 def _publish_every_member(spec: FleetSpec) -> FleetSpec:
     """fleet_publish commits the target on every member that took part in the update,
     validated or not."""
-    control = spec.engine.action("publish").control
-
     def apply(f: FleetState) -> FleetState:
-        def commit(s: State) -> State:
-            upd: dict[str, Any] = {**control(s, None), "phase": Phase.READY}
-            return s._replace(**upd)
-        eng = tuple(commit(s) if f.ftarget != 0 and s.target == f.ftarget else s
-                    for s in f.eng)
-        return f._replace(fphase="READY", fcommitted=f.ftarget, ftarget=0, eng=eng,
-                          ffloor=f.ftarget)
+        return _publish_validated(f, commits=lambda g, s: g.ftarget != 0
+                                  and s.target == g.ftarget)
     every = ('[n \\in Engines |-> LET e == eng[n] IN IF ftarget # 0 /\\ e.target = ftarget '
              'THEN [e EXCEPT !.phase = "READY", !.committed = e.target, !.target = 0] ELSE e]')
     return _fleet_action(spec, "fleet_publish", apply=apply,
@@ -720,11 +714,19 @@ FAILOVER_LIVENESS_MUTANTS: tuple[tuple[FailoverMutant, str], ...] = (
 # ------------------------------------------------------------------------------ episodes
 
 
+_T = TypeVar("_T")
+
+
 @dataclass(frozen=True)
-class EpisodeMutant:
+class TableMutant(Generic[_T]):
+    """A broken table spec (spec/graph.py): episodes, staged updates, gateways."""
+
     name: str
     doc: str
-    apply: Callable[[EpisodeSpec], EpisodeSpec]
+    apply: Callable[[_T], _T]
+
+
+EpisodeMutant = TableMutant[EpisodeSpec]
 
 
 def _turn_on_any_generation(s: EpisodeSpec) -> EpisodeSpec:
@@ -822,11 +824,7 @@ EPISODE_MUTANTS: tuple[EpisodeMutant, ...] = (
 # ------------------------------------------------------------------------ staged updates
 
 
-@dataclass(frozen=True)
-class StagedMutant:
-    name: str
-    doc: str
-    apply: Callable[[StagedSpec], StagedSpec]
+StagedMutant = TableMutant[StagedSpec]
 
 
 #: Staged-update mutants: each breaks an invariant or step property of the staged spec.
@@ -873,11 +871,7 @@ STAGED_MUTANTS: tuple[StagedMutant, ...] = (
 # ---------------------------------------------------------------------------- gateways
 
 
-@dataclass(frozen=True)
-class GatewayMutant:
-    name: str
-    doc: str
-    apply: Callable[[GatewaySpec], GatewaySpec]
+GatewayMutant = TableMutant[GatewaySpec]
 
 
 def _gw_index(p: tuple[object, ...], k: int) -> int:

@@ -7,9 +7,7 @@ TLC, and TLC's graph of the generated module equals the explorer's edge for edge
 from __future__ import annotations
 
 import pytest
-from conftest import require_tlc
 
-from rolloutcore.proof import modelcheck
 from rolloutcore.spec.episodes import (
     ABORTED,
     DONE,
@@ -19,7 +17,6 @@ from rolloutcore.spec.episodes import (
     EpState,
     explore_episodes,
 )
-from rolloutcore.spec.mutants import EPISODE_MUTANTS
 
 #: The invariant each mutant breaks first (the explorer's shortest counterexample).
 BREAKS = {
@@ -57,32 +54,6 @@ def test_every_way_an_owner_may_choose_happens() -> None:
     assert some(segmented)
     assert some(lambda f: f.floor == 2 and any(
         x.status == DONE and x.policy == "wait" and x.log and x.gen == 1 for x in f.eps))
-
-
-@pytest.mark.parametrize("name", sorted(BREAKS))
-def test_each_mutant_breaks_its_invariant(name: str) -> None:
-    mutant = next(m for m in EPISODE_MUTANTS if m.name == name)
-    ex = explore_episodes(mutant.apply(EPISODES))
-    assert BREAKS[name] in ex.violations, (name, ex.violations)
-    first = min(ex.violations, key=lambda k: len(ex.violations[k]))
-    assert len(ex.violations[first]) == len(ex.violations[BREAKS[name]])
-
-
-def test_tlc_graph_equals_the_explorers() -> None:
-    require_tlc()
-    run = modelcheck.EPISODE_MODEL.run_tlc()
-    assert run.result.exit_code == 0, run.result.error_message
-    assert run.graphs_equal, (run.only_python[:3], run.only_tlc[:3])
-    assert (run.tlc_states, run.tlc_edges) == (run.python_states, run.python_edges)
-
-
-@pytest.mark.deep  # make test: TLC once per mutant
-def test_tlc_catches_every_mutant() -> None:
-    require_tlc()
-    verdicts = modelcheck.EPISODE_MODEL.check_mutants(with_tlc=True)
-    assert {v.mutant.name for v in verdicts} == set(BREAKS)
-    for v in verdicts:
-        assert v.caught and v.tlc_violated in v.explorer, v.as_json()
 
 
 @pytest.mark.deep

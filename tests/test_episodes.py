@@ -377,3 +377,56 @@ def test_the_episode_benchmark_runs_and_its_checks_hold(capsys: pytest.CaptureFi
     rows = json.loads(capsys.readouterr().out)
     assert [r["mode"] for r in rows] == list(bench.MODES)
     assert all(r["wrong"] == 0 and r["journal_ok"] and r["turns"] > 0 for r in rows)
+
+
+def test_a_group_of_episodes_shares_one_hold_on_one_generation(
+        tmp_path: Path, upstream: FakeUpstream) -> None:
+    """Three episodes of one task named in one group (policy wait) hold one admission:
+    one member, generation 1, however their turns interleave; the drain of that member
+    waits until the last of them ends; the hold is released once, when it does. A
+    segmenting group lets go at the drain and goes on together as segment 2. Records of
+    several episodes under one admission (equal turn numbers) all verify."""
+    group = "x-rolloutcore-episode-group"
+    with rolling(tmp_path, upstream) as r:
+        members = set()
+        for k in range(3):
+            resp = turn(r, f"g1-{k}", "task", policy="wait", headers={group: "g1"})
+            assert resp.headers[group] == "g1"
+            members.add(served(r, resp, "task")[2])
+        assert len(members) == 1 and len(holds(r)) == 1  # one admission for the group
+        member = r.fleet.members[members.pop()]
+        t, box = start_update(r)
+        wait_until(lambda: member.controller.phase is Phase.DRAINING, "its member to drain")
+        for k in range(3):
+            assert served(r, turn(r, f"g1-{k}", "tool said", end=k < 2), "tool said")[:2] == (
+                1, 1)
+        assert member.controller.phase is Phase.DRAINING  # one episode of it still lives
+        assert httpx.post(f"{r.url}/v1/episodes/g1-2/end", timeout=BOUND).json()[
+            "status"] == "done"
+        finish(r, t, box)
+        h = holds(r)
+        assert [(x["step"], x["param"]) for x in h] == [("admit", "g1#1.1"),
+                                                      ("release", "g1#1.1")]
+        assert h[0]["detail"]["group"] is True and h[1]["detail"]["hold_ends"] == "done"
+        # its id cannot start a group again
+        again = turn(r, "g1-9", "task", headers={group: "g1"})
+        assert again.status_code == 409 and again.json()["error"]["code"] == \
+            "episode_group_ended"
+        # a segmenting group: let go at the drain, on together as segment 2
+        for k in range(2):
+            assert served(r, turn(r, f"g2-{k}", "task", policy="segment",
+                                  headers={group: "g2"}), "task")[:2] == (1, 2)
+        wrong = turn(r, "g2-9", "task", policy="wait", headers={group: "g2"})
+        assert wrong.json()["error"]["code"] == "episode_policy_fixed"
+        t, box = start_update(r, "ckpt-3", "v3")
+        finish(r, t, box)
+        for k in range(2):
+            assert served(r, turn(r, f"g2-{k}", "next", end=True), "next")[:2] == (2, 3)
+        g2 = [(x["step"], x["param"], x["detail"].get("hold_ends")) for x in holds(r)
+              if x["param"].startswith("g2#")]
+        assert g2 == [("admit", "g2#1.1", None), ("release", "g2#1.1", "drain"),
+                      ("admit", "g2#2.2", None), ("release", "g2#2.2", "done")]
+        recs = records(r)
+        assert {(x["episode"]["group"], x["episode"]["turn"]) for x in recs} >= {
+            ("g1", 1), ("g1", 2), ("g2", 1), ("g2", 2)}
+        r.check()

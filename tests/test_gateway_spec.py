@@ -12,7 +12,6 @@ from conftest import require_tlc
 
 from rolloutcore.proof import modelcheck
 from rolloutcore.spec.gateways import GATEWAYS, GwBounds, explore_gateways
-from rolloutcore.spec.mutants import GATEWAY_MUTANTS
 
 BREAKS = {
     "mutate_after_a_quorum_of_gateways": "NoRolloutCrossesMutation",
@@ -41,31 +40,6 @@ def test_a_partitioned_gateway_is_waited_for_until_its_lease_ends() -> None:
     assert aborted and all(not any(x.infl[m] for x in g.gw if x.expired)
                            for _f, g in aborted for m in range(2)
                            if g.mem[m].phase == "mutating")
-
-
-@pytest.mark.parametrize("name", sorted(BREAKS))
-def test_each_mutant_breaks_its_invariant(name: str) -> None:
-    mutant = next(m for m in GATEWAY_MUTANTS if m.name == name)
-    ex = explore_gateways(mutant.apply(GATEWAYS))
-    first = min(ex.violations, key=lambda k: len(ex.violations[k]))
-    assert first == BREAKS[name], ex.violations
-
-
-def test_tlc_graph_equals_the_explorers() -> None:
-    require_tlc()
-    run = modelcheck.GATEWAY_MODEL.run_tlc()
-    assert run.result.exit_code == 0, run.result.error_message
-    assert run.graphs_equal, (run.only_python[:3], run.only_tlc[:3])
-    assert (run.tlc_states, run.tlc_edges) == (run.python_states, run.python_edges)
-
-
-@pytest.mark.deep  # make test: TLC once per mutant
-def test_tlc_catches_every_mutant() -> None:
-    require_tlc()
-    verdicts = modelcheck.GATEWAY_MODEL.check_mutants(with_tlc=True)
-    assert {v.mutant.name for v in verdicts} == set(BREAKS)
-    for v in verdicts:
-        assert v.caught and v.tlc_violated in v.explorer, v.as_json()
 
 
 @pytest.mark.deep

@@ -6,10 +6,6 @@ TLC, and TLC's graph equals the explorer's edge for edge."""
 
 from __future__ import annotations
 
-import pytest
-from conftest import require_tlc
-
-from rolloutcore.proof import modelcheck
 from rolloutcore.spec.mutants import STAGED_MUTANTS
 from rolloutcore.spec.staged import (
     CORRUPT,
@@ -57,14 +53,6 @@ def test_the_failures_the_spec_calls_harmless_happen() -> None:
     assert some(lambda f: f.phase == "serving" and f.committed == 3)
 
 
-@pytest.mark.parametrize("name", sorted(BREAKS))
-def test_each_mutant_breaks_its_property(name: str) -> None:
-    mutant = next(m for m in STAGED_MUTANTS if m.name == name)
-    ex = explore_staged(mutant.apply(STAGED))
-    first = min(ex.violations, key=lambda k: len(ex.violations[k]))
-    assert first == BREAKS[name], ex.violations
-
-
 def test_a_partial_install_really_mixes_weights_that_then_serve() -> None:
     """Negative control: without prepare-then-commit, a group with one rank's corrupt
     shard installed resumes serving (ServedUntouchedOutsideInstall, after the publish)."""
@@ -76,23 +64,6 @@ def test_a_partial_install_really_mixes_weights_that_then_serve() -> None:
 
     assert "ServedUntouchedOutsideInstall" in ex.violations
     assert any(mixed_serving(f) for f in ex.nodes)
-
-
-def test_tlc_graph_equals_the_explorers() -> None:
-    require_tlc()
-    run = modelcheck.STAGED_MODEL.run_tlc()
-    assert run.result.exit_code == 0, run.result.error_message
-    assert run.graphs_equal, (run.only_python[:3], run.only_tlc[:3])
-    assert (run.tlc_states, run.tlc_edges) == (run.python_states, run.python_edges)
-
-
-@pytest.mark.deep  # make test: TLC once per mutant
-def test_tlc_catches_every_mutant() -> None:
-    require_tlc()
-    verdicts = modelcheck.STAGED_MODEL.check_mutants(with_tlc=True)
-    assert {v.mutant.name for v in verdicts} == set(BREAKS)
-    for v in verdicts:
-        assert v.caught and v.tlc_violated in v.explorer, v.as_json()
 
 
 def test_more_ranks_and_faults_keep_every_property() -> None:

@@ -3,14 +3,15 @@
 The loop of :mod:`rl_run` (two vLLM CPU servers behind the gateway, the plain-torch GRPO
 trainer publishing its live weights every step, a member SIGKILLed mid-transfer and
 re-admitted), with the tool task (:mod:`tool_task`) run as agentic episodes: a group is
-``n`` episodes of one task prompt, each an episode through the gateway
-(``RolloutClient.episode``, policy ``segment``): a call turn, a slow tool (its delay
+``n`` episodes of one task prompt sharing one hold (one member, one generation per
+segment, as a group of samples shares one admission), each an episode through the
+gateway (``RolloutClient.episode``, policy ``segment``): a call turn, a slow tool (its delay
 heavy-tailed: most 20-200 ms, one in twenty 1-3 s, so updates land while episodes wait on
 it), the tool's reading as environment tokens, the final turn. The trainer's loss reads
 the final turn's scored token only; every token the policy did not sample (the prompt,
-the tool's answer) is masked out, and the run checks it. An update that drains an
-episode's member between its turns ends the episode's segment there: its final turn runs
-as segment 2 under the new generation (both segments journalled and recorded).
+the tool's answer) is masked out, and the run checks it. An update that drains a
+group's member between its turns ends the group's segment there: the final turns run as
+segment 2 under the new generation (both segments journalled and recorded).
 
 Checks beyond :mod:`rl_run`'s: every episode's turns are one generation per segment
 (``records verify`` over the per-turn records, and the fleet checker over the journal's
@@ -81,9 +82,10 @@ class AgenticRun(RLRun):
         pools = threading.local()
         self.segmented = 0
 
-        def episode(prompt: tuple[int, ...], reading: int, seed: int) -> EpisodeRecord:
+        def episode(prompt: tuple[int, ...], reading: int, seed: int, group: str
+                    ) -> EpisodeRecord:
             rng = random.Random(seed)
-            with client.episode(policy="segment", sampling=answer) as ep:
+            with client.episode(policy="segment", sampling=answer, group=group) as ep:
                 ep.observe(prompt)
                 ep.turn(call)
                 slow = rng.random() < TOOL_SLOW_P
@@ -100,8 +102,9 @@ class AgenticRun(RLRun):
                 pool = pools.pool = ThreadPoolExecutor(n, thread_name_prefix="episode")
             prompt = task.prompts(rng, 1)[0].token_ids
             readings = tuple(task.reading(rng) for _ in range(n))
+            group = f"group-{rng.randrange(1 << 62):016x}"
             eps = list(pool.map(episode, [prompt] * n, readings,
-                                [rng.randrange(1 << 30) for _ in range(n)]))
+                                [rng.randrange(1 << 30) for _ in range(n)], [group] * n))
             with writing:  # every episode generated is recorded, consumed or not
                 write_jsonl(records, [r for e in eps for r in e.records()], append=True)
                 self.segmented += sum(len(e.segments) > 1 for e in eps)

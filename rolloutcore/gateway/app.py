@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -57,6 +58,7 @@ from rolloutcore.gateway.wire import (
     H_ENGINE,
     H_EPISODE,
     H_EPISODE_END,
+    H_EPISODE_GROUP,
     H_EPISODE_POLICY,
     H_GENERATION,
     H_IDENTITY,
@@ -393,25 +395,37 @@ def _episode_refusal(e: EpisodeRefused) -> Refusal:
                    type="invalid_request_error" if e.status < 500 else "server_error")
 
 
-def _episode_headers(headers: Mapping[str, str]) -> tuple[str, str | None, bool] | None:
-    """An episode's turn: (its id, the policy named, whether it ends the episode)."""
+@dataclass(frozen=True)
+class EpisodeAsk:
+    """An episode's turn as its request names it."""
+
+    episode: str
+    policy: str | None  # as named (on its first turn)
+    end: bool  # the turn ends the episode
+    group: str | None  # the group it starts in
+
+
+def _episode_headers(headers: Mapping[str, str]) -> EpisodeAsk | None:
     raw = headers.get(H_EPISODE)
     if raw is None:
-        if H_EPISODE_POLICY in headers or H_EPISODE_END in headers:
-            raise _bad(f"{H_EPISODE_POLICY} and {H_EPISODE_END} need {H_EPISODE}",
-                       param=H_EPISODE)
+        extra = [h for h in (H_EPISODE_POLICY, H_EPISODE_END, H_EPISODE_GROUP)
+                 if h in headers]
+        if extra:
+            raise _bad(f"{', '.join(extra)} need {H_EPISODE}", param=H_EPISODE)
         return None
     end = headers.get(H_EPISODE_END, "false").strip().lower()
     if end not in ("true", "false"):
         raise _bad(f"{H_EPISODE_END} must be true or false", param=H_EPISODE_END)
-    policy = headers.get(H_EPISODE_POLICY)
+    policy, group = headers.get(H_EPISODE_POLICY), headers.get(H_EPISODE_GROUP)
     try:
         eid = check_episode_id(raw.strip())
         if policy is not None:
             check_policy(policy)
+        if group is not None:
+            group = check_episode_id(group.strip())
     except EpisodeRefused as e:
         raise _episode_refusal(e) from None
-    return eid, policy, end == "true"
+    return EpisodeAsk(eid, policy, end == "true", group)
 
 
 async def _wrap(fut: Any) -> Any:
@@ -519,8 +533,7 @@ class _Exchange:
     def __init__(self, owner: GatewayApp, endpoint: str, scope: Scope,
                  headers: dict[str, str], body: bytes, obj: dict[str, Any] | None,
                  min_generation: int, inject: bool, max_staleness: int | None = None,
-                 movable: bool = False,
-                 episode: tuple[str, str | None, bool] | None = None) -> None:
+                 movable: bool = False, episode: EpisodeAsk | None = None) -> None:
         self.owner, self.gw = owner, owner.gw
         self.endpoint, self.path = endpoint, scope["path"]
         self.method = scope["method"]
@@ -532,7 +545,7 @@ class _Exchange:
         self.max_staleness = max_staleness
         self.inject = inject
         self.movable = movable
-        self.episode = episode  # (id, policy named, ends the episode) of a turn
+        self.episode = episode  # an episode's turn: as its request names it
         self.turn: TurnLease | None = None
         self.collector = Collector(endpoint, obj) if (
             obj is not None and (self.gw.records is not None or movable)) else None
@@ -619,11 +632,11 @@ class _Exchange:
         try:
             with anyio.CancelScope(shield=True):  # a lease, once made, is never dropped
                 if self.episode is not None:
-                    eid, policy, _ = self.episode
+                    ask = self.episode
                     try:
                         self.turn = await loop.run_in_executor(
-                            gw.waits, gw.episodes.begin_turn, eid, policy, self.endpoint,
-                            cancel)
+                            gw.waits, gw.episodes.begin_turn, ask.episode, ask.policy,
+                            self.endpoint, cancel, ask.group)
                     except EpisodeRefused as e:
                         raise _episode_refusal(e) from None
                     self.lease = self.bound = self.turn.lease
@@ -858,9 +871,12 @@ class _Exchange:
     def _turn_headers(self) -> list[tuple[bytes, bytes]]:
         if self.turn is None or self.episode is None:
             return []
-        return [(H_EPISODE.encode(), self.episode[0].encode()),
-                (H_SEGMENT.encode(), str(self.turn.segment).encode()),
-                (H_TURN.encode(), str(self.turn.index).encode())]
+        out = [(H_EPISODE.encode(), self.episode.episode.encode()),
+               (H_SEGMENT.encode(), str(self.turn.segment).encode()),
+               (H_TURN.encode(), str(self.turn.index).encode())]
+        if self.turn.group is not None:
+            out.append((H_EPISODE_GROUP.encode(), self.turn.group.encode()))
+        return out
 
     def _upstream_headers(self, engine: str) -> dict[str, str]:
         out = {k: v for k, v in self.headers_in.items()
@@ -979,8 +995,8 @@ class _Exchange:
 
         def release() -> None:
             if turn is not None and episode is not None:  # the hold stays; the turn ends
-                gw.episodes.end_turn(episode[0], ok=self.status == 200 and not cut,
-                                     end=episode[2], tokens=None if collector is None
+                gw.episodes.end_turn(episode.episode, ok=self.status == 200 and not cut,
+                                     end=episode.end, tokens=None if collector is None
                                      else len(collector.tokens))
                 binding = Binding(lease.rollout_id, lease.generation, lease.identity,
                                   lease.seq)
@@ -996,7 +1012,8 @@ class _Exchange:
                                   first.seq, aborted=binding.aborted)
             rec = collector.record(binding, lease.label, started_at, seconds, parts,
                                    broken=cut, episode=None if turn is None or episode is None
-                                   else EpisodeTurn(episode[0], turn.segment, turn.index))
+                                   else EpisodeTurn(episode.episode, turn.segment, turn.index,
+                                                    turn.group))
             if isinstance(rec, str):
                 gw.metrics.records.labels("skipped").inc()
                 log.info("no record for %s: %s", lease.rollout_id, rec)

@@ -34,7 +34,7 @@ from rolloutcore.fleet import Fleet, FleetCycleReport, FleetError, Lease, Target
 from rolloutcore.gateway.collector import RecordWriter
 from rolloutcore.gateway.episodes import Episodes
 from rolloutcore.gateway.metrics import GatewayMetrics
-from rolloutcore.journal import Journal, JournalError, JournalReader
+from rolloutcore.journal import JournalError, JournalReader
 from rolloutcore.spec.fleet import admission_floor
 from rolloutcore.spec.lifecycle import Phase
 
@@ -155,10 +155,9 @@ class Gateway:
         fleet.drain_listeners.append(self._draining)
         self.episodes = Episodes(fleet, idle_s=config.episode_idle_s,
                                  queue_wait_s=config.queue_wait_s, pool=self.quick, clock=clock)
-        if fleet.recovered and isinstance(fleet.journal, Journal) \
-                and fleet.journal.path.exists():  # (an etcd journal: not yet, issue 52)
-            reader = JournalReader(fleet.journal.path)
-            self.episodes.recover(rec for _line, rec in reader)
+        if fleet.recovered:  # episodes its predecessor left live (a file or etcd journal)
+            with fleet.store.replay_path() as path:
+                self.episodes.recover(rec for _line, rec in JournalReader(path))
         self._reaper_stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap, name="gateway-episodes",
                                         daemon=True)

@@ -16,9 +16,12 @@ H_MAX_STALENESS = "x-rolloutcore-max-staleness"
 H_EPISODE = "x-rolloutcore-episode"
 H_EPISODE_POLICY = "x-rolloutcore-episode-policy"
 H_EPISODE_END = "x-rolloutcore-episode-end"
+#: Episodes naming one group (on their first turn) share one hold: one member, one
+#: generation per segment, as n samples of one prompt share one admission.
+H_EPISODE_GROUP = "x-rolloutcore-episode-group"
 H_SEGMENT = "x-rolloutcore-episode-segment"
 H_TURN = "x-rolloutcore-episode-turn"
 
-__all__ = ["H_ENGINE", "H_EPISODE", "H_EPISODE_END", "H_EPISODE_POLICY", "H_GENERATION",
-           "H_IDENTITY", "H_LABEL", "H_MAX_STALENESS", "H_MIN_GENERATION", "H_ROLLOUT",
-           "H_SEGMENT", "H_SEQ", "H_TURN"]
+__all__ = ["H_ENGINE", "H_EPISODE", "H_EPISODE_END", "H_EPISODE_GROUP", "H_EPISODE_POLICY",
+           "H_GENERATION", "H_IDENTITY", "H_LABEL", "H_MAX_STALENESS", "H_MIN_GENERATION",
+           "H_ROLLOUT", "H_SEGMENT", "H_SEQ", "H_TURN"]

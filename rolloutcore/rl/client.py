@@ -178,12 +178,14 @@ class RolloutClient:
         self.http.close()
 
     def episode(self, *, policy: str = "wait", sampling: Sampling | None = None,
-                episode_id: str | None = None) -> Episode:
+                episode_id: str | None = None, group: str | None = None) -> Episode:
         """A multi-turn agentic episode (see :mod:`rolloutcore.rl.episode`); ``policy``:
-        what an update of its member does to it (wait, abort or segment)."""
+        what an update of its member does to it (wait, abort or segment); ``group``: the
+        episodes naming one group share one hold (one member, one generation per
+        segment), as a group's samples share one admission."""
         from rolloutcore.rl.episode import Episode
         return Episode(self.http, self.model, policy=policy, logprobs_mode=self.logprobs_mode,
-                       sampling=sampling or Sampling(), episode_id=episode_id)
+                       sampling=sampling or Sampling(), episode_id=episode_id, group=group)
 
     def generate_group(self, prompt_ids: Sequence[int], n: int, sampling: Sampling, *,
                        partial: Partial = Partial.WAIT, min_generation: int | None = None,

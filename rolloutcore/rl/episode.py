@@ -29,6 +29,7 @@ from rolloutcore.engine.controller import Binding
 from rolloutcore.gateway.wire import (
     H_ENGINE,
     H_EPISODE,
+    H_EPISODE_GROUP,
     H_EPISODE_POLICY,
     H_GENERATION,
     H_IDENTITY,
@@ -101,6 +102,7 @@ class EpisodeRecord:
     turns: list[Turn] = field(default_factory=list)
     status: str = "live"  # then done, aborted, expired or lost
     reward: float | None = None
+    group: str | None = None  # the group it shares one hold with (n episodes of a task)
 
     @property
     def segments(self) -> list[tuple[int, int]]:
@@ -134,7 +136,8 @@ class EpisodeRecord:
             logprobs_mode=self.logprobs_mode, decoding=self.sampling.decoding(),
             finish_reason=t.finish_reason, stop_reason=None,
             timing=Timing(t.started_at, t.seconds),
-            episode=EpisodeTurn(self.episode, t.segment, t.index)) for t in self.turns]
+            episode=EpisodeTurn(self.episode, t.segment, t.index, self.group))
+            for t in self.turns]
 
 
 class Episode:
@@ -142,10 +145,11 @@ class Episode:
     episode if it is still live)."""
 
     def __init__(self, http: httpx.Client, model: str, *, policy: str, logprobs_mode: str,
-                 sampling: Sampling, episode_id: str | None = None) -> None:
+                 sampling: Sampling, episode_id: str | None = None,
+                 group: str | None = None) -> None:
         self.http, self.model = http, model
         self.id = episode_id or f"ep-{uuid.uuid4().hex[:16]}"
-        self.record = EpisodeRecord(self.id, policy, sampling, logprobs_mode)
+        self.record = EpisodeRecord(self.id, policy, sampling, logprobs_mode, group=group)
 
     def __enter__(self) -> Episode:
         return self
@@ -173,6 +177,8 @@ class Episode:
             raise ValueError("observe the prompt before the first turn")
         s = sampling or rec.sampling
         headers = {H_EPISODE: self.id, H_EPISODE_POLICY: rec.policy}
+        if rec.group is not None:
+            headers[H_EPISODE_GROUP] = rec.group
         body: dict[str, Any] = {"model": self.model, "prompt": list(rec.tokens),
                                 "logprobs": 0, "return_token_ids": True, **s.body()}
         started, t0 = time.time(), time.monotonic()

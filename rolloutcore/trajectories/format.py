@@ -228,21 +228,30 @@ class EpisodeTurn:
     episode: str
     segment: int
     turn: int
+    group: str | None = None  # the group whose hold it ran under (its admission's name)
 
     def __post_init__(self) -> None:
         if not _str(self.episode, "episode.episode"):
             raise RecordError("episode.episode: must not be empty")
         _int(self.segment, "episode.segment", minimum=1)
         _int(self.turn, "episode.turn", minimum=1)
+        if self.group is not None and not _str(self.group, "episode.group"):
+            raise RecordError("episode.group: must not be empty (null: no group)")
+
+    @property
+    def holder(self) -> str:
+        """What its admission is named after: its group, or itself."""
+        return self.group or self.episode
 
     def to_dict(self) -> dict[str, Any]:
-        return {"episode": self.episode, "segment": self.segment, "turn": self.turn}
+        return {"episode": self.episode, "segment": self.segment, "turn": self.turn,
+                "group": self.group}
 
     @classmethod
     def from_dict(cls, d: Any) -> EpisodeTurn:
-        d = _exact_keys(d, "episode", ("episode", "segment", "turn"))
+        d = _exact_keys(d, "episode", ("episode", "segment", "turn", "group"))
         return cls(_str(d["episode"], "episode.episode"), _int(d["segment"], "episode.segment"),
-                   _int(d["turn"], "episode.turn"))
+                   _int(d["turn"], "episode.turn"), _opt_str(d["group"], "episode.group"))
 
 _BINDING_KEYS = ("rollout_id", "generation", "identity", "seq", "aborted")
 _RECORD_KEYS = ("schema", "schema_version", "binding", "label", "prompt_token_ids",
@@ -531,7 +540,7 @@ def _arrow_schema() -> Any:
              ("start", pa.int64()), ("end", pa.int64())]))),
          ("sample", pa.int64()), ("broken", pa.bool_()),
          ("episode", pa.struct([("episode", pa.string()), ("segment", pa.int64()),
-                                ("turn", pa.int64())]))],
+                                ("turn", pa.int64()), ("group", pa.string())]))],
         metadata={_PARQUET_META_KEY: str(SCHEMA_VERSION).encode()},
     )
 

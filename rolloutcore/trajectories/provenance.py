@@ -154,9 +154,10 @@ class JournalIndex:
         #: The same for the other samples of a group: (admission index, sample) -> 1 +
         #: position (only groups' records fill it).
         self.claimed_samples: dict[tuple[int, int], int] = {}
-        #: An episode's turns share its segment's admission: (admission index, turn) ->
-        #: 1 + position; and per episode, its last turn's (turn, segment, generation).
-        self.claimed_turns: dict[tuple[int, int], int] = {}
+        #: An episode's turns (a group's episodes too) share its segment's admission:
+        #: (admission index, turn, episode) -> 1 + position; and per episode, its last
+        #: turn's (turn, segment, generation).
+        self.claimed_turns: dict[tuple[int, int, str], int] = {}
         self.episodes: dict[str, tuple[int, int, int]] = {}
         self.engines = array("i")  # the member it was admitted on, as an index of names
         self.engine_names: list[str | None] = []
@@ -262,7 +263,8 @@ class JournalIndex:
                     reasons.append(f"{what}claims member {seg.engine!r}, journal seq {seq} "
                                    f"admitted it on {on!r}")
             turn = record.episode.turn if record.episode is not None else 0
-            first = self.claimed_turns.get((i, turn), 0) if turn else \
+            tkey = (i, turn, record.episode.episode if record.episode is not None else "")
+            first = self.claimed_turns.get(tkey, 0) if turn else \
                 self.claimed[i] if record.sample == 0 else \
                 self.claimed_samples.get((i, record.sample), 0)
             if first:
@@ -271,7 +273,7 @@ class JournalIndex:
                 reasons.append(f"{what}a second record for {which}the admission at seq {seq} "
                                f"(the first is at {unit} {first - 1})")
             elif turn:
-                self.claimed_turns[(i, turn)] = position + 1
+                self.claimed_turns[tkey] = position + 1
             elif record.sample == 0:
                 self.claimed[i] = position + 1
             else:
@@ -302,15 +304,17 @@ class JournalIndex:
 
     def _episode_turn(self, record: TrajectoryRecord) -> list[str]:
         """An episode's turn: under its segment's admission (the gateway names a hold
-        ``<episode>#<segment>.<n>``, and the digest above ties the name to the journal),
+        ``<episode or its group>#<segment>.<n>``, and the digest above ties the name to
+        the journal),
         after the turn before it, and its segments in the spec's order: one generation
         per segment, each segment under a newer one (records in the order written)."""
         e = record.episode
         assert e is not None
         out = []
-        if not record.rollout_id.startswith(f"{e.episode}#{e.segment}."):
-            out.append(f"turn {e.turn} of episode {e.episode!r} claims segment {e.segment}; "
-                       f"its admission {record.rollout_id!r} is not that segment's")
+        if not record.rollout_id.startswith(f"{e.holder}#{e.segment}."):
+            out.append(f"turn {e.turn} of episode {e.episode!r} claims segment {e.segment}"
+                       + (f" of group {e.group!r}" if e.group else "") + f"; its admission "
+                       f"{record.rollout_id!r} is not that segment's")
         last = self.episodes.get(e.episode)
         now = (e.segment, record.version)
         if last is not None:
