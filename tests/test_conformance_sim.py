@@ -67,6 +67,7 @@ def test_a_lying_prefix_reset_fails_the_stale_cache_scenario(tmp_path: Path) -> 
     assert r.trace is not None and r.trace["accepted"]  # fail-closed is spec-conformant
 
 
+@pytest.mark.deep  # make test: the whole pause scenario once more (make check was 320 s)
 def test_an_engine_that_ignores_wait_mode_fails_pause_semantics(tmp_path: Path) -> None:
     """pause(wait) returning at once (like keep) breaks the spec's drain assumption."""
     from rolloutcore.adapters.contract import PauseMode

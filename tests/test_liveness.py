@@ -35,6 +35,7 @@ def test_the_liveness_properties_hold_by_the_explorer(exploration: Exploration) 
         ["UpdateEnds", "TaintedIsFenced", "ReadmitServes"])
 
 
+@pytest.mark.deep  # make test; make check keeps the explorer's verdicts (make check was 324 s)
 def test_tlc_agrees_on_every_liveness_property(exploration: Exploration) -> None:
     require_tlc()
     verdicts = check_liveness_both(SPEC, exploration=exploration, timeout_s=300)
