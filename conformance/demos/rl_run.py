@@ -71,7 +71,9 @@ class RLConfig:
     buffer_samples: int | None = None
     lr: float = 2e-3
     fault_step: int | None = 15  # kill a member mid-transfer at this step's publish
-    threshold: float = 0.7  # mean reward over the last three steps must reach it
+    #: Mean reward over the last three steps must reach it (None: the run checks its
+    #: machinery only, and reports the reward: a run too short to learn in).
+    threshold: float | None = 0.7
     tail_tokens: int = 16
     seed: int = 0
     engines: int = 2
@@ -387,8 +389,12 @@ class RLRun:
         rewards = [s["mean_reward"] for s in r.steps]
         last = statistics.fmean(rewards[-3:])
         ev.update(reward_first=rewards[0], reward_last3=round(last, 4))
-        self.check(f"the reward rose: first step {rewards[0]:.3f}, last three steps "
-                   f"{last:.3f} >= {cfg.threshold}", last >= cfg.threshold > rewards[0])
+        if cfg.threshold is None:
+            self.say(f"  reward: first step {rewards[0]:.3f}, last three steps {last:.3f} "
+                     "(not checked: a run too short to learn in)")
+        else:
+            self.check(f"the reward rose: first step {rewards[0]:.3f}, last three steps "
+                       f"{last:.3f} >= {cfg.threshold}", last >= cfg.threshold > rewards[0])
         assert r.journal is not None and r.records is not None
         index = JournalIndex(r.journal)
         verdicts, wrong_identity = 0, []

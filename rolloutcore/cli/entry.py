@@ -572,7 +572,7 @@ def _add_demo_conformance_parsers(sub: Any) -> None:
                           "if all checks pass)")
     demo.add_argument("--json", action="store_true")
     demo.add_argument("--steps", type=int, metavar="N", help="training steps of the RL run "
-                      "(default 30; the member is killed at step N/2)")
+                      "(default 40, single-turn 30; the member is killed at step N/2)")
     demo.add_argument("--lifecycle", action="store_true", help="instead: live updates of one "
                       "server, step by step")
     demo.add_argument("--fleet", type=int, metavar="N", help="a fleet of N servers (about "
