@@ -159,6 +159,34 @@ class EpochEvidence:
 
 
 @dataclass(frozen=True)
+class RankStage:
+    """What one rank of an engine says its staging buffer holds (staged updates): the
+    digest of the bytes it received (names, dtypes, shapes and bytes, the identity
+    definition of :mod:`rolloutcore.engine.identity`), whether every byte arrived, and
+    what went wrong on the way. Its receive kind is decided from this
+    (:func:`rolloutcore.engine.postconditions.receive_kind`), never reported."""
+
+    rank: int  # 1-based
+    identity: str | None  # digest of the staged bytes (None: none, or unreadable)
+    complete: bool  # the whole shard arrived (a stream cut short: False)
+    tensors: int = 0
+    nbytes: int = 0
+    error: str | None = None  # a chunk that failed its digest, a refusal, the deadline
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class StageEvidence:
+    """Every rank's staging buffer after a staging (one :class:`RankStage` per rank the
+    engine has; ``ranks`` is how many it has, as it reports itself)."""
+
+    ranks: int
+    stages: tuple[RankStage, ...]
+    observed: str
+    seconds: float
+
+
+@dataclass(frozen=True)
 class GenerationResult:
     """A rollout's generation as the engine returned it."""
 
@@ -201,6 +229,25 @@ class LifecycleAdapter(Protocol):
     def generate(self, prompt: tuple[int, ...], max_tokens: int) -> GenerationResult: ...
 
 
+@runtime_checkable
+class Stager(Protocol):
+    """An engine that takes staged updates (spec/staged.py): ``stage`` fills inactive
+    buffers on every rank while the engine serves (it never touches served weights, so
+    any failure is a proof of no effect), ``install`` loads the staged buffers in the
+    closed window (the lifecycle's mutation of a staged target), ``discard_stage`` drops
+    them (best effort: they are inactive)."""
+
+    def stage_ranks(self, deadline: float) -> int:
+        """How many ranks the engine has (each stages its shard and reports on it)."""
+        ...
+
+    def stage(self, target: WeightTarget, deadline: float) -> StageEvidence: ...
+
+    def install(self, target: WeightTarget, deadline: float) -> MutationEvidence: ...
+
+    def discard_stage(self, deadline: float) -> None: ...
+
+
 class EpochFenced(Protocol):
     """An adapter whose engine checks a controller's epoch where its effects happen (our
     worker extension and transfer backends): ``epoch`` goes with every fenced effect it
@@ -215,7 +262,7 @@ class EpochFenced(Protocol):
 
 _EVIDENCE_TYPES: dict[str, type[Any]] = {c.__name__: c for c in (
     EngineReport, PauseEvidence, ResumeEvidence, MutationEvidence, ResetEvidence,
-    ProbeEvidence, FenceEvidence)}
+    ProbeEvidence, FenceEvidence, RankStage)}
 
 
 def evidence_to_json(ev: Any) -> dict[str, Any]:

@@ -62,8 +62,10 @@ from rolloutcore.adapters.contract import (
     PauseEvidence,
     PauseMode,
     ProbeEvidence,
+    RankStage,
     ResetEvidence,
     ResumeEvidence,
+    StageEvidence,
     WeightTarget,
     remaining,
 )
@@ -78,6 +80,8 @@ from rolloutcore.engine.identity import (
 
 T = TypeVar("T")
 MUTATION_METHODS = ("rc_reload_weights", "reload_weights")
+#: How often a staging is polled for its workers' buffers (each poll is one small RPC).
+STAGE_POLL_S = 0.02
 _TIERS = ("prefix", "encoder", "mm")
 ABORT_POLL_S = 0.01
 #: How the adapter pauses and resumes: ``sleep`` is ``POST /sleep?level=0&mode=...`` and
@@ -742,19 +746,24 @@ class HttpAdapter:
             kwargs["expected_identity"] = target.identity
             if self.epoch is not None:
                 kwargs["epoch"] = self.epoch
+        return self._load_and_finalise(self.mutation_method, kwargs, target, deadline, ev)
+
+    def _load_and_finalise(self, method: str, kwargs: dict[str, Any], target: WeightTarget,
+                           deadline: float, ev: Callable[..., MutationEvidence]
+                           ) -> MutationEvidence:
         try:
             # A fresh connection: a pooled one may be the one the server just dropped.
-            reply = self.rpc(self.mutation_method, op="mutate", idempotent=False, fresh=True,
+            reply = self.rpc(method, op="mutate", idempotent=False, fresh=True,
                              deadline=deadline, **kwargs)
         except AdapterError as e:
             if e.proven_no_effect:  # the connection was never made: nothing was sent
                 raise
-            return ev(MutationOutcome.AMBIGUOUS, f"{self.mutation_method}: {e}")
+            return ev(MutationOutcome.AMBIGUOUS, f"{method}: {e}")
         if reply.status != 200:
-            return ev(MutationOutcome.AMBIGUOUS, f"{self.mutation_method}: HTTP {reply.status}: "
+            return ev(MutationOutcome.AMBIGUOUS, f"{method}: HTTP {reply.status}: "
                       f"{_error_text(reply)}")
         nbytes: int | None = None
-        if self.mutation_method == "rc_reload_weights":
+        if method != "reload_weights":
             try:
                 results = self._worker_results(reply, "mutate")
             except AdapterError as e:
@@ -768,8 +777,80 @@ class HttpAdapter:
             # vLLM's reload returns None per worker: {"results": [null]} or an empty 200.
             return ev(MutationOutcome.AMBIGUOUS, f"reload_weights: unexpected body "
                       f"{reply.text[:200]!r}")
-        return self._finalise(target, deadline, ev, f"{self.mutation_method} "
-                              f"{target.source}", nbytes)
+        return self._finalise(target, deadline, ev, f"{method} {target.source}", nbytes)
+
+    # ------------------------------------------------------------ staged updates
+
+    @property
+    def stages_updates(self) -> bool:
+        """Base-weight updates stage (spec/staged.py); an adapter update stages its own
+        read-only copy already (:meth:`_mutate_adapter`)."""
+        return self.lora is None
+
+    def stage_ranks(self, deadline: float) -> int:
+        """How many workers the engine has (each answers every ``collective_rpc``)."""
+        reply = self.rpc("rc_epoch", op="stage", idempotent=True, deadline=deadline)
+        return len(self._worker_results(reply, "stage"))
+
+    def stage(self, target: WeightTarget, deadline: float) -> StageEvidence:
+        """Every worker stages ``target.source`` into a host-memory buffer on a background
+        thread while the engine serves (``rc_stage`` returns at once), then is polled
+        (``rc_stage_status``) until all are done or the deadline passes. What each
+        worker's buffer holds is its evidence; nothing here decides."""
+        t0 = time.perf_counter()
+        kwargs: dict[str, Any] = {"weights_path": str(Path(target.source))}
+        if self.epoch is not None:
+            kwargs["epoch"] = self.epoch
+        started = self._worker_results(
+            self.rpc("rc_stage", op="stage", idempotent=False, fresh=True, deadline=deadline,
+                     **kwargs), "stage")
+        stages: dict[int, RankStage] = {}
+        for i, r in enumerate(started, 1):
+            if r.get("started") is not True:
+                rank = _rank_of(r, i)
+                stages[rank] = RankStage(rank, None, True, error=f"refused: {r.get('refused')}")
+        status: list[dict[str, Any]] = []
+        while len(stages) < len(started):
+            status = self._worker_results(
+                self.rpc("rc_stage_status", op="stage", idempotent=True, deadline=deadline),
+                "stage")
+            if all(r.get("done") is True for r in status) or time.monotonic() >= deadline:
+                break
+            time.sleep(min(STAGE_POLL_S, remaining(deadline)))
+        for i, r in enumerate(status, 1):
+            rank = _rank_of(r, i)
+            if rank in stages:
+                continue
+            if r.get("done") is not True:
+                stages[rank] = RankStage(rank, None, False, error="not done by the deadline")
+                continue
+            identity = r.get("identity")
+            stages[rank] = RankStage(
+                rank, identity if isinstance(identity, str) else None,
+                r.get("complete") is True, int(r.get("tensors") or 0),
+                int(r.get("bytes") or 0),
+                None if r.get("error") is None else str(r.get("error")),
+                float(r.get("seconds") or 0.0))
+        return StageEvidence(len(started), tuple(stages[k] for k in sorted(stages)),
+                             f"rc_stage {target.source} on {len(started)} worker(s)",
+                             time.perf_counter() - t0)
+
+    def install(self, target: WeightTarget, deadline: float) -> MutationEvidence:
+        """Install the staged buffers (``rc_install_staged``: vLLM's own reload from the
+        staged tensors), then finalise the label. Never retried; as :meth:`mutate`."""
+        t0 = time.perf_counter()
+
+        def ev(outcome: MutationOutcome, observed: str, nbytes: int | None = None) -> (
+                MutationEvidence):
+            return MutationEvidence(outcome, observed, time.perf_counter() - t0, nbytes)
+
+        kwargs: dict[str, Any] = {"expected_identity": target.identity}
+        if self.epoch is not None:
+            kwargs["epoch"] = self.epoch
+        return self._load_and_finalise("rc_install_staged", kwargs, target, deadline, ev)
+
+    def discard_stage(self, deadline: float) -> None:
+        self.rpc("rc_stage_discard", op="stage", idempotent=True, deadline=deadline)
 
     def _finalise(self, target: WeightTarget, deadline: float,
                   ev: Callable[..., MutationEvidence], done: str,
@@ -848,6 +929,12 @@ class HttpAdapter:
 # ---------------------------------------------------------------- worker results
 # What the worker extension's results mean (one dict per worker), for every adapter that
 # reaches the extension: through ``/collective_rpc`` here, in-process in ``.inprocess``.
+
+
+def _rank_of(result: Mapping[str, Any], position: int) -> int:
+    """The 1-based rank a worker's result names (its position where it names none)."""
+    rank = result.get("rank")
+    return rank if isinstance(rank, int) and not isinstance(rank, bool) else position
 
 
 def worker_identity(results: Sequence[Mapping[str, Any]]) -> str:

@@ -38,8 +38,10 @@ from rolloutcore.adapters.contract import (
     PauseEvidence,
     PauseMode,
     ProbeEvidence,
+    RankStage,
     ResetEvidence,
     ResumeEvidence,
+    StageEvidence,
     WeightTarget,
     remaining,
 )
@@ -121,8 +123,14 @@ class _Request:
 class SimEngine:
     """The engine: thread-safe; ``token_seconds`` paces generation."""
 
-    def __init__(self, checkpoint: str, *, token_seconds: float = 0.0, label: str = "default"):
+    def __init__(self, checkpoint: str, *, token_seconds: float = 0.0, label: str = "default",
+                 ranks: int = 1):
         self._cv = threading.Condition()
+        #: Tensor-parallel ranks: each stages its own shard (staged updates).
+        self.ranks = ranks
+        #: Each rank's staging buffer (rank -> the checkpoint it holds): inactive, never
+        #: what computes until installed.
+        self.staged: dict[int, str] = {}
         self.weights = checkpoint  # what computes
         self.identity_reads_as = sim_identity(checkpoint)  # what a digest of the weights shows
         self.label = label
@@ -291,6 +299,20 @@ class SimEngine:
             self.identity_reads_as = sim_identity(checkpoint)
             self._broken_load = broken
 
+    def stage(self, rank: int, checkpoint: str) -> None:
+        """Fill ``rank``'s staging buffer: the served weights are not touched."""
+        with self._cv:
+            if self.dead:
+                raise EngineDead("engine core is dead")
+            self.staged[rank] = checkpoint
+
+    def staged_checkpoint(self) -> str | None:
+        """The one checkpoint every rank's buffer holds, or None."""
+        with self._cv:
+            held = {self.staged.get(r) for r in range(1, self.ranks + 1)}
+            one = next(iter(held)) if len(held) == 1 else None
+            return one
+
     def kill(self) -> None:
         """The process dies (SIGKILL): every call from now on fails, nothing runs."""
         with self._cv:
@@ -306,11 +328,12 @@ class SimEngine:
 
 FAULT_KINDS = ("timeout", "connection_error", "http_500", "fail_body", "empty_body",
                "wrong_label", "hang", "die_halfway", "wrong_weights", "refuse", "broken",
-               "unlabelled", "late", "drop", "miscompute", "crash")
+               "unlabelled", "late", "drop", "miscompute", "crash", "corrupt", "partial",
+               "other", "one_rank")
 #: Faults that strike after the engine carried the operation out (its reply is lost).
 AFTER_KINDS = frozenset({"late", "drop"})
 OPS = ("read_state", "pause", "resume", "mutate", "reset_prefix", "reset_encoder",
-       "reset_mm", "probe", "fence", "fence_epoch")
+       "reset_mm", "probe", "fence", "fence_epoch", "stage", "install")
 
 
 @dataclass
@@ -489,6 +512,64 @@ class SimAdapter:
         self._after("mutate", kind, None)
         return MutationEvidence(MutationOutcome.COMPLETED, "loaded and finalised",
                                 time.perf_counter() - t0, target.nbytes)
+
+    # ------------------------------------------------------------ staged updates
+
+    def stage_ranks(self, deadline: float) -> int:
+        if self.gone:
+            raise ConnectionRefusedError("stage_ranks: connection refused")
+        return self.engine.ranks
+
+    def stage(self, target: WeightTarget, deadline: float) -> StageEvidence:
+        """Every rank stages ``target.source`` into its buffer while the engine serves. A
+        fault strikes the last rank (one rank's staging fails): ``corrupt`` (a chunk
+        fails its digest), ``partial`` (the sender is gone mid-stream), ``other`` (another
+        generation's bytes), ``refuse`` (the rank has no room for a staging copy),
+        ``hang`` (no answer by the deadline)."""
+        t0 = time.perf_counter()
+        kind = self._transport_fault("stage", deadline)
+        e = self.engine
+        out: list[RankStage] = []
+        for r in range(1, e.ranks + 1):
+            src = "some-other-checkpoint" if kind == "other" and r == e.ranks \
+                else target.source
+            if r == e.ranks and kind in ("corrupt", "partial", "refuse"):
+                error = {"corrupt": "chunk 3 of the shard failed its digest",
+                         "partial": "the sender closed the stream after 40% of the shard",
+                         "refuse": "the rank refused: no room for a staging copy"}[kind]
+                out.append(RankStage(r, None, kind != "partial", error=error))
+                continue
+            e.stage(r, src)
+            out.append(RankStage(r, sim_identity(src), True, tensors=1,
+                                 nbytes=target.nbytes // e.ranks))
+        return StageEvidence(e.ranks, tuple(out), f"staged {target.source} on {e.ranks} "
+                             "rank(s)", time.perf_counter() - t0)
+
+    def install(self, target: WeightTarget, deadline: float) -> MutationEvidence:
+        """Install the staged buffers (the closed window's only mutation). ``refuse``: no
+        buffer (proof of no effect); ``die_halfway``: ambiguous, mixed weights;
+        ``one_rank`` (negative control): one rank installs, the other keeps its weights,
+        and the install reports success: mixed weights only a generation tells."""
+        t0 = time.perf_counter()
+        kind = self._transport_fault("install", None)
+        if kind == "refuse":
+            raise AdapterError("install: refused, no staged buffer", proven_no_effect=True)
+        e = self.engine
+        with e.gate.hold(self.epoch) as ok:
+            if not ok:
+                return MutationEvidence(MutationOutcome.NOT_MUTATED, e.gate.refusal(self.epoch),
+                                        time.perf_counter() - t0)
+            staged = e.staged_checkpoint()
+            if staged is None or sim_identity(staged) != target.identity:
+                return MutationEvidence(MutationOutcome.NOT_MUTATED, "install: no rank's "
+                                        "buffer holds the target (nothing loaded)",
+                                        time.perf_counter() - t0)
+            e.staged.clear()
+            return self._load(target, "miscompute" if kind == "one_rank" else kind, t0)
+
+    def discard_stage(self, deadline: float) -> None:
+        with self.engine._cv:
+            self.engine.staged.clear()
 
     def fence_epoch(self, epoch: int, deadline: float) -> EpochEvidence:
         """Raise the engine's fencing token (see adapters/epoch_gate.py)."""

@@ -69,6 +69,7 @@ BASIS_STARTUP = "bytes loaded at startup"
 BASIS_LOADER = "bytes loaded by vLLM's model loader (in place)"
 BASIS_RELOAD = "bytes loaded by reload_weights"
 BASIS_RC_RELOAD = "bytes loaded by rc_reload_weights"
+BASIS_RC_STAGED = "bytes staged by rc_stage while serving, installed by rc_install_staged"
 
 # safetensors dtype code -> torch dtype name.
 TORCH_DTYPES = {
@@ -318,7 +319,8 @@ def register() -> None:
     register_model_loader(LOAD_FORMAT)(RolloutCoreModelLoader)
 
 
-__all__ = ["BASIS_LOADER", "BASIS_RC_RELOAD", "BASIS_RELOAD", "BASIS_STARTUP", "LOAD_FORMAT",
+__all__ = ["BASIS_LOADER", "BASIS_RC_RELOAD", "BASIS_RC_STAGED", "BASIS_RELOAD",
+           "BASIS_STARTUP", "LOAD_FORMAT",
            "TORCH_DTYPES", "DigestingWeights", "LoadState", "PreDigested",
            "RolloutCoreModelLoader", "RolloutCoreWeights", "begin_load", "checkpoint_dir",
            "complete_load", "load_state", "manifest_of", "read_tensors", "register",

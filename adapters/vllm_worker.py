@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from typing import Any
 
@@ -120,15 +121,15 @@ class RolloutCoreWorkerExtension:
                         "refused": GATE.refusal(epoch)}
             return self._rc_reload_weights(weights_path, expected_identity)
 
-    def _rc_reload_weights(self, weights_path: str, expected_identity: str) -> dict[str, Any]:
+    def _rc_checked_entries(self, path: str) -> tuple[list[Any], str] | str:
+        """The checkpoint's entries and manifest if the model can take them; else why not
+        (nothing read, nothing changed)."""
         from rolloutcore.adapters import vllm_loader as vl
 
-        t0 = time.perf_counter()
-        path = os.path.abspath(str(weights_path))
         try:
             entries = checkpoint_entries(path)
         except (CheckpointError, OSError) as e:
-            return {"loaded": False, "refused": f"unreadable checkpoint: {e}"}
+            return f"unreadable checkpoint: {e}"
         model = self._rc_model()
         current = self.rc_identity()
         state = vl.load_state(model)
@@ -137,11 +138,21 @@ class RolloutCoreWorkerExtension:
         held = current.get("manifest") or (state.manifest if state is not None else None)
         manifest = vl.manifest_of(entries)
         if held and held != manifest:
-            return {"loaded": False, "refused": "manifest (names, dtypes, shapes) differs from "
-                    "the loaded checkpoint's"}
+            return "manifest (names, dtypes, shapes) differs from the loaded checkpoint's"
         bad = vl.unsupported_dtypes(entries)
         if bad:
-            return {"loaded": False, "refused": f"unsupported dtype(s) {bad}"}
+            return f"unsupported dtype(s) {bad}"
+        return entries, manifest
+
+    def _rc_reload_weights(self, weights_path: str, expected_identity: str) -> dict[str, Any]:
+        from rolloutcore.adapters import vllm_loader as vl
+
+        t0 = time.perf_counter()
+        path = os.path.abspath(str(weights_path))
+        checked = self._rc_checked_entries(path)
+        if isinstance(checked, str):
+            return {"loaded": False, "refused": checked}
+        entries, manifest = checked
         # Read and digest every byte before the model is touched: a torn or wrong file is
         # refused here, while refusing still proves that nothing changed.
         h = IdentityHasher()
@@ -155,7 +166,17 @@ class RolloutCoreWorkerExtension:
         if expected_identity and identity != expected_identity:
             return {"loaded": False, "refused": f"identity {identity[:16]} is not the expected "
                     f"{str(expected_identity)[:16]}", "identity": identity}
-        read_s = time.perf_counter() - t0
+        return self._rc_install(path, tensors, h, manifest, t0, time.perf_counter() - t0)
+
+    def _rc_install(self, path: str, tensors: list[tuple[str, Any]], h: IdentityHasher,
+                    manifest: str, t0: float, read_s: float,
+                    basis: str = "") -> dict[str, Any]:
+        """Load digested tensors in place (vLLM's own reload, post-load processing
+        included) and record what the model now holds."""
+        from rolloutcore.adapters import vllm_loader as vl
+
+        identity = h.hexdigest()
+        model = self._rc_model()
         # From here on the model changes; a failure leaves it unvouched for and says so.
         vl.watch(model)
         vl.begin_load(model, f"rc_reload_weights of {path} did not finish")
@@ -166,10 +187,69 @@ class RolloutCoreWorkerExtension:
         cfg.model = path
         vl.complete_load(model, {"path": path, "identity": identity, "manifest": manifest,
                                  "tensors": h.tensors, "bytes": h.nbytes,
-                                 "basis": vl.BASIS_RC_RELOAD})
+                                 "basis": basis or vl.BASIS_RC_RELOAD})
         return {"loaded": True, "identity": identity, "manifest": manifest,
                 "tensors": h.tensors, "bytes": h.nbytes, "read_s": round(read_s, 4),
                 "seconds": round(time.perf_counter() - t0, 4)}
+
+    # ------------------------------------------------------------ staged updates
+
+    def rc_stage(self, weights_path: str, epoch: int | None = None) -> dict[str, Any]:
+        """Start staging ``weights_path`` into a host-memory buffer of this worker, on a
+        background thread: the call returns at once and the engine keeps serving (a
+        ``collective_rpc`` that ran for the whole read would stop generation). Refused,
+        nothing staged, below the fence, when the model could not take the checkpoint
+        (manifest, dtypes) or when the copy would not fit in available memory."""
+        with GATE.hold(epoch) as ok:
+            if not ok:
+                return {"started": False, "fenced": True, "refused": GATE.refusal(epoch)}
+            path = os.path.abspath(str(weights_path))
+            checked = self._rc_checked_entries(path)
+            if isinstance(checked, str):
+                return {"started": False, "rank": self._rc_rank(), "refused": checked}
+            entries, manifest = checked
+            need = sum(int(e.nbytes) for e in entries)
+            free = _available_bytes()
+            if free is not None and need > free:
+                return {"started": False, "rank": self._rc_rank(), "refused": (
+                    f"a staging copy needs {need} bytes of host memory, {free} are "
+                    "available")}
+            STAGE.start(path, entries, manifest)
+            return {"started": True, "rank": self._rc_rank(), "bytes": need}
+
+    def rc_stage_status(self) -> dict[str, Any]:
+        """What this worker's staging buffer holds: done or not, its digest, and what
+        went wrong (the controller decides from it; nothing here decides)."""
+        return {"rank": self._rc_rank(), **STAGE.status()}
+
+    def rc_stage_discard(self) -> dict[str, Any]:
+        STAGE.discard()
+        return {"rank": self._rc_rank(), "discarded": True}
+
+    def rc_install_staged(self, expected_identity: str,
+                          epoch: int | None = None) -> dict[str, Any]:
+        """Install the staged buffer (the closed window's only mutation). Refused, nothing
+        changed, below the fence or unless the buffer is complete with identity
+        ``expected_identity`` and the model's manifest."""
+        with GATE.hold(epoch) as ok:
+            if not ok:
+                return {"loaded": False, "fenced": True, "seen": GATE.seen,
+                        "refused": GATE.refusal(epoch)}
+            t0 = time.perf_counter()
+            staged = STAGE.take(str(expected_identity))
+            if isinstance(staged, str):
+                return {"loaded": False, "refused": staged}
+            path, tensors, h, manifest = staged
+            checked = self._rc_checked_entries(path)
+            if isinstance(checked, str) or checked[1] != manifest:
+                return {"loaded": False, "refused": "the model's manifest changed since the "
+                        "staging"}
+            from rolloutcore.adapters.vllm_loader import BASIS_RC_STAGED
+
+            return self._rc_install(path, tensors, h, manifest, t0, 0.0, BASIS_RC_STAGED)
+
+    def _rc_rank(self) -> int:
+        return int(getattr(self, "rank", 0) or 0) + 1
 
     def rc_stage_lora(self, source: str, expected_identity: str,
                       epoch: int | None = None) -> dict[str, Any]:
@@ -275,6 +355,93 @@ class RolloutCoreWorkerExtension:
                 if scheduler_keys is not None else None,
                 "encoder_scheduler_keys": scheduler_keys,
                 "mm_receiver_entries": receiver}
+
+
+class _Stage:
+    """This worker's staging buffer: tensors read and digested by a background thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._gen = 0  # a newer staging (or a discard) supersedes a running one
+        self._state: dict[str, Any] = {"done": True, "complete": False, "identity": None,
+                                       "error": "nothing staged"}
+        self._held: tuple[str, list[tuple[str, Any]], IdentityHasher, str] | None = None
+
+    def start(self, path: str, entries: list[Any], manifest: str) -> None:
+        with self._lock:
+            self._gen += 1
+            gen = self._gen
+            self._held = None
+            self._state = {"done": False, "complete": False, "identity": None,
+                           "error": None, "tensors": 0, "bytes": 0, "path": path,
+                           "started": time.time()}
+        threading.Thread(target=self._read, args=(gen, path, entries, manifest),
+                         name="rolloutcore-stage", daemon=True).start()
+
+    def _read(self, gen: int, path: str, entries: list[Any], manifest: str) -> None:
+        from rolloutcore.adapters import vllm_loader as vl
+
+        t0 = time.perf_counter()
+        h = IdentityHasher()
+        tensors: list[tuple[str, Any]] = []
+        error: str | None = None
+        try:
+            for ent, t in vl.read_tensors(entries, h):
+                tensors.append((ent.name, t))
+                if gen != self._gen:
+                    return  # superseded: let the buffer go
+        except (CheckpointError, OSError, ValueError, RuntimeError) as e:
+            error = f"cannot read the checkpoint: {e}"
+        with self._lock:
+            if gen != self._gen:
+                return
+            complete = error is None and len(tensors) == len(entries)
+            self._state = {"done": True, "complete": complete,
+                           "identity": h.hexdigest() if complete else None, "error": error,
+                           "tensors": h.tensors, "bytes": h.nbytes, "path": path,
+                           "seconds": round(time.perf_counter() - t0, 4)}
+            self._held = (path, tensors, h, manifest) if complete else None
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            return dict(self._state)
+
+    def discard(self) -> None:
+        with self._lock:
+            self._gen += 1
+            self._held = None
+            self._state = {"done": True, "complete": False, "identity": None,
+                           "error": "discarded"}
+
+    def take(self, identity: str) -> tuple[str, list[tuple[str, Any]], IdentityHasher, str] | str:
+        """The staged buffer if it is complete with ``identity`` (it is handed over:
+        the buffer is empty after), else why not."""
+        with self._lock:
+            held = self._held
+            if held is None or not self._state.get("done"):
+                return "no complete staged buffer"
+            if held[2].hexdigest() != identity:
+                return f"the staged identity {held[2].hexdigest()[:16]} is not {identity[:16]}"
+            self._gen += 1
+            self._held = None
+            self._state = {"done": True, "complete": False, "identity": None,
+                           "error": "installed"}
+            return held
+
+
+STAGE = _Stage()
+
+
+def _available_bytes() -> int | None:
+    """Host memory available for a staging copy (``MemAvailable``), or None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def _engine_core_on_stack() -> Any:

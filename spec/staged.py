@@ -19,7 +19,9 @@ as every member of a fleet in the fleet's two-phase commit) does the controller 
 admissions (``close``) and install from the prepared buffers (``install``): vLLM's own
 ``load_weights`` from the staged tensors, then the verified reset, validation and probe
 as in the lifecycle spec (``publish`` stands for them here). Only an ambiguous install
-latches TAINTED (a rank's install that may have half happened: mixed weights).
+latches TAINTED (a rank's install that may have half happened: mixed weights); an
+install refused with proof before any rank installed (``abandon``) reopens on the
+committed generation, as the lifecycle's refused mutation does.
 
 The unstaged path (the mutation writing straight into served weights) is the lifecycle
 spec's, unchanged; its journals check as before.
@@ -172,6 +174,18 @@ ACTIONS: tuple[StAction, ...] = (
         "               /\\ faults' = faults + 1 /\\ UNCHANGED <<inst>>\n"
         "    /\\ UNCHANGED <<committed, target, buf, prep>>"),
     StAction(
+        "abandon",
+        "The install is refused with proof before any rank installed (a rank's buffer "
+        "was gone, the epoch fenced): admissions reopen on the committed generation, "
+        "buffers discarded, nothing served changed.",
+        (),
+        lambda f, _b, _p: f.phase == CLOSED and not any(f.inst),
+        lambda f, _b, _p: _cleared(f, phase=SERVING),
+        '/\\ phase = "closed" /\\ \\A r \\in Ranks : ~inst[r]\n'
+        '    /\\ phase\' = "serving" /\\ target\' = 0\n'
+        "    /\\ buf' = [r \\in Ranks |-> 0] /\\ prep' = [r \\in Ranks |-> FALSE]\n"
+        "    /\\ UNCHANGED <<committed, served, inst, faults>>"),
+    StAction(
         "publish",
         "Every rank installed: the verified reset, validation and probe pass (the "
         "lifecycle spec's steps) and the target is committed; admissions reopen.",
@@ -245,6 +259,17 @@ class StagedSpec(TableSpec):
 
 
 STAGED = StagedSpec()
+
+#: The staging steps a journal records (the Jepsen type and operation each journals as):
+#: the spec action each names. The install is the lifecycle's mutation of a staged target
+#: (``mutate_begin`` with ``staged``): its begin is ``close``, its outcomes ``install``
+#: (ok: every rank; ambiguous: TAINTED) and ``abandon`` (refused with proof).
+JOURNAL_STEPS: dict[str, tuple[str, str, str]] = {
+    "stage_begin": ("stage_begin", "invoke", "stage"),
+    "stage_receive": ("receive", "step", "stage"),
+    "stage_prepare": ("prepare", "step", "stage"),
+    "stage_fail": ("stage_fail", "fail", "stage"),
+}
 #: An exploration of the staged spec.
 StExploration = GraphExploration[StState]
 
@@ -287,6 +312,7 @@ def staged_config(spec: StagedSpec = STAGED) -> str:
 __all__ = [
     "ACTIONS",
     "INVARIANTS",
+    "JOURNAL_STEPS",
     "KINDS",
     "PROPERTIES",
     "STAGED",

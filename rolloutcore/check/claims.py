@@ -104,6 +104,11 @@ _PROBE = Field("obj", Claim("the target's probe: prompt, reference (tokens or sc
                             "tolerance; every later probe and expectation must be it"),
                required=True)
 
+_STAGED = Field("bool", Info("a staged update (spec/staged.py): every rank staged and "
+                              "prepared the target while the engine served; the mutation "
+                              "installs the prepared buffers (the trace checker steps the "
+                              "staged spec's table from the staging records)"))
+
 #: Detail fields per step. A step missing here takes no detail; ``None``: an open object
 #: (the application's).
 DETAIL: dict[str, dict[str, Field] | None] = {
@@ -118,6 +123,7 @@ DETAIL: dict[str, dict[str, Field] | None] = {
         "adapter": Field("str", Claim(
             "the LoRA adapter an adapter update installs (served under that name): the "
             "identity then names base and adapter, on the base the engine serves")),
+        "staged": _STAGED,
         "drain_s": Field("num", Info(
             "how long the drain may wait: the trace checker's closed-window bound adds it "
             "(timing; a warning unless --strict)")),
@@ -130,6 +136,7 @@ DETAIL: dict[str, dict[str, Field] | None] = {
         "identity": Field("str", _TARGET_IDENTITY, required=True),
         "deadline_s": _DEADLINE,
         "backend": Field("str", Info("the transfer backend's name")),
+        "staged": _STAGED,
         "headers": Field("obj", Info("transport headers, redacted")),
     },
     Trigger.PUBLISH: {

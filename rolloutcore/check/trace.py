@@ -59,10 +59,11 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from rolloutcore.adapters.contract import EvidenceFormatError
+from rolloutcore.adapters.contract import EvidenceFormatError, RankStage, evidence_from_json
 from rolloutcore.check.claims import TIMING_SLACK_S, TOP_LEVEL, Claims
 from rolloutcore.engine import postconditions as post
 from rolloutcore.engine.controller import triggers_of
+from rolloutcore.engine.staging import ACTION_OF_STEP, Staging, StagingViolation
 from rolloutcore.errors import BadInput
 from rolloutcore.inputs import unreadable
 from rolloutcore.journal import (
@@ -87,7 +88,8 @@ from rolloutcore.spec.lifecycle import (
     Spec,
     State,
 )
-from rolloutcore.spec.triggers import Trigger
+from rolloutcore.spec.staged import STAGING as ST_STAGING
+from rolloutcore.spec.triggers import RESTARTS, Trigger
 
 SPEC_VIOLATION = "spec: no state of the spec is consistent with this step"
 UNBOUNDED = 10**9
@@ -325,6 +327,9 @@ class TraceChecker:
         self._line = 0
         if self.memo is None:
             self.memo = Memo()
+        #: The staged update under way (spec/staged.py), and the identity it stages.
+        self._staging: Staging | None = None
+        self._staging_identity = ""
 
     def clone(self) -> TraceChecker:
         """An independent checker in this one's state (the memo, a pure cache, shared)."""
@@ -334,6 +339,8 @@ class TraceChecker:
         out.claims = self.claims.copy()
         out._admitted = {}
         out.late = list(self.late)
+        if self._staging is not None:
+            out._staging = copy.copy(self._staging)
         return out  # (the timing fields are tuples: shared safely)
 
     # ------------------------------------------------------------------ representation
@@ -401,6 +408,8 @@ class TraceChecker:
         self._line = line
         if r.get("type") == HEADER:
             return self._header(r, line)
+        if type(r.get("step")) is str and r["step"] in ACTION_OF_STEP:
+            return self._staging_record(r, line)
         bad = self._schema(r)
         if bad:
             return Rejection(line, "Schema", bad)
@@ -430,7 +439,7 @@ class TraceChecker:
         if ev is not None:
             return Rejection(line, ev[0], ev[1])
         self.steps += 1
-        spec_bad = self._spec_step(r)
+        spec_bad = self._spec_step(r) or self._staged_lifecycle(r)
         if spec_bad is not None:
             return Rejection(line, spec_bad[0], spec_bad[1])
         self.claims.advance(r, line, self.control.committed, self.control.target)
@@ -620,6 +629,103 @@ class TraceChecker:
             self.bound.clear()
             self.counts.clear()
             self._unbound()
+        return None
+
+    # ------------------------------------------------------------------ staged updates
+
+    def _staging_record(self, r: Mapping[str, Any], line: int) -> Rejection | None:
+        """A staging step (spec/staged.py): it changes no lifecycle state; the staged
+        spec's table, stepped here as the runner steps it, decides whether it may be
+        taken, and each rank's receive kind is decided again from its evidence."""
+        step, seq, detail = r["step"], r.get("seq"), r.get("detail") or {}
+        if not self.header_seen:
+            return Rejection(line, "Schema", "the journal does not begin with a header")
+        if type(seq) is not int or not isinstance(detail, Mapping):
+            return Rejection(line, "Schema", f"{step}: seq or detail malformed")
+        if seq != self.last_seq + 1:
+            return Rejection(line, "SequenceGap", f"seq {seq} follows {self.last_seq}")
+        self.last_seq = seq
+        if (r.get("type"), r.get("op")) != self.types[step]:
+            return Rejection(line, "Schema", f"{step} is journalled as {self.types[step]}")
+        if (r.get("phase"), r.get("committed")) != (self.control.phase, self.control.committed):
+            return Rejection(line, "Schema", f"{step} names phase {r.get('phase')} at "
+                             f"{r.get('committed')}; the lifecycle is {self.control.phase} at "
+                             f"{self.control.committed}")
+        try:
+            return self._staging_step(step, r.get("param"), detail, line)
+        except StagingViolation as e:
+            return Rejection(line, SPEC_VIOLATION, f"staged spec: {e}")
+        except (EvidenceFormatError, KeyError, TypeError, ValueError) as e:
+            return Rejection(line, "Schema", f"{step}: malformed detail: {e}")
+
+    def _staging_step(self, step: str, param: Any, detail: Mapping[str, Any],
+                      line: int) -> Rejection | None:
+        if step == "stage_begin":
+            ranks, identity = detail["ranks"], detail["identity"]
+            if type(ranks) is not int or ranks < 1 or not isinstance(identity, str):
+                raise ValueError("stage_begin needs ranks >= 1 and the target's identity")
+            if self._staging is not None:
+                raise StagingViolation("a staging began while another was under way")
+            if self.control.phase != Phase.READY:
+                raise StagingViolation(f"a staging began in {self.control.phase}: it runs "
+                                       "only while the engine serves")
+            self._staging = Staging(ranks, self.control.committed)
+            self._staging_identity = identity
+            self._staging.step("stage_begin")
+            return None
+        session = self._staging
+        if session is None:
+            raise StagingViolation(f"{step} with no staging under way")
+        if step == "stage_receive":
+            rank = int(str(param))
+            st = evidence_from_json(detail["rank_stage"])
+            if not isinstance(st, RankStage) or st.rank != rank:
+                raise ValueError(f"rank_stage is not rank {rank}'s staging evidence")
+            kind = post.receive_kind(self._staging_identity, st)
+            if detail.get("kind") != kind:
+                return Rejection(line, "EvidenceContradictsOutcome", f"rank {rank}'s "
+                                 f"receive says {detail.get('kind')!r}, its evidence {kind!r}")
+            session.step("receive", rank, kind)
+        elif step == "stage_prepare":
+            session.step("prepare", int(str(param)))
+        else:
+            session.step(ACTION_OF_STEP[step])
+            self._staging = None
+        return None
+
+    def _staged_lifecycle(self, r: Mapping[str, Any]) -> tuple[str, str] | None:
+        """What a lifecycle step means for the staged update under way: the request of a
+        staged update closes admissions (only with every rank prepared, on the staged
+        identity), the mutation's outcome installs (or abandons), a cancel abandons."""
+        step, detail = r["step"], r.get("detail") or {}
+        session = self._staging
+        staged = bool(detail.get("staged"))
+        try:
+            if session is None:
+                if staged:
+                    raise StagingViolation(f"{step} of a staged update with no staging "
+                                           "prepared")
+                return None
+            if step == Trigger.REQUEST_UPDATE:
+                if not staged or detail.get("identity") != self._staging_identity:
+                    raise StagingViolation("an update other than the staged one was "
+                                           "requested while a staging was under way")
+                session.step("close")
+            elif step == Trigger.MUTATE_BEGIN and not staged:
+                raise StagingViolation("an unstaged mutation in a staged update")
+            elif step == Trigger.MUTATE_OK:
+                session.install_all()
+                self._staging = None
+            elif step == Trigger.MUTATE_AMBIGUOUS:
+                session.step("install", 1, False)
+                self._staging = None
+            elif step in (Trigger.MUTATE_REFUSED, Trigger.CANCEL_UPDATE):
+                session.step("abandon")
+                self._staging = None
+            elif step in RESTARTS or (step == Trigger.GIVE_UP and session.phase != ST_STAGING):
+                self._staging = None  # the lifecycle spec governs what follows
+        except StagingViolation as e:
+            return SPEC_VIOLATION, f"staged spec: {e}"
         return None
 
     def _unbound(self) -> None:

@@ -323,6 +323,13 @@ class Controller:
             self._released.notify_all()
         return out
 
+    def note(self, step: str, param: Any = None,
+             detail: Mapping[str, Any] | None = None) -> ControlState:
+        """Journal a step that changes no lifecycle state (a staging step: the staged
+        spec decides it, :mod:`rolloutcore.engine.staging`), in order with the others."""
+        with self.step_lock, self._lock:
+            return self._emit(step, param, detail)
+
     def _fire(self, trigger: str, param: Any, detail: Mapping[str, Any] | None) -> ControlState:
         with self.step_lock, self._lock:
             reason = self._refusal(trigger, param, guard=False)

@@ -28,6 +28,7 @@ from rolloutcore.adapters.contract import (
     MutationOutcome,
     PauseEvidence,
     ProbeEvidence,
+    RankStage,
     ResetEvidence,
     ResumeEvidence,
     conforms,
@@ -395,3 +396,19 @@ def decision_from_json(obj: Any) -> Decision:
 
 
 _EXPECTED_FIELDS = Expected.__dataclass_fields__.values()
+
+
+# ------------------------------------------------------------------ staged updates
+
+
+def receive_kind(target_identity: str, stage: RankStage) -> str:
+    """What a rank's staging buffer holds, decided from its evidence (a kind of
+    spec/staged.py ``KINDS``): ``partial`` (cut short), ``corrupt`` (a chunk failed, the
+    rank refused, or it cannot name a digest), ``other`` (complete, but another
+    generation's bytes: a wrong checkpoint, a delta on the wrong base), or ``exact`` (the
+    target's identity: every name, dtype, shape and byte)."""
+    if not stage.complete:
+        return "partial"
+    if stage.error or stage.identity is None:
+        return "corrupt"
+    return "exact" if stage.identity == target_identity else "other"

@@ -32,7 +32,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -44,13 +44,17 @@ from rolloutcore.adapters.contract import (
     MutationEvidence,
     MutationOutcome,
     PauseMode,
+    RankStage,
+    Stager,
     WeightTarget,
+    evidence_to_json,
     remaining,
 )
 from rolloutcore.check.claims import request_detail
 from rolloutcore.engine import postconditions as post
 from rolloutcore.engine.controller import Binding, Controller, IllegalTransition
 from rolloutcore.engine.postconditions import Decision, Expected, Outcome
+from rolloutcore.engine.staging import Staging
 from rolloutcore.errors import Ambiguous
 from rolloutcore.spec.lifecycle import TIERS, Phase, Result
 from rolloutcore.spec.triggers import OUTCOMES, Op, Trigger
@@ -86,6 +90,10 @@ class RunnerPolicy:
     # Mutation deadline: base plus the time to move the target's bytes at a floor rate.
     mutation_base_s: float = 10.0
     mutation_floor_bytes_per_s: float = 50e6
+    #: Stage updates while the engine serves (spec/staged.py) where the adapter can: the
+    #: closed window then only installs prepared buffers, and a failed staging is refused
+    #: with the engine still serving its generation (never TAINTED).
+    staged: bool = False
 
     def mutation_deadline(self, target: WeightTarget) -> float:
         return self.mutation_base_s + target.nbytes / self.mutation_floor_bytes_per_s
@@ -129,6 +137,11 @@ class CycleReport:
     fenced: bool | None = None  # None: not tainted
     prepared: bool = False  # verified up to the publish, not yet published
     started: float = 0.0  # perf_counter at the start
+    staged: bool = False  # every rank prepared the target before admissions closed
+    staging_s: float = 0.0  # the staging, while the engine served
+    staged_bytes: int = 0
+    staging_refused: str | None = None  # why a staging was refused (nothing served changed)
+    window_s: float = 0.0  # admissions closed: from the request to the reopening or TAINTED
 
     def timings(self) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -201,6 +214,12 @@ def call_with_deadline(fn: Callable[[], T], seconds: float, what: str,
     call = _Call(fn)
     threading.Thread(target=call.run, name=f"rolloutcore-{what}", daemon=True).start()
     return call.wait(seconds, what, stuck)  # type: ignore[no-any-return]
+
+
+def _staged_detail(session: Staging | None) -> dict[str, Any]:
+    """What a step of a staged update adds to its record (the checker steps the staged
+    spec on it)."""
+    return {} if session is None else {"staged": True}
 
 
 def taint_label(target: WeightTarget | str) -> str:
@@ -448,10 +467,90 @@ class LifecycleRunner:
             report = CycleReport(target, published=False, final_phase=c.phase)
         report.started = time.perf_counter()
         try:
-            self._cycle(target, report)
+            session = self._stage(target, report) if self.stages else None
+            if session is not None or not self.stages:
+                self._cycle(target, report, session)
         finally:
             self._settle(report)
         return report
+
+    @property
+    def stages(self) -> bool:
+        """Whether this runner stages its updates (the policy asks, the adapter can)."""
+        return (self.policy.staged and isinstance(self.adapter, Stager)
+                and bool(getattr(self.adapter, "stages_updates", True)))
+
+    def _stage(self, target: WeightTarget, report: CycleReport) -> Staging | None:
+        """Stage ``target`` on every rank while the engine serves; the session with every
+        rank prepared, or None: the staging was refused (journalled ``stage_fail``),
+        nothing served touched, the engine still READY on its generation. Each rank's
+        receive kind is decided from its evidence (postconditions), each step taken by
+        the staged spec's table."""
+        adapter = self.adapter
+        assert isinstance(adapter, Stager)
+        t0 = time.perf_counter()
+        seconds = self.policy.mutation_deadline(target)
+        deadline = time.monotonic() + seconds
+        try:
+            ranks = int(call_with_deadline(lambda: adapter.stage_ranks(deadline), seconds,
+                                           "stage_ranks"))
+        except Exception as e:
+            report.staging_refused = f"the engine's ranks could not be read: {e}"
+            self._record(report, "stage", "refused", report.staging_refused, t0, 1)
+            return None
+        session = Staging(ranks, self.controller.control.committed)
+        session.step("stage_begin")
+        self.controller.note("stage_begin", None, {
+            **self.named(target), "generation": target.generation, "ranks": ranks,
+            "deadline_s": round(seconds, 3)})
+        why = ""
+        try:
+            ev = call_with_deadline(lambda: adapter.stage(target, deadline), seconds,
+                                    "stage", self.stuck_calls)
+            by_rank = {s.rank: s for s in ev.stages}
+        except Exception as e:
+            by_rank, why = {}, f"{type(e).__name__}: {e}"
+        kinds: dict[int, str] = {}
+        for r in range(1, ranks + 1):
+            st = by_rank.get(r) or RankStage(r, None, False, error=why or "no answer")
+            kinds[r] = post.receive_kind(target.identity, st)
+            session.step("receive", r, kinds[r])
+            self.controller.note("stage_receive", str(r), {
+                "kind": kinds[r], "rank_stage": evidence_to_json(st)})
+            report.staged_bytes += st.nbytes
+        bad = {r: k for r, k in kinds.items() if k != "exact"}
+        if bad:
+            def why_not(r: int) -> str:
+                st = by_rank.get(r)
+                return (st.error if st is not None else why) or "another identity"
+            self._stage_refused(report, session, ", ".join(
+                f"rank {r}: {k} ({why_not(r)})" for r, k in bad.items()), t0)
+            return None
+        for r in range(1, ranks + 1):
+            session.step("prepare", r)
+            self.controller.note("stage_prepare", str(r), None)
+        report.staging_s = time.perf_counter() - t0
+        report.staged = True
+        self._record(report, "stage", "prepared", f"{ranks} rank(s) hold the target's "
+                     f"{report.staged_bytes} bytes", t0, 1)
+        return session
+
+    def _stage_refused(self, report: CycleReport, session: Staging, reason: str,
+                       t0: float) -> None:
+        session.step("stage_fail")
+        self.controller.note("stage_fail", None, {"reason": reason})
+        report.staging_refused = reason
+        self._discard_stage()
+        report.staging_s = time.perf_counter() - t0
+        self._record(report, "stage", "refused", reason, t0, 1)
+
+    def _discard_stage(self) -> None:
+        """Drop staged buffers, best effort: they are inactive, so one left behind costs
+        memory, never correctness (the next staging replaces it)."""
+        adapter = self.adapter
+        if isinstance(adapter, Stager):
+            with suppress(Exception):  # best effort, see above
+                adapter.discard_stage(time.monotonic() + self.policy.step_timeout_s)
 
     def commit(self, report: CycleReport) -> None:
         """Publish a prepared target: admissions reopen on the new generation."""
@@ -503,17 +602,33 @@ class LifecycleRunner:
         self._record(report, "drain", what, f"{c.bound_count()} bound", t0, 1)
         return drained
 
-    def _cycle(self, target: WeightTarget, report: CycleReport) -> None:
+    def _cycle(self, target: WeightTarget, report: CycleReport,
+               session: Staging | None = None) -> None:
+        opened = time.perf_counter()
         try:
-            self._fire(Trigger.REQUEST_UPDATE, **self.request_detail(target))
+            self._cycle_steps(target, report, session)
+        finally:
+            report.window_s = time.perf_counter() - opened
+
+    def _cycle_steps(self, target: WeightTarget, report: CycleReport,
+                     session: Staging | None) -> None:
+        try:
+            self._fire(Trigger.REQUEST_UPDATE, **self.request_detail(target),
+                       **_staged_detail(session))
             self.requested = target  # what a later fence names while it is in doubt
         except IllegalTransition as e:  # not now (a fleet's guard, read as the step is
             # taken: the member may not leave service): the update never began
             self._record(report, "request_update", "refused", e.reason,
                          time.perf_counter(), 1)
+            if session is not None:
+                self._stage_refused(report, session, f"the update was not requested: "
+                                    f"{e.reason}", time.perf_counter())
             return
+        if session is not None:
+            session.step("close")  # admissions closed with every rank prepared
         if not self._drain(report):
             self._fire(Trigger.CANCEL_UPDATE, reason="drain timeout", **self.named(target))
+            self._abandon(session)
             return
         op = Op.PAUSE_ABORT if report.aborted else Op.PAUSE
         pause = self._idempotent(report, op, None, self.attempt_of(op))
@@ -522,8 +637,9 @@ class LifecycleRunner:
             # admissions reopen (the spec's cancel_update requires it).
             if self._resume(report):
                 self._fire(Trigger.CANCEL_UPDATE, reason=pause.reason, **self.named(target))
+                self._abandon(session)
             return
-        if self._mutate(target, report).trigger != Trigger.MUTATE_OK:
+        if self._mutate(target, report, session).trigger != Trigger.MUTATE_OK:
             if self._in(Phase.QUIESCED):  # refused with proof: resume the old generation
                 self._fire(Trigger.ABANDON_UPDATE)
                 if self._resume(report):
@@ -674,15 +790,27 @@ class LifecycleRunner:
             return False
         return True
 
-    def _mutate(self, target: WeightTarget, report: CycleReport | None) -> Outcome:
-        """The collective: never retried; a timeout or unknown error is ambiguous."""
+    def _abandon(self, session: Staging | None) -> None:
+        """The staged update ends before any rank installed (spec/staged.py abandon)."""
+        if session is not None:
+            session.step("abandon")
+            self._discard_stage()
+
+    def _mutate(self, target: WeightTarget, report: CycleReport | None,
+                session: Staging | None = None) -> Outcome:
+        """The collective: never retried; a timeout or unknown error is ambiguous. A
+        staged target's mutation installs its prepared buffers (``Stager.install``)."""
         seconds = self.policy.mutation_deadline(target)
         t0 = time.perf_counter()
-        self._fire(Trigger.MUTATE_BEGIN, **self.named(target), deadline_s=round(seconds, 3))
+        self._fire(Trigger.MUTATE_BEGIN, **self.named(target), deadline_s=round(seconds, 3),
+                   **_staged_detail(session))
         deadline = time.monotonic() + seconds
+        adapter = self.adapter
+        call: Callable[[], MutationEvidence] = (
+            (lambda: adapter.install(target, deadline)) if session is not None
+            and isinstance(adapter, Stager) else (lambda: adapter.mutate(target, deadline)))
         try:
-            ev = self._collective.call(lambda: self.adapter.mutate(target, deadline), seconds,
-                                       "mutate", self.stuck_calls)
+            ev = self._collective.call(call, seconds, "mutate", self.stuck_calls)
         except DeadlineExceeded as e:
             ev = MutationEvidence(MutationOutcome.AMBIGUOUS, str(e), time.perf_counter() - t0)
         except AdapterError as e:
@@ -697,6 +825,13 @@ class LifecycleRunner:
         outcome = post.decide(decision)
         self._fire(outcome.trigger, evidence=decision, reason=outcome.reason)
         self._record(report, "mutate", outcome.trigger, outcome.reason, t0, 1)
+        if session is not None:  # the staged spec's install outcome, from the same one
+            if outcome.trigger == Trigger.MUTATE_OK:
+                session.install_all()
+            elif outcome.trigger == Trigger.MUTATE_AMBIGUOUS:
+                session.step("install", 1, False)
+            else:
+                self._abandon(session)
         return outcome
 
     def _refusal_read(self, ev: MutationEvidence) -> Decision:

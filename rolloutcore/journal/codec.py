@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rolloutcore.spec.lifecycle import SPEC, Kind, Spec
+from rolloutcore.spec.staged import JOURNAL_STEPS as STAGED_JOURNAL_STEPS
 
 #: Version 2: outcome records carry the decision (``evidence``) they were decided on;
 #: restarts are spec steps; a header may name the segment it continues.
@@ -55,6 +56,9 @@ def jepsen_types(spec: Spec = SPEC) -> dict[str, tuple[str, str | None]]:
         seen = out.setdefault(trigger, (typ, a.op))
         if seen != (typ, a.op):  # actions observed alike must journal alike
             raise ValueError(f"{a.name} journals as {(typ, a.op)} but {trigger} as {seen}")
+    # Staging steps change no lifecycle state; the staged spec decides them.
+    for step, (_action, typ, op) in STAGED_JOURNAL_STEPS.items():
+        out[step] = (typ, op)
     return out
 
 

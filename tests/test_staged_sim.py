@@ -1,0 +1,141 @@
+"""Staged updates on the simulated engine (spec/staged.py at run time): the weights are
+staged on every rank while the engine serves, the closed window only installs; a staging
+that fails on any rank is refused with the engine serving its generation, never TAINTED;
+an ambiguous install is TAINTED; every journal passes the trace checker, which steps the
+staged spec's table from it and catches a journal that installs unprepared."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rolloutcore.adapters.sim import FaultPlan, SimAdapter, SimEngine, reference_tokens, sim_target
+from rolloutcore.check.trace import check_file
+from rolloutcore.engine.controller import Controller
+from rolloutcore.engine.runner import LifecycleRunner, RunnerPolicy
+from rolloutcore.journal import Journal
+from rolloutcore.journal.codec import dumps_line, rechain
+from rolloutcore.spec.lifecycle import Phase
+
+STAGED = RunnerPolicy(step_timeout_s=0.5, pause_timeout_s=0.5, retries=2,
+                      retry_backoff_s=0.0, drain_timeout_s=5, mutation_base_s=0.3,
+                      mutation_floor_bytes_per_s=1e12, staged=True)
+PROMPT = (1, 2, 3, 4, 5, 6)
+
+
+def _runner(tmp_path: Path, ranks: int = 2,
+            policy: RunnerPolicy = STAGED) -> tuple[LifecycleRunner, SimAdapter]:
+    adapter = SimAdapter(SimEngine("ckpt-1", label="rc-1", ranks=ranks), hang_seconds=5)
+    runner = LifecycleRunner(Controller(trace=Journal(tmp_path / "j.jsonl", fsync=False)),
+                             adapter, policy)
+    assert runner.bootstrap(sim_target(1, "ckpt-1")).trigger == "bootstrap_ok"
+    return runner, adapter
+
+
+def _steps(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines()[1:]]
+
+
+def test_a_staged_update_stages_every_rank_then_installs_in_the_window(
+        tmp_path: Path) -> None:
+    runner, adapter = _runner(tmp_path, ranks=3)
+    report = runner.update(sim_target(2, "ckpt-2"))
+    assert report.published and report.staged, report.steps
+    assert adapter.engine.weights == "ckpt-2" and adapter.engine.staged == {}
+    steps = [r["step"] for r in _steps(tmp_path / "j.jsonl")]
+    i = steps.index("stage_begin")
+    assert steps[i:i + 8] == ["stage_begin", *["stage_receive"] * 3,
+                              *["stage_prepare"] * 3, "request_update"]
+    assert check_file(tmp_path / "j.jsonl").accepted
+
+
+@pytest.mark.parametrize("fault", ["corrupt", "partial", "other", "refuse", "hang"])
+def test_a_failed_staging_is_refused_while_serving_never_tainted(
+        tmp_path: Path, fault: str) -> None:
+    """One rank's staging fails (a corrupt chunk, a sender gone mid-stream, another
+    generation's bytes, a rank refusing, no answer by the deadline): the update is
+    refused before admissions close; the engine serves generation 1 throughout, its
+    output unchanged; a rollout admitted before the staging finishes on generation 1."""
+    runner, adapter = _runner(tmp_path)
+    before = adapter.engine.generate(PROMPT, 6)
+    adapter.faults = FaultPlan({"stage": [fault]})
+    with runner.rollout("during") as binding:
+        report = runner.update(sim_target(2, "ckpt-2"))
+        assert binding.generation == 1
+    adapter.release_hangs()
+    assert not report.published and not report.staged and report.staging_refused
+    assert report.final_phase is Phase.READY and runner.controller.control.committed == 1
+    assert adapter.engine.weights == "ckpt-1" and adapter.engine.staged == {}
+    assert adapter.engine.generate(PROMPT, 6).tokens == before.tokens
+    steps = [r["step"] for r in _steps(tmp_path / "j.jsonl")]
+    assert "stage_fail" in steps and "request_update" not in steps
+    assert check_file(tmp_path / "j.jsonl").accepted
+    # ... and the next staging of the same target goes through.
+    assert runner.update(sim_target(2, "ckpt-2")).published
+
+
+@pytest.mark.parametrize(("fault", "phase"), [("die_halfway", Phase.TAINTED),
+                                              ("refuse", Phase.READY),
+                                              ("one_rank", Phase.TAINTED)])
+def test_the_install_decides_like_the_mutation(tmp_path: Path, fault: str,
+                                               phase: Phase) -> None:
+    """An ambiguous install latches TAINTED; a refused one reopens on generation 1; the
+    negative control ``one_rank`` installs on one rank only and says it succeeded: the
+    mixed weights are caught by the probe (TAINTED), not by the install's word."""
+    runner, adapter = _runner(tmp_path)
+    adapter.faults = FaultPlan({"install": [fault]})
+    report = runner.update(sim_target(2, "ckpt-2"))
+    assert report.staged and report.final_phase is phase and not report.published
+    if fault == "one_rank":
+        assert adapter.engine.weights == "miscomputed(ckpt-2)"
+        assert any(s.outcome == "probe_mismatch" for s in report.steps), report.steps
+    if phase is Phase.READY:
+        assert adapter.engine.weights == "ckpt-1"
+        _b, out = runner.generate("after", PROMPT, 6)
+        assert out.tokens == reference_tokens("ckpt-1", PROMPT, 6)
+    assert check_file(tmp_path / "j.jsonl").accepted
+
+
+def test_the_drain_timing_out_abandons_the_staging(tmp_path: Path) -> None:
+    runner, adapter = _runner(tmp_path, policy=replace(STAGED, drain_timeout_s=0.05))
+    with runner.rollout("long"):
+        report = runner.update(sim_target(2, "ckpt-2"))
+    assert report.staged and not report.published and report.final_phase is Phase.READY
+    assert adapter.engine.staged == {} and adapter.engine.weights == "ckpt-1"
+    assert check_file(tmp_path / "j.jsonl").accepted
+
+
+def _rewrite(path: Path, out: Path, edit: Any) -> Path:
+    recs = [json.loads(x) for x in path.read_text().splitlines()]
+    body = recs[1:]
+    edit(body)
+    out.write_text("".join(dumps_line(r) for r in rechain([recs[0], *body])))
+    return out
+
+
+def test_the_checker_catches_an_install_without_every_rank_prepared(tmp_path: Path) -> None:
+    """Negative controls: the same journal with one rank's prepare dropped (an install
+    without every rank's evidence), with a receive whose evidence names another identity
+    but says ``exact``, and with a staged request after a refused staging."""
+    runner, _adapter = _runner(tmp_path)
+    assert runner.update(sim_target(2, "ckpt-2")).published
+    src = tmp_path / "j.jsonl"
+
+    def drop_prepare(recs: list[dict[str, Any]]) -> None:
+        i = next(i for i, r in enumerate(recs) if r["step"] == "stage_prepare")
+        del recs[i]
+        for j, r in enumerate(recs):
+            r["seq"] = j + 1
+
+    def lie_about_kind(recs: list[dict[str, Any]]) -> None:
+        r = next(r for r in recs if r["step"] == "stage_receive")
+        r["detail"]["rank_stage"]["identity"] = "0" * 64
+
+    v = check_file(_rewrite(src, tmp_path / "a.jsonl", drop_prepare))
+    assert not v.accepted and "staged spec" in v.message and "close" in v.message, v.message
+    v = check_file(_rewrite(src, tmp_path / "b.jsonl", lie_about_kind))
+    assert not v.accepted and "evidence" in v.message, v.message
