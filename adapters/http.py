@@ -792,13 +792,17 @@ class HttpAdapter:
         reply = self.rpc("rc_epoch", op="stage", idempotent=True, deadline=deadline)
         return len(self._worker_results(reply, "stage"))
 
-    def stage(self, target: WeightTarget, deadline: float) -> StageEvidence:
+    def stage(self, target: WeightTarget, deadline: float, *,
+              rank_sources: Mapping[int, str] | None = None) -> StageEvidence:
         """Every worker stages ``target.source`` into a host-memory buffer on a background
         thread while the engine serves (``rc_stage`` returns at once), then is polled
         (``rc_stage_status``) until all are done or the deadline passes. What each
-        worker's buffer holds is its evidence; nothing here decides."""
+        worker's buffer holds is its evidence; nothing here decides. ``rank_sources``:
+        where a rank reads instead of ``target.source`` (1-based rank -> directory)."""
         t0 = time.perf_counter()
         kwargs: dict[str, Any] = {"weights_path": str(Path(target.source))}
+        if rank_sources:
+            kwargs["rank_paths"] = {str(r): str(Path(p)) for r, p in rank_sources.items()}
         if self.epoch is not None:
             kwargs["epoch"] = self.epoch
         started = self._worker_results(
@@ -835,7 +839,8 @@ class HttpAdapter:
                              f"rc_stage {target.source} on {len(started)} worker(s)",
                              time.perf_counter() - t0)
 
-    def install(self, target: WeightTarget, deadline: float) -> MutationEvidence:
+    def install(self, target: WeightTarget, deadline: float, *,
+                check_identity: bool = True) -> MutationEvidence:
         """Install the staged buffers (``rc_install_staged``: vLLM's own reload from the
         staged tensors), then finalise the label. Never retried; as :meth:`mutate`."""
         t0 = time.perf_counter()
@@ -845,6 +850,8 @@ class HttpAdapter:
             return MutationEvidence(outcome, observed, time.perf_counter() - t0, nbytes)
 
         kwargs: dict[str, Any] = {"expected_identity": target.identity}
+        if not check_identity:  # the negative control (see rc_install_staged)
+            kwargs["check_identity"] = False
         if self.epoch is not None:
             kwargs["epoch"] = self.epoch
         return self._load_and_finalise("rc_install_staged", kwargs, target, deadline, ev)

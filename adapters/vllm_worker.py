@@ -194,16 +194,21 @@ class RolloutCoreWorkerExtension:
 
     # ------------------------------------------------------------ staged updates
 
-    def rc_stage(self, weights_path: str, epoch: int | None = None) -> dict[str, Any]:
+    def rc_stage(self, weights_path: str, epoch: int | None = None,
+                 rank_paths: dict[str, str] | None = None) -> dict[str, Any]:
         """Start staging ``weights_path`` into a host-memory buffer of this worker, on a
         background thread: the call returns at once and the engine keeps serving (a
         ``collective_rpc`` that ran for the whole read would stop generation). Refused,
         nothing staged, below the fence, when the model could not take the checkpoint
-        (manifest, dtypes) or when the copy would not fit in available memory."""
+        (manifest, dtypes) or when the copy would not fit in available memory.
+        ``rank_paths``: where a rank reads instead (1-based rank -> directory: ranks on
+        other hosts reading local copies); vLLM's loader takes each rank's shard of the
+        full tensors at install, so every rank stages the whole checkpoint."""
         with GATE.hold(epoch) as ok:
             if not ok:
                 return {"started": False, "fenced": True, "refused": GATE.refusal(epoch)}
-            path = os.path.abspath(str(weights_path))
+            own = (rank_paths or {}).get(str(self._rc_rank()), weights_path)
+            path = os.path.abspath(str(own))
             checked = self._rc_checked_entries(path)
             if isinstance(checked, str):
                 return {"started": False, "rank": self._rc_rank(), "refused": checked}
@@ -226,17 +231,19 @@ class RolloutCoreWorkerExtension:
         STAGE.discard()
         return {"rank": self._rc_rank(), "discarded": True}
 
-    def rc_install_staged(self, expected_identity: str,
-                          epoch: int | None = None) -> dict[str, Any]:
+    def rc_install_staged(self, expected_identity: str, epoch: int | None = None,
+                          check_identity: bool = True) -> dict[str, Any]:
         """Install the staged buffer (the closed window's only mutation). Refused, nothing
         changed, below the fence or unless the buffer is complete with identity
-        ``expected_identity`` and the model's manifest."""
+        ``expected_identity`` and the model's manifest. ``check_identity=False`` installs
+        whatever the buffer holds: the conformance suite's negative control (an install
+        without prepared evidence mixes weights across ranks), never the runner's path."""
         with GATE.hold(epoch) as ok:
             if not ok:
                 return {"loaded": False, "fenced": True, "seen": GATE.seen,
                         "refused": GATE.refusal(epoch)}
             t0 = time.perf_counter()
-            staged = STAGE.take(str(expected_identity))
+            staged = STAGE.take(str(expected_identity) if check_identity else None)
             if isinstance(staged, str):
                 return {"loaded": False, "refused": staged}
             path, tensors, h, manifest = staged
@@ -413,14 +420,15 @@ class _Stage:
             self._state = {"done": True, "complete": False, "identity": None,
                            "error": "discarded"}
 
-    def take(self, identity: str) -> tuple[str, list[tuple[str, Any]], IdentityHasher, str] | str:
-        """The staged buffer if it is complete with ``identity`` (it is handed over:
-        the buffer is empty after), else why not."""
+    def take(self, identity: str | None
+             ) -> tuple[str, list[tuple[str, Any]], IdentityHasher, str] | str:
+        """The staged buffer if it is complete with ``identity`` (any, with None; it is
+        handed over: the buffer is empty after), else why not."""
         with self._lock:
             held = self._held
             if held is None or not self._state.get("done"):
                 return "no complete staged buffer"
-            if held[2].hexdigest() != identity:
+            if identity is not None and held[2].hexdigest() != identity:
                 return f"the staged identity {held[2].hexdigest()[:16]} is not {identity[:16]}"
             self._gen += 1
             self._held = None

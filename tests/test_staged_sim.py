@@ -14,11 +14,14 @@ from typing import Any
 import pytest
 
 from rolloutcore.adapters.sim import FaultPlan, SimAdapter, SimEngine, reference_tokens, sim_target
+from rolloutcore.check.fleet_trace import check_fleet_file
 from rolloutcore.check.trace import check_file
 from rolloutcore.engine.controller import Controller
 from rolloutcore.engine.runner import LifecycleRunner, RunnerPolicy
+from rolloutcore.fleet import Fleet
 from rolloutcore.journal import Journal
 from rolloutcore.journal.codec import dumps_line, rechain
+from rolloutcore.spec.fleet import FleetPhase
 from rolloutcore.spec.lifecycle import Phase
 
 STAGED = RunnerPolicy(step_timeout_s=0.5, pause_timeout_s=0.5, retries=2,
@@ -139,3 +142,41 @@ def test_the_checker_catches_an_install_without_every_rank_prepared(tmp_path: Pa
     assert not v.accepted and "staged spec" in v.message and "close" in v.message, v.message
     v = check_file(_rewrite(src, tmp_path / "b.jsonl", lie_about_kind))
     assert not v.accepted and "evidence" in v.message, v.message
+
+
+# ------------------------------------------------------------------ a fleet
+
+
+def _fleet(tmp_path: Path, n: int = 3, ranks: int = 2) -> tuple[Fleet, dict[str, SimAdapter]]:
+    adapters = {f"e{i}": SimAdapter(SimEngine("ckpt-1", label="rc-1", ranks=ranks),
+                                    hang_seconds=5) for i in range(n)}
+    fleet = Fleet([(name, a, None) for name, a in adapters.items()],
+                  journal=tmp_path / "f.jsonl", min_serving=n, policy=STAGED, fsync=False)
+    fleet.bootstrap(sim_target(1, "ckpt-1"))
+    assert fleet.phase == FleetPhase.READY
+    return fleet, adapters
+
+
+def test_a_fleet_stages_every_member_before_any_closes(tmp_path: Path) -> None:
+    """Prepare-then-commit across the fleet: one member's staging fails (a rank's chunk
+    corrupt), so no member closes, every member serves generation 1 and holds no staged
+    buffer, nothing is TAINTED; the next update stages all and publishes on all; the fleet
+    journal passes the fleet trace checker (each member's staging stepped by the staged
+    spec's table)."""
+    fleet, adapters = _fleet(tmp_path)
+    adapters["e1"].faults = FaultPlan({"stage": ["corrupt"]})
+    report = fleet.update(sim_target(2, "ckpt-2"))
+    assert not report.published and not report.aborted and report.refused, report
+    assert "e1" in report.refused and fleet.committed == 1 and fleet.phase == FleetPhase.READY
+    for a in adapters.values():
+        assert a.engine.weights == "ckpt-1" and a.engine.staged == {} and not a.engine.paused
+    assert all(m.controller.phase is Phase.READY for m in fleet.members.values())
+    steps = [r["step"] for r in _steps(tmp_path / "f.jsonl")]
+    assert steps.count("stage_fail") == 3 and "request_update" not in steps
+    report = fleet.update(sim_target(2, "ckpt-2"))
+    assert report.published and sorted(report.committed_on) == ["e0", "e1", "e2"]
+    assert all(r.staged for r in report.members.values())
+    assert all(a.engine.weights == "ckpt-2" for a in adapters.values())
+    fleet.close()
+    verdict = check_fleet_file(tmp_path / "f.jsonl")
+    assert verdict.accepted, verdict.message

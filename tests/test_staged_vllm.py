@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,6 +22,7 @@ pytestmark = pytest.mark.vllm
 if importlib.util.find_spec("vllm") is None:  # pragma: no cover - depends on the env
     pytest.skip("vllm is not installed (pip install -e '.[vllm]')", allow_module_level=True)
 
+from rolloutcore.adapters.contract import StageEvidence, WeightTarget  # noqa: E402
 from rolloutcore.adapters.http import HttpAdapter  # noqa: E402
 from rolloutcore.check.trace import check_file  # noqa: E402
 from rolloutcore.conformance.engines import checkpoint_target  # noqa: E402
@@ -30,9 +31,11 @@ from rolloutcore.conformance.fixtures.tiny_model import DEFAULT_OUT, build_model
 from rolloutcore.conformance.fixtures.vllm_server import VllmServer  # noqa: E402
 from rolloutcore.engine.controller import Controller  # noqa: E402
 from rolloutcore.engine.identity import checkpoint_entries  # noqa: E402
+from rolloutcore.engine.postconditions import Decision, decide  # noqa: E402
 from rolloutcore.engine.runner import LifecycleRunner, RunnerPolicy  # noqa: E402
 from rolloutcore.journal import Journal  # noqa: E402
 from rolloutcore.spec.lifecycle import Phase  # noqa: E402
+from rolloutcore.spec.triggers import Op, Trigger  # noqa: E402
 
 POLICY = RunnerPolicy(step_timeout_s=8.0, retries=1, retry_backoff_s=0.0, staged=True)
 
@@ -97,3 +100,82 @@ def test_staged_updates_on_a_real_server(server: VllmServer, tmp_path: Path) -> 
         assert verdict.accepted, verdict.message
         # Back to v1's weights (the pool restores its label when the server is given back).
         assert runner.update(checkpoint_target(models["v1"], 3, "v1b")).published
+
+
+# ------------------------------------------------------------ a tensor-parallel engine
+
+#: Two CPU workers (vLLM's shared-memory communicator for TP on CPU), one core each.
+TP2_ARGS = ("--tensor-parallel-size", "2", "--distributed-executor-backend", "mp")
+TP2_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def tp2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    from rolloutcore.adapters.vllm_worker import SERVER_ARGS
+
+    models = build_models(DEFAULT_OUT)
+    srv = VllmServer(Path(models["v1"]).resolve(), extra_args=[*SERVER_ARGS, *TP2_ARGS],
+                     single_process=False, env=TP2_ENV,
+                     log_path=tmp_path_factory.mktemp("tp2") / "vllm.log")
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+class _OneRankReads(HttpAdapter):
+    """Rank 2 reads its bytes from another directory (a torn copy)."""
+
+    def __init__(self, url: str, source: Path) -> None:
+        super().__init__(url)
+        self.rank2 = source
+
+    def stage(self, target: WeightTarget, deadline: float, *,
+              rank_sources: Mapping[int, str] | None = None) -> StageEvidence:
+        return super().stage(target, deadline, rank_sources={2: str(self.rank2)})
+
+
+def test_staged_updates_on_a_two_rank_engine(tp2: VllmServer, tmp_path: Path) -> None:
+    """TP=2: both ranks stage and report prepared, then the engine installs; one rank's
+    staging fails mid-read (its copy torn): nothing installs anywhere, both ranks still
+    serve v2, greedy output unchanged; negative control: rank 2 staged from v1 and the
+    install forced without prepared evidence mixes the weights (the output is neither
+    version's) and the scored probe against v2's reference catches it."""
+    models = build_models(DEFAULT_OUT)
+    v1 = checkpoint_target(models["v1"], 1, "default")
+    v2 = checkpoint_target(models["v2"], 2, "v2")
+    journal = tmp_path / "tp2.jsonl"
+    torn = _forged(Path(models["v1"]), tmp_path / "torn", truncate=True)
+    with _OneRankReads(tp2.url, torn) as torn_rank2, HttpAdapter(tp2.url) as http:
+        runner = LifecycleRunner(Controller(trace=Journal(journal, fsync=False)), http,
+                                 POLICY)
+        assert runner.bootstrap(v1).trigger == "bootstrap_ok"
+        report = runner.update(v2)
+        assert report.published and report.staged, report.steps
+        assert len(http._worker_results(http.rpc("rc_identity", op="t"), "t")) == 2
+        assert report.staged_bytes == 2 * v2.nbytes  # every rank staged the checkpoint
+        served = http.generate(v2.probe_prompt, len(v2.probe_tokens)).tokens
+        assert served == v2.probe_tokens
+
+        runner.adapter = torn_rank2
+        report = runner.update(checkpoint_target(models["v1"], 3, "v1b"))
+        assert not report.published and report.staging_refused, report.steps
+        assert "rank 2" in report.staging_refused and "rank 1" not in report.staging_refused
+        assert report.final_phase is Phase.READY and runner.controller.control.committed == 2
+        assert http.read_state(time.monotonic() + 10).identity == v2.identity
+        assert http.generate(v2.probe_prompt, len(v2.probe_tokens)).tokens == served
+        verdict = check_file(journal)
+        assert verdict.accepted, verdict.message
+
+        # Negative control: rank 1 stages v1, rank 2 v2; the install is forced.
+        deadline = time.monotonic() + 60
+        ev = http.stage(v1, deadline, rank_sources={2: str(models["v2"])})
+        assert [s.identity for s in ev.stages] == [v1.identity, v2.identity]
+        forced = http.install(v1, deadline, check_identity=False)
+        assert forced.outcome.value == "ambiguous"  # the ranks vouch for two identities
+        mixed = http.generate(v1.probe_prompt, len(v1.probe_tokens)).tokens
+        assert mixed != v1.probe_tokens and mixed != served, "the weights did not mix"
+        probe = http.probe(v1.probe_prompt, 1, deadline, scored=True)
+        decision = Decision(Op.PROBE, (probe,), runner._expected(v1))
+        assert decide(decision).trigger == Trigger.PROBE_MISMATCH

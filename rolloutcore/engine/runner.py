@@ -453,12 +453,15 @@ class LifecycleRunner:
             self.commit(report)
         return report
 
-    def prepare(self, target: WeightTarget, report: CycleReport | None = None) -> CycleReport:
+    def prepare(self, target: WeightTarget, report: CycleReport | None = None, *,
+                staging: Staging | None = None) -> CycleReport:
         """Every step of the transition up to the publish: on success the engine runs the
         verified target, admissions still closed (RESUMING with all evidence). A fleet
         prepares all its members, then commits the ones it publishes on; it passes a
         ``report`` of its own to read while the cycle runs (a tainted member's fence may
-        still be in flight when the fleet decides)."""
+        still be in flight when the fleet decides). ``staging``: the target staged already
+        (:meth:`stage`: a fleet stages every member before any closes); else a runner
+        that stages does so first."""
         c = self.controller
         if target.generation != c.control.committed + 1:
             raise ValueError(f"target generation {target.generation} is not the next one "
@@ -467,7 +470,8 @@ class LifecycleRunner:
             report = CycleReport(target, published=False, final_phase=c.phase)
         report.started = time.perf_counter()
         try:
-            session = self._stage(target, report) if self.stages else None
+            session = staging if staging is not None else (
+                self.stage(target, report) if self.stages else None)
             if session is not None or not self.stages:
                 self._cycle(target, report, session)
         finally:
@@ -480,7 +484,7 @@ class LifecycleRunner:
         return (self.policy.staged and isinstance(self.adapter, Stager)
                 and bool(getattr(self.adapter, "stages_updates", True)))
 
-    def _stage(self, target: WeightTarget, report: CycleReport) -> Staging | None:
+    def stage(self, target: WeightTarget, report: CycleReport) -> Staging | None:
         """Stage ``target`` on every rank while the engine serves; the session with every
         rank prepared, or None: the staging was refused (journalled ``stage_fail``),
         nothing served touched, the engine still READY on its generation. Each rank's
@@ -488,6 +492,9 @@ class LifecycleRunner:
         the staged spec's table."""
         adapter = self.adapter
         assert isinstance(adapter, Stager)
+        if target.generation != self.controller.control.committed + 1:
+            raise ValueError(f"target generation {target.generation} is not the next one "
+                             f"after {self.controller.control.committed}")
         t0 = time.perf_counter()
         seconds = self.policy.mutation_deadline(target)
         deadline = time.monotonic() + seconds
@@ -534,6 +541,11 @@ class LifecycleRunner:
         self._record(report, "stage", "prepared", f"{ranks} rank(s) hold the target's "
                      f"{report.staged_bytes} bytes", t0, 1)
         return session
+
+    def cancel_stage(self, report: CycleReport, session: Staging, reason: str) -> None:
+        """A prepared staging that will not be installed (another member's was refused):
+        refused all the same (``stage_fail``), its buffers discarded."""
+        self._stage_refused(report, session, reason, time.perf_counter())
 
     def _stage_refused(self, report: CycleReport, session: Staging, reason: str,
                        t0: float) -> None:

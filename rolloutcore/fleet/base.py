@@ -157,6 +157,9 @@ class FleetCycleReport:
     waves: list[list[str]] = field(default_factory=list)  # a rolling update's, in order
     phase: str = FleetPhase.READY
     total_s: float = 0.0
+    #: A staged update refused before any member closed (prepare-then-commit: a member's
+    #: staging failed): why; every member still serves the committed generation.
+    refused: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -164,7 +167,7 @@ class FleetCycleReport:
             "published": self.published, "aborted": self.aborted, "phase": self.phase,
             "committed_on": self.committed_on, "quarantined": self.quarantined,
             "rolled_back": self.rolled_back, "waves": self.waves,
-            "total_s": round(self.total_s, 4),
+            "total_s": round(self.total_s, 4), "refused": self.refused,
             "members": {n: {"final_phase": r.final_phase.value, "prepared": r.prepared,
                             "published": r.published, "total_s": round(r.total_s, 4),
                             "tainted_after_s": r.tainted_after_s, "fenced": r.fenced,

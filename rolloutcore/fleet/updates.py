@@ -13,6 +13,7 @@ from typing import Any
 from rolloutcore.adapters.contract import WeightTarget
 from rolloutcore.engine.postconditions import Outcome
 from rolloutcore.engine.runner import CycleReport
+from rolloutcore.engine.staging import Staging
 from rolloutcore.fleet.base import (
     FleetBase,
     FleetCycleReport,
@@ -80,8 +81,43 @@ class Updates(FleetBase):
             finally:
                 self._quorum = None
 
+    def _stage_members(self, target: WeightTarget | Mapping[str, WeightTarget]
+                       ) -> tuple[dict[str, CycleReport], dict[str, Staging], str | None]:
+        """Prepare-then-commit across the fleet (spec/staged.py): every serving member
+        whose runner stages stages the target while it serves, in parallel, before any
+        member closes. If one is refused, every other's staging is cancelled (refused
+        too, buffers discarded) and the update is refused: nothing closed anywhere.
+        Returns the members' reports, their prepared stagings, and why it was refused."""
+        with self._lock:
+            participants = self._serving()
+            targets = self._targets_for(target, participants)
+        stagers = [m for m in participants if m.runner.stages]
+        reports = {m.name: CycleReport(targets[m.name], published=False,
+                                       final_phase=m.controller.phase) for m in participants}
+        if not stagers:
+            return reports, {}, None
+        staged = self._parallel(lambda m: m.runner.stage(targets[m.name], reports[m.name]),
+                                stagers)
+        refused = {n: reports[n].staging_refused for n, s in staged.items() if s is None}
+        sessions: dict[str, Staging] = {n: s for n, s in staged.items() if s is not None}
+        if not refused:
+            return reports, sessions, None
+        why = "; ".join(f"{n}: {r}" for n, r in sorted(refused.items()))
+        for name, session in sessions.items():
+            self.members[name].runner.cancel_stage(
+                reports[name], session, f"the fleet's staging was refused ({why})")
+        return reports, {}, f"staging refused on {sorted(refused)}: {why}"
+
     def _update(self, target: WeightTarget | Mapping[str, WeightTarget]) -> FleetCycleReport:
         t0 = time.perf_counter()
+        reports, sessions, refused = self._stage_members(target)
+        if refused is not None:
+            first = next(iter(reports.values())).target
+            report = FleetCycleReport(first, published=False, aborted=False,
+                                      members=reports, refused=refused, phase=self.phase,
+                                      total_s=time.perf_counter() - t0)
+            self.last_report = report
+            return report
         with self._lock:
             if self.phase != FleetPhase.READY:
                 raise FleetError(f"the fleet is {self.phase}: an update needs READY")
@@ -92,7 +128,15 @@ class Updates(FleetBase):
             participants = self._serving()
             targets = self._targets_for(target, participants)
             gens = {t.generation for t in targets.values()}
-            if gens != {self.committed + 1}:
+            changed = sessions and set(sessions) != {
+                m.name for m in participants if m.runner.stages}
+            if gens != {self.committed + 1} or changed:
+                for name, session in sessions.items():
+                    self.members[name].runner.cancel_stage(
+                        reports[name], session, "the fleet changed while it staged")
+                if changed:
+                    raise FleetError("the serving members changed while the fleet staged: "
+                                     "nothing was changed (the stagings were discarded)")
                 raise FleetError(f"target generation(s) {sorted(gens)} are not the next "
                                  f"one after {self.committed}")
             first = next(iter(targets.values()))
@@ -100,14 +144,15 @@ class Updates(FleetBase):
                        identity=first.identity, members=[m.name for m in participants],
                        min_serving=quorum)
         report = FleetCycleReport(first, published=False, aborted=False)
-        report.members = {m.name: CycleReport(targets[m.name], published=False,
-                                              final_phase=m.controller.phase)
-                          for m in participants}
+        report.members = {m.name: reports.get(m.name) or CycleReport(
+            targets[m.name], published=False, final_phase=m.controller.phase)
+            for m in participants}
         self._deciding = deciding = PendingDecision({m.name for m in participants})
         try:
             for m in participants:
                 m.work = self._pool.submit(m.runner.prepare, targets[m.name],
-                                           report.members[m.name])
+                                           report.members[m.name],
+                                           staging=sessions.get(m.name))
                 m.work.add_done_callback(deciding.settler(m.name))
             deciding.wait()
         finally:
