@@ -402,6 +402,72 @@ class TransferWorkerExtension(RolloutCoreWorkerExtension):
                                                                 engine.model_config)
         return {"closed": was or stale > 0, "session": was, "stale_layers": stale}
 
+    def rc_stage_receive(self, master_address: str, master_port: int, world_size: int,
+                         names: list[str], dtype_names: list[str], shapes: list[list[int]],
+                         packed_buffer_size_bytes: int = DEFAULT_BUFFER_BYTES,
+                         timeout_s: float = DEFAULT_GROUP_TIMEOUT_S,
+                         epoch: int | None = None) -> dict[str, Any]:
+        """Stage weights sent over gloo (staged updates): a background thread of this
+        worker joins the trainer's group (as rank ``self rank``: 1 + its worker rank),
+        receives the packed broadcasts into host-memory buffers and digests each tensor
+        as it arrives, while the engine serves; the call returns at once. Nothing is
+        loaded: ``rc_install_staged`` installs in the closed window. Refused, nothing
+        staged, below the fence, on malformed metadata, on a manifest other than the
+        model's, or when the buffers would not fit in available memory."""
+        from rolloutcore.adapters.vllm_worker import STAGE, _available_bytes
+
+        with GATE.hold(epoch) as ok:
+            rank = self._rc_rank()
+            if not ok:
+                return {"started": False, "rank": rank, "fenced": True,
+                        "refused": GATE.refusal(epoch)}
+            try:
+                info = GlooWeightTransferUpdateInfo(list(names), list(dtype_names),
+                                                    [list(x) for x in shapes])
+            except ValueError as e:
+                return {"started": False, "rank": rank, "refused": str(e)}
+            manifest = IdentityHasher(manifest_only=True)
+            try:
+                for n, d, sh in zip(info.names, info.dtype_names, info.shapes, strict=True):
+                    manifest.add(n, ST_DTYPES[d], sh)
+            except ValueError as e:  # not in sorted order
+                return {"started": False, "rank": rank, "refused": str(e)}
+            held = self._rc_held_manifest()
+            if held is not None and held != manifest.hexdigest():
+                return {"started": False, "rank": rank, "refused": "manifest (names, dtypes, "
+                        "shapes) differs from the loaded weights'"}
+            sizes = [nbytes_of(d, sh) for d, sh in zip(info.dtype_names, info.shapes,
+                                                        strict=True)]
+            free = _available_bytes()
+            if free is not None and sum(sizes) > free:
+                return {"started": False, "rank": rank, "refused": (
+                    f"staging buffers need {sum(sizes)} bytes of host memory, {free} are "
+                    "available")}
+
+            def receive(h: IdentityHasher) -> Iterator[tuple[str, torch.Tensor]]:
+                store, group = _open_group(master_address, int(master_port), rank,
+                                           int(world_size), float(timeout_s), master=False)
+                try:
+                    for idx in plan_buffers(sizes, int(packed_buffer_size_bytes)):
+                        buf = torch.empty(sum(sizes[i] for i in idx), dtype=torch.uint8)
+                        _broadcast(group, buf)
+                        off = 0
+                        for i in idx:
+                            raw = buf[off:off + sizes[i]]
+                            off += sizes[i]
+                            h.add(info.names[i], ST_DTYPES[info.dtype_names[i]],
+                                  info.shapes[i], raw.numpy().data if raw.numel() else b"")
+                            yield info.names[i], raw.view(
+                                getattr(torch, info.dtype_names[i])).reshape(info.shapes[i])
+                finally:
+                    with contextlib.suppress(AttributeError, RuntimeError):
+                        group.shutdown()
+                    del store
+
+            STAGE.start_fill(f"gloo://{master_address}:{master_port}", len(sizes),
+                             manifest.hexdigest(), receive)
+            return {"started": True, "rank": rank, "bytes": sum(sizes)}
+
     def rc_transfer_headroom(self) -> dict[str, Any]:
         """Bytes the worker can still allocate for receive buffers (None: unknown)."""
         device = getattr(self, "device", None)
@@ -511,33 +577,70 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
 
     def _broadcast(self, meta: list[ParamMeta]) -> None:
         assert self.source is not None and self.group is not None
-        sizes = [nbytes_of(dtype_name(m.dtype), m.shape) for m in meta]
-        plan = plan_buffers(sizes, self.buffer_bytes)
-        pairs = checked_iter(self.source, meta)
-
-        def packed() -> Iterator[torch.Tensor]:
-            for idx in plan:
-                buf = torch.empty(sum(sizes[i] for i in idx), dtype=torch.uint8)
-                off = 0
-                for i in idx:
-                    _name, t = next(pairs)
-                    flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
-                    buf[off:off + sizes[i]].copy_(flat)
-                    off += sizes[i]
-                yield buf
-            for extra, _t in pairs:  # metadata declared fewer than iteration yields
-                raise ValueError(f"WeightSource yielded more parameters than declared: "
-                                 f"{extra!r}")
-
-        for buf in pipelined(packed()):
-            _broadcast(self.group, buf)
-            self.bytes_sent += int(buf.numel())
+        self.bytes_sent += broadcast_source(self.group, self.source, meta, self.buffer_bytes)
 
     def shutdown(self) -> None:
         group, self.group, self.store = self.group, None, None
         if group is not None:
             with contextlib.suppress(AttributeError, RuntimeError):
                 group.shutdown()
+
+
+def broadcast_source(group: Any, source: WeightSource, meta: list[ParamMeta],
+                     buffer_bytes: int) -> int:
+    """Broadcast ``source``'s tensors (checked against ``meta``) from rank 0, packed into
+    uint8 buffers as :func:`plan_buffers` cuts them; the bytes sent."""
+    sizes = [nbytes_of(dtype_name(m.dtype), m.shape) for m in meta]
+    plan = plan_buffers(sizes, buffer_bytes)
+    pairs = checked_iter(source, meta)
+
+    def packed() -> Iterator[torch.Tensor]:
+        for idx in plan:
+            buf = torch.empty(sum(sizes[i] for i in idx), dtype=torch.uint8)
+            off = 0
+            for i in idx:
+                _name, t = next(pairs)
+                flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
+                buf[off:off + sizes[i]].copy_(flat)
+                off += sizes[i]
+            yield buf
+        for extra, _t in pairs:  # metadata declared fewer than iteration yields
+            raise ValueError(f"WeightSource yielded more parameters than declared: "
+                             f"{extra!r}")
+
+    sent = 0
+    for buf in pipelined(packed()):
+        _broadcast(group, buf)
+        sent += int(buf.numel())
+    return sent
+
+
+def stage_over_gloo(stage_call: Any, source: WeightSource, *, master_address: str,
+                    world_size: int, buffer_bytes: int, timeout_s: float
+                    ) -> tuple[int, list[dict[str, Any]]]:
+    """The trainer's half of a staged update over gloo: open the store (rank 0), ask the
+    engine's workers to join and receive in the background (``stage_call(**kwargs)``
+    returns each worker's answer at once), broadcast ``source``, close the group. The
+    bytes sent and the workers' answers (nothing is sent unless every worker started).
+    An error (the source failing mid-stream included) is raised after the group is shut
+    down, so that the workers' receive fails at once rather than at its timeout."""
+    meta = source.metadata()
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = dist.TCPStore(master_address, 0, world_size, True, timeout=timeout,
+                          wait_for_workers=False)
+    started: list[dict[str, Any]] = stage_call(
+        master_address=master_address, master_port=int(store.port), world_size=world_size,
+        names=[m.name for m in meta], dtype_names=[dtype_name(m.dtype) for m in meta],
+        shapes=[list(m.shape) for m in meta], packed_buffer_size_bytes=buffer_bytes,
+        timeout_s=timeout_s)
+    if len(started) != world_size - 1 or not all(r.get("started") is True for r in started):
+        return 0, started
+    group = dist.ProcessGroupGloo(store, 0, world_size, timeout)
+    try:
+        return broadcast_source(group, source, meta, buffer_bytes), started
+    finally:
+        with contextlib.suppress(AttributeError, RuntimeError):
+            group.shutdown()
 
 
 def _complete_rendezvous(store: Any, world_size: int, pending: Any) -> None:

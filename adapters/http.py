@@ -808,6 +808,14 @@ class HttpAdapter:
         started = self._worker_results(
             self.rpc("rc_stage", op="stage", idempotent=False, fresh=True, deadline=deadline,
                      **kwargs), "stage")
+        return self.stage_evidence(started, deadline, t0,
+                                   f"rc_stage {target.source} on {len(started)} worker(s)")
+
+    def stage_evidence(self, started: Sequence[Mapping[str, Any]], deadline: float,
+                       t0: float, observed: str) -> StageEvidence:
+        """Each worker's staging buffer, from its answer to the call that started it
+        (``started``: refused or not) and then ``rc_stage_status``, polled until every
+        started worker is done or the deadline passes."""
         stages: dict[int, RankStage] = {}
         for i, r in enumerate(started, 1):
             if r.get("started") is not True:
@@ -836,8 +844,7 @@ class HttpAdapter:
                 None if r.get("error") is None else str(r.get("error")),
                 float(r.get("seconds") or 0.0))
         return StageEvidence(len(started), tuple(stages[k] for k in sorted(stages)),
-                             f"rc_stage {target.source} on {len(started)} worker(s)",
-                             time.perf_counter() - t0)
+                             observed, time.perf_counter() - t0)
 
     def install(self, target: WeightTarget, deadline: float, *,
                 check_identity: bool = True) -> MutationEvidence:

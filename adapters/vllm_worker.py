@@ -51,6 +51,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from rolloutcore.adapters import vllm_lora
@@ -121,6 +122,16 @@ class RolloutCoreWorkerExtension:
                         "refused": GATE.refusal(epoch)}
             return self._rc_reload_weights(weights_path, expected_identity)
 
+    def _rc_held_manifest(self) -> str | None:
+        """The manifest the model holds: the current identity's, else (a failed load since)
+        that of the last load that finished."""
+        from rolloutcore.adapters import vllm_loader as vl
+
+        state = vl.load_state(self._rc_model())
+        held = self.rc_identity().get("manifest") or (
+            state.manifest if state is not None else None)
+        return str(held) if held else None
+
     def _rc_checked_entries(self, path: str) -> tuple[list[Any], str] | str:
         """The checkpoint's entries and manifest if the model can take them; else why not
         (nothing read, nothing changed)."""
@@ -130,12 +141,7 @@ class RolloutCoreWorkerExtension:
             entries = checkpoint_entries(path)
         except (CheckpointError, OSError) as e:
             return f"unreadable checkpoint: {e}"
-        model = self._rc_model()
-        current = self.rc_identity()
-        state = vl.load_state(model)
-        # The manifest the model holds: the current identity's, else (a failed load since)
-        # that of the last load that finished.
-        held = current.get("manifest") or (state.manifest if state is not None else None)
+        held = self._rc_held_manifest()
         manifest = vl.manifest_of(entries)
         if held and held != manifest:
             return "manifest (names, dtypes, shapes) differs from the loaded checkpoint's"
@@ -247,10 +253,9 @@ class RolloutCoreWorkerExtension:
             if isinstance(staged, str):
                 return {"loaded": False, "refused": staged}
             path, tensors, h, manifest = staged
-            checked = self._rc_checked_entries(path)
-            if isinstance(checked, str) or checked[1] != manifest:
-                return {"loaded": False, "refused": "the model's manifest changed since the "
-                        "staging"}
+            if self._rc_held_manifest() not in (None, manifest):
+                return {"loaded": False, "refused": "the staged manifest (names, dtypes, "
+                        "shapes) is not the model's"}
             from rolloutcore.adapters.vllm_loader import BASIS_RC_STAGED
 
             return self._rc_install(path, tensors, h, manifest, t0, 0.0, BASIS_RC_STAGED)
@@ -375,34 +380,46 @@ class _Stage:
         self._held: tuple[str, list[tuple[str, Any]], IdentityHasher, str] | None = None
 
     def start(self, path: str, entries: list[Any], manifest: str) -> None:
+        """Stage the checkpoint ``entries`` (read from ``path``)."""
+        from rolloutcore.adapters import vllm_loader as vl
+
+        def read(h: IdentityHasher) -> Iterator[tuple[str, Any]]:
+            for ent, t in vl.read_tensors(entries, h):
+                yield ent.name, t
+
+        self.start_fill(path, len(entries), manifest, read)
+
+    def start_fill(self, source: str, count: int, manifest: str,
+                   fill: Callable[[IdentityHasher], Iterator[tuple[str, Any]]]) -> None:
+        """Stage what ``fill`` yields (``count`` tensors, each digested into the hasher it
+        is given as it arrives), on a background thread; ``source`` names where from."""
         with self._lock:
             self._gen += 1
             gen = self._gen
             self._held = None
             self._state = {"done": False, "complete": False, "identity": None,
-                           "error": None, "tensors": 0, "bytes": 0, "path": path,
+                           "error": None, "tensors": 0, "bytes": 0, "path": source,
                            "started": time.time()}
-        threading.Thread(target=self._read, args=(gen, path, entries, manifest),
+        threading.Thread(target=self._fill, args=(gen, source, count, manifest, fill),
                          name="rolloutcore-stage", daemon=True).start()
 
-    def _read(self, gen: int, path: str, entries: list[Any], manifest: str) -> None:
-        from rolloutcore.adapters import vllm_loader as vl
-
+    def _fill(self, gen: int, path: str, count: int, manifest: str,
+              fill: Callable[[IdentityHasher], Iterator[tuple[str, Any]]]) -> None:
         t0 = time.perf_counter()
         h = IdentityHasher()
         tensors: list[tuple[str, Any]] = []
         error: str | None = None
         try:
-            for ent, t in vl.read_tensors(entries, h):
-                tensors.append((ent.name, t))
+            for name, t in fill(h):
+                tensors.append((name, t))
                 if gen != self._gen:
                     return  # superseded: let the buffer go
-        except (CheckpointError, OSError, ValueError, RuntimeError) as e:
-            error = f"cannot read the checkpoint: {e}"
+        except Exception as e:  # any failure of a staging is its evidence
+            error = f"{type(e).__name__}: {e}"
         with self._lock:
             if gen != self._gen:
                 return
-            complete = error is None and len(tensors) == len(entries)
+            complete = error is None and len(tensors) == count
             self._state = {"done": True, "complete": complete,
                            "identity": h.hexdigest() if complete else None, "error": error,
                            "tensors": h.tensors, "bytes": h.nbytes, "path": path,

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
@@ -56,6 +56,7 @@ from rolloutcore.adapters.contract import (
     ProbeEvidence,
     ResetEvidence,
     ResumeEvidence,
+    StageEvidence,
     WeightTarget,
     remaining,
 )
@@ -461,6 +462,67 @@ class TransferAdapter:
                                    f"needs {need}: refused before any byte moved",
                                    proven_no_effect=True)
         return nbytes
+
+    # ---------------------------------------------------------------- staged updates
+
+    @property
+    def stages_updates(self) -> bool:
+        """Staged over gloo (the CPU backend) where the inner adapter stages; NCCL staging
+        (a background receive on its own stream) is GPU work not built here."""
+        inner: Any = self.inner
+        return bool(getattr(inner, "stages_updates", False)) and \
+            getattr(self.init_info(), "backend", None) == "gloo"
+
+    def stage_ranks(self, deadline: float) -> int:
+        inner: Any = self.inner
+        return int(inner.stage_ranks(deadline))
+
+    def stage(self, target: WeightTarget, deadline: float) -> StageEvidence:
+        """Send the target's tensors into every worker's staging buffer while the engine
+        serves: the workers receive on a background thread (``rc_stage_receive``) and
+        digest as bytes arrive; the trainer broadcasts from its own. Each worker's buffer
+        is then read back (``rc_stage_status``) as the evidence."""
+        from rolloutcore.adapters.gloo_transfer import stage_over_gloo
+
+        t0 = time.perf_counter()
+        source = self.source_for(target)
+        self.preflight(target, source)
+        inner: Any = self.inner
+        ranks = int(inner.stage_ranks(deadline))
+        info = self.init_info()
+        epoch = {} if self.epoch is None else {"epoch": self.epoch}
+
+        def call(**kwargs: Any) -> list[dict[str, Any]]:
+            reply = inner.rpc("rc_stage_receive", op="stage", idempotent=False, fresh=True,
+                              deadline=deadline, **kwargs, **epoch)
+            results: list[dict[str, Any]] = inner._worker_results(reply, "stage")
+            started.extend(results)
+            return results
+
+        error = ""
+        started: list[dict[str, Any]] = []  # the workers' answers, even if sending fails
+        try:
+            sent, _answers = stage_over_gloo(
+                call, source, master_address=str(getattr(info, "master_address", "127.0.0.1")),
+                world_size=ranks + 1, buffer_bytes=int(getattr(
+                    info, "packed_buffer_size_bytes", 8 << 20)),
+                timeout_s=max(remaining(deadline), 1.0))
+        except Exception as e:  # the workers' buffers say what arrived
+            sent, error = 0, f"{type(e).__name__}: {e}"
+        self.last_timings = {"stage_send_s": time.perf_counter() - t0}
+        if not started:
+            raise AdapterError(f"stage: no worker started: {error}")
+        return cast(StageEvidence, inner.stage_evidence(
+            started, deadline, t0, f"gloo staging of {target.label}: {sent} bytes sent"
+            + (f"; the sender failed: {error}" if error else "")))
+
+    def install(self, target: WeightTarget, deadline: float) -> MutationEvidence:
+        inner: Any = self.inner
+        return cast(MutationEvidence, inner.install(target, deadline))
+
+    def discard_stage(self, deadline: float) -> None:
+        inner: Any = self.inner
+        inner.discard_stage(deadline)
 
     # ------------------------------------------------------------------------ mutation
 

@@ -29,6 +29,7 @@ Usage: ``python -m rolloutcore.conformance.transfer_scenarios [--json FILE]``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -301,6 +302,83 @@ def s_full_cycle(s: Session, gen: int, version: str) -> Row:
     return row
 
 
+def s_staged_cycle(s: Session, gen: int, version: str) -> Row:
+    """A staged update over gloo: the trainer broadcasts while the engine serves, the
+    worker receives into host buffers on a background thread, every rank's digest is
+    checked before admissions close, and the closed window only installs."""
+    row = Row("staged_cycle", s.backend.name)
+    assert s.runner is not None and s.adapter is not None
+    target = s.target(version, gen)
+    policy = s.runner.policy
+    s.runner.policy = dataclasses.replace(policy, staged=True)
+    try:
+        rep = s.runner.update(target)
+    finally:
+        s.runner.policy = policy
+    row.evidence.update(window_s=round(rep.window_s, 4), staging_s=round(rep.staging_s, 4),
+                        staged_bytes=rep.staged_bytes,
+                        steps={k: round(v, 4) for k, v in rep.timings().items()})
+    row.check("staged on every rank, then published", rep.published and rep.staged,
+              [(st.step, st.outcome, st.reason[:80]) for st in rep.steps])
+    row.check("every staged byte is the target's", rep.staged_bytes == target.nbytes,
+              (rep.staged_bytes, target.nbytes))
+    view = s.engine_view()
+    row.check("engine label and identity are the target's",
+              view == {"label": target.label, "identity": target.identity}, view)
+    row.check("greedy output equals the target's reference", s.probe_ok(target))
+    return row
+
+
+class _FailingSource(WeightSource):
+    """A trainer's source that dies after ``after`` tensors (the sender gone mid-stream)."""
+
+    def __init__(self, inner: CheckpointSource, after: int) -> None:
+        self.inner, self.after = inner, after
+
+    @property
+    def provenance(self) -> str:
+        return self.inner.provenance
+
+    def metadata(self) -> list[Any]:
+        return self.inner.metadata()
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        for i, pair in enumerate(self.inner):
+            if i == self.after:
+                raise ConnectionError(f"the trainer died after {i} tensors")
+            yield pair
+
+
+def s_staged_sender_fails(s: Session, gen: int, version: str, committed: str) -> Row:
+    """The sender dies halfway through a staged update: the workers' buffers are
+    incomplete, so the update is refused while the engine serves; nothing served was
+    touched (never TAINTED), the engine still holds and serves the committed weights."""
+    row = Row("staged_sender_fails", s.backend.name)
+    assert s.runner is not None and s.adapter is not None
+    target = s.target(version, gen)
+    good = s.target(committed, gen - 1)
+    source = CheckpointSource(s.models[version].resolve())
+    s.source_override = lambda _t: _FailingSource(source, len(source.entries) // 2)
+    policy = s.runner.policy
+    s.runner.policy = dataclasses.replace(policy, staged=True)
+    try:
+        rep = s.runner.update(target)
+    finally:
+        s.runner.policy = policy
+        s.source_override = None
+    row.evidence.update(refused=rep.staging_refused, staging_s=round(rep.staging_s, 4))
+    row.check("refused while serving, not TAINTED", not rep.published and not rep.staged
+              and rep.final_phase is Phase.READY and bool(rep.staging_refused),
+              (rep.final_phase, rep.staging_refused))
+    row.check("admissions never closed", "request_update" not in [st.step for st in rep.steps],
+              [st.step for st in rep.steps])
+    view = s.engine_view()
+    row.check("the engine holds the committed weights",
+              view == {"label": good.label, "identity": good.identity}, view)
+    row.check("greedy output is the committed generation's reference", s.probe_ok(good))
+    return row
+
+
 def s_wrong_model(s: Session, gen: int, committed: str) -> Row:
     """A trainer (without the publisher's manifest check) sends a model of another shape:
     the embedding has one extra row. The transfer fails inside the engine after the
@@ -459,8 +537,10 @@ def run_all(backend: Backend, models: dict[str, Path], workdir: Path,
         guarded("refuse_identity", lambda: s_refuse_identity(s, 2, b, c, a))
         guarded("init_refused", lambda: s_init_refused(s, 2, b, a))
         guarded("full_cycle", lambda: s_full_cycle(s, 2, b))
-        guarded("wrong_model", lambda: s_wrong_model(s, 3, b))
-        guarded("frozen", lambda: s_frozen(s, 3, c if c != a else a))
+        guarded("staged_sender_fails", lambda: s_staged_sender_fails(s, 3, a, b))
+        guarded("staged_cycle", lambda: s_staged_cycle(s, 3, a))
+        guarded("wrong_model", lambda: s_wrong_model(s, 4, a))
+        guarded("frozen", lambda: s_frozen(s, 4, c if c != a else b))
     if killed:
         with source() as srv2, session(backend, models, a, workdir, *srv2) as s2:
             guarded("killed", lambda: s_killed(s2, 2, b))

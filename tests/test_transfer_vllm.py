@@ -15,7 +15,8 @@ pytest.importorskip("vllm.distributed.weight_transfer")
 from rolloutcore.conformance.fixtures.server_pool import ServerPool  # noqa: E402
 from rolloutcore.conformance.transfer_scenarios import GLOO, Row, run_all  # noqa: E402
 
-SCENARIOS = ("refuse_identity", "init_refused", "full_cycle", "wrong_model", "frozen",
+SCENARIOS = ("refuse_identity", "init_refused", "full_cycle", "staged_sender_fails",
+             "staged_cycle", "wrong_model", "frozen",
              "killed")
 
 
