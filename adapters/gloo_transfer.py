@@ -31,7 +31,7 @@ import datetime
 import queue
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -444,7 +444,7 @@ class TransferWorkerExtension(RolloutCoreWorkerExtension):
                     f"staging buffers need {sum(sizes)} bytes of host memory, {free} are "
                     "available")}
 
-            def receive(h: IdentityHasher) -> Iterator[tuple[str, torch.Tensor]]:
+            def receive(h: IdentityHasher) -> Iterator[tuple[str, str, torch.Tensor]]:
                 store, group = _open_group(master_address, int(master_port), rank,
                                            int(world_size), float(timeout_s), master=False)
                 try:
@@ -457,7 +457,7 @@ class TransferWorkerExtension(RolloutCoreWorkerExtension):
                             off += sizes[i]
                             h.add(info.names[i], ST_DTYPES[info.dtype_names[i]],
                                   info.shapes[i], raw.numpy().data if raw.numel() else b"")
-                            yield info.names[i], raw.view(
+                            yield info.names[i], ST_DTYPES[info.dtype_names[i]], raw.view(
                                 getattr(torch, info.dtype_names[i])).reshape(info.shapes[i])
                 finally:
                     with contextlib.suppress(AttributeError, RuntimeError):
@@ -587,7 +587,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
 
 
 def broadcast_source(group: Any, source: WeightSource, meta: list[ParamMeta],
-                     buffer_bytes: int) -> int:
+                     buffer_bytes: int, progress: Callable[[int], None] | None = None) -> int:
     """Broadcast ``source``'s tensors (checked against ``meta``) from rank 0, packed into
     uint8 buffers as :func:`plan_buffers` cuts them; the bytes sent."""
     sizes = [nbytes_of(dtype_name(m.dtype), m.shape) for m in meta]
@@ -612,11 +612,14 @@ def broadcast_source(group: Any, source: WeightSource, meta: list[ParamMeta],
     for buf in pipelined(packed()):
         _broadcast(group, buf)
         sent += int(buf.numel())
+        if progress is not None:
+            progress(sent)
     return sent
 
 
 def stage_over_gloo(stage_call: Any, source: WeightSource, *, master_address: str,
-                    world_size: int, buffer_bytes: int, timeout_s: float
+                    world_size: int, buffer_bytes: int, timeout_s: float,
+                    progress: Callable[[int], None] | None = None
                     ) -> tuple[int, list[dict[str, Any]]]:
     """The trainer's half of a staged update over gloo: open the store (rank 0), ask the
     engine's workers to join and receive in the background (``stage_call(**kwargs)``
@@ -637,7 +640,7 @@ def stage_over_gloo(stage_call: Any, source: WeightSource, *, master_address: st
         return 0, started
     group = dist.ProcessGroupGloo(store, 0, world_size, timeout)
     try:
-        return broadcast_source(group, source, meta, buffer_bytes), started
+        return broadcast_source(group, source, meta, buffer_bytes, progress), started
     finally:
         with contextlib.suppress(AttributeError, RuntimeError):
             group.shutdown()

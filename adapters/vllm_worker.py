@@ -52,10 +52,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from rolloutcore.adapters import vllm_lora
 from rolloutcore.adapters.epoch_gate import GATE
+from rolloutcore.engine.delta import read_delta
 from rolloutcore.engine.identity import CheckpointError, IdentityHasher, checkpoint_entries
 
 EXTENSION_CLS = "rolloutcore.adapters.vllm_worker.RolloutCoreWorkerExtension"
@@ -215,6 +216,12 @@ class RolloutCoreWorkerExtension:
                 return {"started": False, "fenced": True, "refused": GATE.refusal(epoch)}
             own = (rank_paths or {}).get(str(self._rc_rank()), weights_path)
             path = os.path.abspath(str(own))
+            try:
+                delta = read_delta(path)
+            except CheckpointError as e:
+                return {"started": False, "rank": self._rc_rank(), "refused": str(e)}
+            if delta is not None:
+                return self._rc_stage_delta(path, delta)
             checked = self._rc_checked_entries(path)
             if isinstance(checked, str):
                 return {"started": False, "rank": self._rc_rank(), "refused": checked}
@@ -227,6 +234,40 @@ class RolloutCoreWorkerExtension:
                     "available")}
             STAGE.start(path, entries, manifest)
             return {"started": True, "rank": self._rc_rank(), "bytes": need}
+
+    def _rc_stage_delta(self, path: str, delta: Any) -> dict[str, Any]:
+        """Stage a delta on the base this worker holds: the changed tensors are read, the
+        rest taken from the base, and every tensor digested in order, so the staged
+        identity is the full target's (or not: then the controller refuses it)."""
+        from rolloutcore.adapters import vllm_loader as vl
+
+        rank = self._rc_rank()
+        base = STAGE.base()
+        if base is None or base.identity != delta.base:
+            held = "no staged base" if base is None else base.identity[:16]
+            return {"started": False, "rank": rank, "refused": (
+                f"a delta on base {delta.base[:16]}; this rank holds {held}")}
+        try:
+            entries = checkpoint_entries(path)
+        except (CheckpointError, OSError) as e:
+            return {"started": False, "rank": rank, "refused": f"unreadable delta: {e}"}
+        shapes = {name: (dtype, tuple(t.shape)) for name, dtype, t in base.tensors}
+        bad = [e.name for e in entries if shapes.get(e.name) != (e.dtype, tuple(e.shape))]
+        if bad:
+            return {"started": False, "rank": rank, "refused": f"the delta's tensors "
+                    f"{bad[:3]} are not the base's (name, dtype, shape)"}
+
+        def fill(h: IdentityHasher) -> Iterator[tuple[str, str, Any]]:
+            changed = {e.name: t for e, t in vl.read_tensors(entries, IdentityHasher())}
+            for name, dtype, t in base.tensors:
+                out = changed.get(name, t)
+                raw = out.reshape(-1).view(_uint8()).numpy().data if out.numel() else b""
+                h.add(name, dtype, tuple(out.shape), raw)
+                yield name, dtype, out
+
+        STAGE.start_fill(path, len(base.tensors), base.manifest, fill,
+                         received=sum(e.nbytes for e in entries))
+        return {"started": True, "rank": rank, "bytes": delta.nbytes, "delta": True}
 
     def rc_stage_status(self) -> dict[str, Any]:
         """What this worker's staging buffer holds: done or not, its digest, and what
@@ -369,6 +410,14 @@ class RolloutCoreWorkerExtension:
                 "mm_receiver_entries": receiver}
 
 
+class Base(NamedTuple):
+    """A host copy of the weights a worker installed last (what a delta applies to)."""
+
+    identity: str
+    manifest: str
+    tensors: tuple[tuple[str, str, Any], ...]  # (name, safetensors dtype, tensor), sorted
+
+
 class _Stage:
     """This worker's staging buffer: tensors read and digested by a background thread."""
 
@@ -378,21 +427,26 @@ class _Stage:
         self._state: dict[str, Any] = {"done": True, "complete": False, "identity": None,
                                        "error": "nothing staged"}
         self._held: tuple[str, list[tuple[str, Any]], IdentityHasher, str] | None = None
+        self._dtypes: list[str] = []
+        self._base: Base | None = None
 
     def start(self, path: str, entries: list[Any], manifest: str) -> None:
         """Stage the checkpoint ``entries`` (read from ``path``)."""
         from rolloutcore.adapters import vllm_loader as vl
 
-        def read(h: IdentityHasher) -> Iterator[tuple[str, Any]]:
+        def read(h: IdentityHasher) -> Iterator[tuple[str, str, Any]]:
             for ent, t in vl.read_tensors(entries, h):
-                yield ent.name, t
+                yield ent.name, ent.dtype, t
 
         self.start_fill(path, len(entries), manifest, read)
 
     def start_fill(self, source: str, count: int, manifest: str,
-                   fill: Callable[[IdentityHasher], Iterator[tuple[str, Any]]]) -> None:
-        """Stage what ``fill`` yields (``count`` tensors, each digested into the hasher it
-        is given as it arrives), on a background thread; ``source`` names where from."""
+                   fill: Callable[[IdentityHasher], Iterator[tuple[str, str, Any]]],
+                   received: int | None = None) -> None:
+        """Stage what ``fill`` yields (``count`` tensors as (name, safetensors dtype,
+        tensor), each digested into the hasher it is given as it arrives), on a background
+        thread; ``source`` names where from, ``received`` the bytes that travelled (a
+        delta's: the rest come from the base)."""
         with self._lock:
             self._gen += 1
             gen = self._gen
@@ -400,18 +454,22 @@ class _Stage:
             self._state = {"done": False, "complete": False, "identity": None,
                            "error": None, "tensors": 0, "bytes": 0, "path": source,
                            "started": time.time()}
-        threading.Thread(target=self._fill, args=(gen, source, count, manifest, fill),
+        threading.Thread(target=self._fill, args=(gen, source, count, manifest, fill,
+                                                  received),
                          name="rolloutcore-stage", daemon=True).start()
 
     def _fill(self, gen: int, path: str, count: int, manifest: str,
-              fill: Callable[[IdentityHasher], Iterator[tuple[str, Any]]]) -> None:
+              fill: Callable[[IdentityHasher], Iterator[tuple[str, str, Any]]],
+              received: int | None) -> None:
         t0 = time.perf_counter()
         h = IdentityHasher()
         tensors: list[tuple[str, Any]] = []
+        dtypes: list[str] = []
         error: str | None = None
         try:
-            for name, t in fill(h):
+            for name, dtype, t in fill(h):
                 tensors.append((name, t))
+                dtypes.append(dtype)
                 if gen != self._gen:
                     return  # superseded: let the buffer go
         except Exception as e:  # any failure of a staging is its evidence
@@ -422,9 +480,11 @@ class _Stage:
             complete = error is None and len(tensors) == count
             self._state = {"done": True, "complete": complete,
                            "identity": h.hexdigest() if complete else None, "error": error,
-                           "tensors": h.tensors, "bytes": h.nbytes, "path": path,
-                           "seconds": round(time.perf_counter() - t0, 4)}
+                           "tensors": h.tensors,
+                           "bytes": h.nbytes if received is None else received,
+                           "path": path, "seconds": round(time.perf_counter() - t0, 4)}
             self._held = (path, tensors, h, manifest) if complete else None
+            self._dtypes = dtypes
 
     def status(self) -> dict[str, Any]:
         with self._lock:
@@ -451,10 +511,25 @@ class _Stage:
             self._held = None
             self._state = {"done": True, "complete": False, "identity": None,
                            "error": "installed"}
+            # What is installed becomes the base a delta applies to (a host copy).
+            self._base = Base(held[2].hexdigest(), held[3], tuple(
+                (name, dtype, t) for (name, t), dtype in zip(held[1], self._dtypes,
+                                                             strict=True)))
             return held
+
+    def base(self) -> Base | None:
+        """The weights this worker last installed from a staging (a delta's base)."""
+        with self._lock:
+            return self._base
 
 
 STAGE = _Stage()
+
+
+def _uint8() -> Any:
+    import torch
+
+    return torch.uint8
 
 
 def _available_bytes() -> int | None:

@@ -329,6 +329,7 @@ class TransferAdapter:
         self.last_session: SessionLog | None = None
         self.last_timings: dict[str, float] = {}
         self.active_engine: Any = None  # the trainer engine of the running transfer
+        self.staging_sent = 0  # bytes the running staging has broadcast so far
 
     # ------------------------------------------------------------ delegated operations
 
@@ -500,15 +501,22 @@ class TransferAdapter:
             return results
 
         error = ""
+        self.staging_sent = 0
         started: list[dict[str, Any]] = []  # the workers' answers, even if sending fails
+
+        def progress(sent: int) -> None:
+            self.staging_sent = sent
+
         try:
             sent, _answers = stage_over_gloo(
                 call, source, master_address=str(getattr(info, "master_address", "127.0.0.1")),
                 world_size=ranks + 1, buffer_bytes=int(getattr(
                     info, "packed_buffer_size_bytes", 8 << 20)),
-                timeout_s=max(remaining(deadline), 1.0))
+                timeout_s=max(remaining(deadline), 1.0), progress=progress)
         except Exception as e:  # the workers' buffers say what arrived
             sent, error = 0, f"{type(e).__name__}: {e}"
+        finally:
+            self.staging_sent = 0
         self.last_timings = {"stage_send_s": time.perf_counter() - t0}
         if not started:
             raise AdapterError(f"stage: no worker started: {error}")

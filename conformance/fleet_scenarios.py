@@ -1008,12 +1008,16 @@ s_killed_while_draining.__doc__ = s_rolling_killed_while_draining.__doc__ = \
 
 
 def kill_midway(adapter: Any, engine: Any, box: dict[str, float]) -> None:
-    """Once bytes are on their way to c, SIGKILL its server."""
+    """Once bytes are on their way to it (a transfer, or a staging), SIGKILL its server."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         eng = adapter.active_engine
         sent = getattr(eng, "bytes_sent", None)
-        if adapter.client.pending is not None and eng is not None and (sent or 0) > 0:
+        if getattr(adapter, "staging_sent", 0) > 0:
+            sent = adapter.staging_sent
+        elif not (adapter.client.pending is not None and eng is not None):
+            sent = 0
+        if (sent or 0) > 0:
             box["sent"] = float(sent or 0)
             box["at"] = time.monotonic()
             engine.server.kill()

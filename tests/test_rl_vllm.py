@@ -45,7 +45,9 @@ def test_the_rl_loop_learns_through_verified_publishes(tmp_path: Path,
         REDUCED.samples_per_group
     # every generation published once per step, the fault's included
     assert [s["generation"] for s in result.steps] == list(range(2, REDUCED.steps + 2))
-    assert any(s["serving"] == ["e0"] for s in result.steps)  # e1 quarantined meanwhile
+    assert any(s["serving"] == ["e0"] for s in result.steps)  # e1 out meanwhile
+    # Every update was staged (the weights travelled while the members served).
+    assert all(s["staged_mb"] > 0 and s["window_s"] > 0 for s in result.steps)
     names = {Path(p).name for p in result.pictures}
     assert {"timeline.png", "reward.png", "lag.png", "index.html"} <= names
 

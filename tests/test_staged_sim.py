@@ -17,7 +17,10 @@ from rolloutcore.adapters.sim import FaultPlan, SimAdapter, SimEngine, reference
 from rolloutcore.check.fleet_trace import check_fleet_file
 from rolloutcore.check.trace import check_file
 from rolloutcore.engine.controller import Controller
+from rolloutcore.engine.delta import read_delta, write_delta
+from rolloutcore.engine.identity import checkpoint_entries, checkpoint_identity
 from rolloutcore.engine.runner import LifecycleRunner, RunnerPolicy
+from rolloutcore.engine.targets import checkpoint_target
 from rolloutcore.fleet import Fleet
 from rolloutcore.journal import Journal
 from rolloutcore.journal.codec import dumps_line, rechain
@@ -147,11 +150,13 @@ def test_the_checker_catches_an_install_without_every_rank_prepared(tmp_path: Pa
 # ------------------------------------------------------------------ a fleet
 
 
-def _fleet(tmp_path: Path, n: int = 3, ranks: int = 2) -> tuple[Fleet, dict[str, SimAdapter]]:
+def _fleet(tmp_path: Path, n: int = 3, ranks: int = 2,
+           min_serving: int = 3) -> tuple[Fleet, dict[str, SimAdapter]]:
     adapters = {f"e{i}": SimAdapter(SimEngine("ckpt-1", label="rc-1", ranks=ranks),
                                     hang_seconds=5) for i in range(n)}
     fleet = Fleet([(name, a, None) for name, a in adapters.items()],
-                  journal=tmp_path / "f.jsonl", min_serving=n, policy=STAGED, fsync=False)
+                  journal=tmp_path / "f.jsonl", min_serving=min_serving, policy=STAGED,
+                  fsync=False)
     fleet.bootstrap(sim_target(1, "ckpt-1"))
     assert fleet.phase == FleetPhase.READY
     return fleet, adapters
@@ -159,10 +164,10 @@ def _fleet(tmp_path: Path, n: int = 3, ranks: int = 2) -> tuple[Fleet, dict[str,
 
 def test_a_fleet_stages_every_member_before_any_closes(tmp_path: Path) -> None:
     """Prepare-then-commit across the fleet: one member's staging fails (a rank's chunk
-    corrupt), so no member closes, every member serves generation 1 and holds no staged
-    buffer, nothing is TAINTED; the next update stages all and publishes on all; the fleet
-    journal passes the fleet trace checker (each member's staging stepped by the staged
-    spec's table)."""
+    corrupt) and the quorum is every member, so no member closes, every member serves
+    generation 1 and holds no staged buffer, nothing is TAINTED; the next update stages
+    all and publishes on all; the fleet journal passes the fleet trace checker (each
+    member's staging stepped by the staged spec's table)."""
     fleet, adapters = _fleet(tmp_path)
     adapters["e1"].faults = FaultPlan({"stage": ["corrupt"]})
     report = fleet.update(sim_target(2, "ckpt-2"))
@@ -180,3 +185,38 @@ def test_a_fleet_stages_every_member_before_any_closes(tmp_path: Path) -> None:
     fleet.close()
     verdict = check_fleet_file(tmp_path / "f.jsonl")
     assert verdict.accepted, verdict.message
+
+
+def test_a_member_whose_staging_fails_sits_the_update_out(tmp_path: Path) -> None:
+    """With a quorum of two of three, a member whose staging is refused sits the update
+    out (READY on generation 1, never TAINTED, nothing touched) while the others publish
+    generation 2; its re-admission then catches it up (a verified update of its own)."""
+    fleet, adapters = _fleet(tmp_path, min_serving=2)
+    adapters["e1"].faults = FaultPlan({"stage": ["partial"]})
+    report = fleet.update(sim_target(2, "ckpt-2"))
+    assert report.published and sorted(report.committed_on) == ["e0", "e2"], report
+    assert report.members["e1"].staging_refused and not report.quarantined
+    e1 = fleet.members["e1"]
+    assert e1.controller.phase is Phase.READY and e1.controller.control.committed == 1
+    assert adapters["e1"].engine.weights == "ckpt-1" and adapters["e1"].engine.staged == {}
+    out = fleet.readmit("e1", who="test: catch up after a refused staging")
+    assert out.trigger == "readmit_ok", out
+    assert e1.controller.control.committed == 2 and adapters["e1"].engine.weights == "ckpt-2"
+    fleet.close()
+    verdict = check_fleet_file(tmp_path / "f.jsonl")
+    assert verdict.accepted, verdict.message
+
+
+def test_a_delta_carries_only_the_changed_tensors(models: dict[str, Path],
+                                                  tmp_path: Path) -> None:
+    """v1neg differs from v1 in two tensors: the delta carries those, names v1 as its base
+    and v1neg's full identity as its result; a target read from it is v1neg's (its
+    identity, its probe), sized by the bytes that travel."""
+    info = write_delta(models["v1"], models["v1neg"], tmp_path / "d")
+    assert (info.changed, info.tensors) == (2, len(checkpoint_entries(models["v1"])))
+    assert info.base == checkpoint_identity(models["v1"])
+    assert read_delta(tmp_path / "d") == info and read_delta(models["v1"]) is None
+    t = checkpoint_target(tmp_path / "d", 2, "neg")
+    full = checkpoint_target(models["v1neg"], 2, "neg")
+    assert (t.identity, t.probe_tokens) == (full.identity, full.probe_tokens)
+    assert t.nbytes == info.nbytes < full.nbytes / 5

@@ -30,7 +30,12 @@ from rolloutcore.conformance.fixtures.server_pool import ServerPool  # noqa: E40
 from rolloutcore.conformance.fixtures.tiny_model import DEFAULT_OUT, build_models  # noqa: E402
 from rolloutcore.conformance.fixtures.vllm_server import VllmServer  # noqa: E402
 from rolloutcore.engine.controller import Controller  # noqa: E402
-from rolloutcore.engine.identity import checkpoint_entries  # noqa: E402
+from rolloutcore.engine.delta import write_delta  # noqa: E402
+from rolloutcore.engine.identity import (  # noqa: E402
+    checkpoint_entries,
+    checkpoint_identity,
+    checkpoint_nbytes,
+)
 from rolloutcore.engine.postconditions import Decision, decide  # noqa: E402
 from rolloutcore.engine.runner import LifecycleRunner, RunnerPolicy  # noqa: E402
 from rolloutcore.journal import Journal  # noqa: E402
@@ -100,6 +105,25 @@ def test_staged_updates_on_a_real_server(server: VllmServer, tmp_path: Path) -> 
         assert verdict.accepted, verdict.message
         # Back to v1's weights (the pool restores its label when the server is given back).
         assert runner.update(checkpoint_target(models["v1"], 3, "v1b")).published
+
+        # A delta: v1neg differs from v1 in two of its tensors; only those travel, staged
+        # on the v1 the worker installed last; the result reads as v1neg in full.
+        info = write_delta(models["v1"], models["v1neg"], tmp_path / "delta")
+        assert info.changed == 2 and info.nbytes < checkpoint_nbytes(models["v1neg"]) / 5
+        neg = checkpoint_target(tmp_path / "delta", 4, "v1neg")
+        assert neg.identity == checkpoint_identity(models["v1neg"])
+        report = runner.update(neg)
+        assert report.published and report.staged, report.steps
+        assert report.staged_bytes == info.nbytes
+        assert adapter.read_state(time.monotonic() + 10).identity == neg.identity
+        assert adapter.generate(neg.probe_prompt, len(neg.probe_tokens)).tokens == \
+            neg.probe_tokens
+        # The same delta again, on the wrong base (the worker now holds v1neg): refused.
+        report = runner.update(replace(neg, generation=5, label="v1neg-again"))
+        assert not report.published and report.staging_refused, report.steps
+        assert "a delta on base" in report.staging_refused
+        assert report.final_phase is Phase.READY
+        assert check_file(journal).accepted
 
 
 # ------------------------------------------------------------ a tensor-parallel engine

@@ -5,11 +5,13 @@ gateway. Producer threads ask the gateway for groups (``n`` samples of one promp
 admission each) as fast as the bounded buffer lets them; the trainer (plain torch, a
 GRPO-style group-relative objective, no KL) takes a batch of groups, drops those older
 than ``max_lag`` generations, takes one optimiser step and publishes its live weights to
-the fleet (a verified fleet update over the gloo transfer: identity of the bytes sent,
-probe reference from the trainer's model), every step. Halfway, one member's server is
-SIGKILLed while the new weights are on their way to it: it is quarantined, the other
-member publishes, the server is restarted, re-admitted (verified) and serves again while
-training goes on. One line per step; at the end the checks (reward above the threshold,
+the fleet (a verified, staged fleet update over the gloo transfer: the weights travel
+into every member's staging buffers while it serves, each member's digest of the bytes
+it received is checked before any closes, and the closed window only installs; probe
+reference from the trainer's model), every step. Halfway, one member's server is
+SIGKILLed while the new weights are on their way to it: its staging is refused (nothing
+it served was touched), the other member publishes, the server is restarted, re-admitted
+(verified, caught up) and serves again while training goes on. One line per step; at the end the checks (reward above the threshold,
 every record's generation and identity against the journal, the journal against the
 fleet spec, behaviour logprobs against the trainer's recomputation) and the pictures
 (reward per step, the fleet's timeline, the lag histogram: PNGs and one HTML page).
@@ -181,7 +183,7 @@ class RLRun:
         policy = RunnerPolicy(step_timeout_s=POLICY.step_timeout_s,
                               pause_timeout_s=POLICY.pause_timeout_s,
                               drain_timeout_s=POLICY.drain_timeout_s,
-                              mutation_base_s=TRANSFER_BASE_S + 1.0)
+                              mutation_base_s=TRANSFER_BASE_S + 1.0, staged=True)
         journal = self.work / "rl-fleet.jsonl"
         journal.unlink(missing_ok=True)
         self.result.journal = str(journal)
@@ -349,11 +351,14 @@ class RLRun:
             identities[generation] = pub.identity
             if killer is not None:
                 killer.join(60)
-                self.check(f"step {step}: {victim}'s server was SIGKILLed mid-transfer; it is "
-                           f"quarantined and generation {generation} is published on the "
-                           f"other member", "at" in box and victim in pub.quarantined
+                member = publisher.fleet.last_report.members.get(victim)
+                refused = getattr(member, "staging_refused", None)
+                self.check(f"step {step}: {victim}'s server was SIGKILLed mid-transfer (the "
+                           f"weights were staging while it served): its staging was refused "
+                           f"(nothing served was touched) and generation {generation} is "
+                           f"published on the other member", "at" in box and bool(refused)
                            and victim not in pub.committed_on,
-                           {"killed": box, "quarantined": pub.quarantined,
+                           {"killed": box, "refused": refused,
                             "committed_on": pub.committed_on})
                 ev["fault_update_s"] = round(update_s, 3)
                 restart = threading.Thread(target=rig.engines[victim].restart_process,
@@ -363,7 +368,11 @@ class RLRun:
             # except the half batch the bound let through meanwhile (lag 1).
             buffer.ack(taken)
             lags = [t.lag for t in taken]
-            line = {"step": step, "mean_reward": round(statistics.fmean(rewards), 4),
+            members = publisher.fleet.last_report.members.values()
+            staged_mb = sum(r.staged_bytes for r in members) / 1e6
+            window_s = max((r.window_s for r in members if r.staged), default=0.0)
+            line = {"step": step, "staged_mb": round(staged_mb, 2),
+                    "window_s": round(window_s, 3), "mean_reward": round(statistics.fmean(rewards), 4),
                     "generation": generation, "lag_mean": round(statistics.fmean(lags), 3),
                     "lag_max": max(lags), "update_s": round(update_s, 3),
                     "wait_s": round(wait_s, 3), "train_s": round(stats.seconds, 3),
@@ -372,7 +381,8 @@ class RLRun:
             self.result.steps.append(line)
             self.say(f"step {step:3d}  reward {line['mean_reward']:.3f}  generation "
                      f"{generation:3d}  lag {line['lag_mean']:.2f} (max {line['lag_max']})  "
-                     f"update {update_s:5.2f} s  wait {wait_s:5.2f} s  on "
+                     f"update {update_s:5.2f} s (staged {staged_mb:.1f} MB, closed "
+                     f"{window_s:4.2f} s)  wait {wait_s:5.2f} s  on "
                      f"{','.join(line['serving'])}" + ("  <- member killed mid-transfer"
                                                        if fault else "  <- re-admitted"
                                                        if step == readmitted_at else ""))

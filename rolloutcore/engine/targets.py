@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rolloutcore.adapters.contract import WeightTarget
+from rolloutcore.engine.delta import read_delta
 from rolloutcore.engine.identity import checkpoint_identity, checkpoint_nbytes, with_adapter
 from rolloutcore.errors import BadInput
 
@@ -66,12 +67,16 @@ def checkpoint_target(path: str | Path, generation: int, label: str, *,
     entry = next((p for p in load_references(path)["probes"] if p.get("name") == probe), None)
     if entry is None:
         raise TargetError(f"{path}: {REFERENCES} has no probe named {probe!r}")
+    delta = read_delta(path)  # a delta directory: the identity of the full result
     try:
         return WeightTarget(
             generation=generation, label=label,
-            identity=identity or checkpoint_identity(path), source=str(Path(path).resolve()),
+            identity=identity or (delta.identity if delta is not None
+                                  else checkpoint_identity(path)),
+            source=str(Path(path).resolve()),
             probe_prompt=tuple(entry["prompt_token_ids"]),
-            probe_tokens=tuple(entry["output_token_ids"]), nbytes=checkpoint_nbytes(path),
+            probe_tokens=tuple(entry["output_token_ids"]),
+            nbytes=delta.nbytes if delta is not None else checkpoint_nbytes(path),
             probe_logprobs=tuple(entry["prompt_logprobs"]) if "prompt_logprobs" in entry
             else None)
     except (KeyError, TypeError) as e:

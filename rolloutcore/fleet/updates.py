@@ -85,12 +85,16 @@ class Updates(FleetBase):
                        ) -> tuple[dict[str, CycleReport], dict[str, Staging], str | None]:
         """Prepare-then-commit across the fleet (spec/staged.py): every serving member
         whose runner stages stages the target while it serves, in parallel, before any
-        member closes. If one is refused, every other's staging is cancelled (refused
-        too, buffers discarded) and the update is refused: nothing closed anywhere.
-        Returns the members' reports, their prepared stagings, and why it was refused."""
+        member closes. A member whose staging is refused sits this update out (READY on
+        its generation, nothing touched: behind the fleet once it publishes, caught up by
+        its re-admission); if too few are left for the quorum, every other's staging is
+        cancelled (refused too, buffers discarded) and the update is refused: nothing
+        closed anywhere. Returns the members' reports, the prepared stagings, and why
+        the update was refused (None: it goes on)."""
         with self._lock:
             participants = self._serving()
             targets = self._targets_for(target, participants)
+            quorum = self._bounds().min_serving
         stagers = [m for m in participants if m.runner.stages]
         reports = {m.name: CycleReport(targets[m.name], published=False,
                                        final_phase=m.controller.phase) for m in participants}
@@ -100,7 +104,7 @@ class Updates(FleetBase):
                                 stagers)
         refused = {n: reports[n].staging_refused for n, s in staged.items() if s is None}
         sessions: dict[str, Staging] = {n: s for n, s in staged.items() if s is not None}
-        if not refused:
+        if len(participants) - len(refused) >= quorum:
             return reports, sessions, None
         why = "; ".join(f"{n}: {r}" for n, r in sorted(refused.items()))
         for name, session in sessions.items():
@@ -128,7 +132,7 @@ class Updates(FleetBase):
             participants = self._serving()
             targets = self._targets_for(target, participants)
             gens = {t.generation for t in targets.values()}
-            changed = sessions and set(sessions) != {
+            changed = bool(sessions) and not set(sessions) <= {
                 m.name for m in participants if m.runner.stages}
             if gens != {self.committed + 1} or changed:
                 for name, session in sessions.items():
@@ -150,6 +154,9 @@ class Updates(FleetBase):
         self._deciding = deciding = PendingDecision({m.name for m in participants})
         try:
             for m in participants:
+                if m.runner.stages and m.name not in sessions and reports:
+                    deciding.settle(m.name)  # its staging was refused: it sits this out
+                    continue
                 m.work = self._pool.submit(m.runner.prepare, targets[m.name],
                                            report.members[m.name],
                                            staging=sessions.get(m.name))
