@@ -60,6 +60,13 @@ Install(r, d) ==
                /\ faults' = faults + 1 /\ UNCHANGED <<inst>>
     /\ UNCHANGED <<committed, target, buf, prep>>
 
+\* abandon: The install is refused with proof before any rank installed (a rank's buffer was gone, the epoch fenced): admissions reopen on the committed generation, buffers discarded, nothing served changed.
+Abandon ==
+    /\ phase = "closed" /\ \A r \in Ranks : ~inst[r]
+    /\ phase' = "serving" /\ target' = 0
+    /\ buf' = [r \in Ranks |-> 0] /\ prep' = [r \in Ranks |-> FALSE]
+    /\ UNCHANGED <<committed, served, inst, faults>>
+
 \* publish: Every rank installed: the verified reset, validation and probe pass (the lifecycle spec's steps) and the target is committed; admissions reopen.
 Publish ==
     /\ phase = "closed" /\ \A r \in Ranks : inst[r]
@@ -75,6 +82,7 @@ Next ==
     \/ StageFail
     \/ Close
     \/ \E r \in Ranks : \E d \in BOOLEAN : Install(r, d)
+    \/ Abandon
     \/ Publish
 
 Spec == Init /\ [][Next]_vars
