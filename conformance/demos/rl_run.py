@@ -11,9 +11,10 @@ it received is checked before any closes, and the closed window only installs; p
 reference from the trainer's model), every step. Halfway, one member's server is
 SIGKILLed while the new weights are on their way to it: its staging is refused (nothing
 it served was touched), the other member publishes, the server is restarted, re-admitted
-(verified, caught up) and serves again while training goes on. One line per step; at the end the checks (reward above the threshold,
-every record's generation and identity against the journal, the journal against the
-fleet spec, behaviour logprobs against the trainer's recomputation) and the pictures
+(verified, caught up) and serves again while training goes on. One line per step; at
+the end the checks (reward above the threshold, every record's generation and identity
+against the journal, the journal against the fleet spec, behaviour logprobs against the
+trainer's recomputation) and the pictures
 (reward per step, the fleet's timeline, the lag histogram: PNGs and one HTML page).
 """
 
@@ -342,23 +343,47 @@ class RLRun:
                     self.adapters[victim], rig.engines[victim], box), daemon=True)
                 killer.start()
             t1 = time.perf_counter()
+            first: Any = None  # the fault step's first report, if its publish was aborted
             try:
                 pub = publisher.publish(trainer.model, f"step-{step}")
             except PublishError as e:
-                raise RuntimeError(str(e)) from None
+                first = e.report
+                if not fault:
+                    raise RuntimeError(str(e)) from None
+                # The killed member's staging was refused while it still held rollouts
+                # (an episode waiting on its tool): the fleet cannot publish around them
+                # (they would outlive their generation) and aborted. Once they let go
+                # (their next turn fails on the dead server), the same weights go again.
+                ev["fault_first_publish"] = str(e)[:200]
+                self.say(f"  step {step}: {e}; waiting for {victim}'s rollouts to end")
+                member = publisher.fleet.members[victim]
+                if not member.controller.wait_drained(120):
+                    raise RuntimeError(f"{victim} still holds rollouts 120 s after its "
+                                       "staging was refused") from None
+                try:
+                    pub = publisher.publish(trainer.model, f"step-{step}-again")
+                except PublishError as again:
+                    raise RuntimeError(str(again)) from None
             update_s = time.perf_counter() - t1
             generation = pub.generation
             identities[generation] = pub.identity
             if killer is not None:
                 killer.join(60)
-                member = publisher.fleet.last_report.members.get(victim)
-                refused = getattr(member, "staging_refused", None)
-                self.check(f"step {step}: {victim}'s server was SIGKILLed mid-transfer (the "
-                           f"weights were staging while it served): its staging was refused "
-                           f"(nothing served was touched) and generation {generation} is "
-                           f"published on the other member", "at" in box and bool(refused)
-                           and victim not in pub.committed_on,
-                           {"killed": box, "refused": refused,
+                reports = [r for r in (first, publisher.fleet.last_report) if r is not None]
+                refused = next((r.members[victim].staging_refused for r in reports
+                                if victim in r.members
+                                and r.members[victim].staging_refused), None)
+                # Killed while its bytes travelled, its staging is refused (nothing it
+                # served was touched); killed once they had all arrived, a step after its
+                # staging fails. Either way the update ends, on the other member (retried
+                # once if the victim's rollouts held the first attempt back).
+                self.check(f"step {step}: {victim}'s server was SIGKILLed while the weights "
+                           f"were on their way to it; generation {generation} is published "
+                           f"on the other member",
+                           "at" in box and victim not in pub.committed_on
+                           and len(pub.committed_on) > 0,
+                           {"killed": box, "refused": refused, "aborted_first": first
+                            is not None, "quarantined": pub.quarantined,
                             "committed_on": pub.committed_on})
                 ev["fault_update_s"] = round(update_s, 3)
                 restart = threading.Thread(target=rig.engines[victim].restart_process,
@@ -372,7 +397,8 @@ class RLRun:
             staged_mb = sum(r.staged_bytes for r in members) / 1e6
             window_s = max((r.window_s for r in members if r.staged), default=0.0)
             line = {"step": step, "staged_mb": round(staged_mb, 2),
-                    "window_s": round(window_s, 3), "mean_reward": round(statistics.fmean(rewards), 4),
+                    "window_s": round(window_s, 3),
+                    "mean_reward": round(statistics.fmean(rewards), 4),
                     "generation": generation, "lag_mean": round(statistics.fmean(lags), 3),
                     "lag_max": max(lags), "update_s": round(update_s, 3),
                     "wait_s": round(wait_s, 3), "train_s": round(stats.seconds, 3),
