@@ -12,6 +12,11 @@ C. The verified update, staged: the same cycle, but the bytes are read and diges
    background thread of the worker while the engine serves; the window only installs.
 D. A bare unverified staged install: staged as C, then pause, install, prefix-cache reset,
    resume (no verification): what the guarantees add to the window.
+E. A delta: ``models/large`` with its two largest tensors changed (about 2% of the
+   elements of a 55.6 MB model would be smaller; two whole tensors are what a delta of
+   whole tensors carries), staged as a delta on the installed ``large``: bytes that
+   travel against the full checkpoint's, the staging time against a full staging, and
+   the staged identity against the full target's (a delta reads as the same weights).
 
 Goals (issue 50): C's window shorter than A's (the guarantees cost less than vLLM's own
 unverified update); C <= 1.2x D; B >= 5x C (at 0.5-1 GB of weights: at 55.6 MB the
@@ -46,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     from rolloutcore.conformance.fixtures.tiny_model import DEFAULT_OUT, build_models
     from rolloutcore.conformance.transfer_scenarios import GLOO, Session
     from rolloutcore.engine.controller import Controller
-    from rolloutcore.engine.identity import checkpoint_nbytes
+    from rolloutcore.engine.delta import write_delta
+    from rolloutcore.engine.identity import checkpoint_identity, checkpoint_nbytes
     from rolloutcore.engine.runner import LifecycleRunner, RunnerPolicy
     from rolloutcore.journal import Journal
 
@@ -133,6 +139,25 @@ def main(argv: list[str] | None = None) -> int:
                 window_d.append(time.perf_counter() - t0)
                 if ev.outcome.value != "completed":
                     raise RuntimeError(f"bare install {i}: {ev}")
+            # E: a delta of two tensors, staged on the installed large.
+            base = checkpoint_target(models["large"], g, f"base-{g}")
+            g += 1
+            full_stage = http.stage(base, dl())
+            t0 = time.perf_counter()
+            http.pause(PauseMode.WAIT, dl())
+            http.install(base, dl())
+            http.resume(dl())
+            changed = _changed_copy(models["large"], Path(tmp) / "large-changed")
+            info = write_delta(models["large"], changed, Path(tmp) / "large-delta")
+            delta_target = checkpoint_target(Path(tmp) / "large-delta", g, f"delta-{g}")
+            delta_stage = http.stage(delta_target, dl())
+            res["delta"] = {
+                "changed_tensors": info.changed, "tensors": info.tensors,
+                "delta_bytes": info.nbytes, "full_bytes": nbytes,
+                "full_staging_s": full_stage.seconds, "delta_staging_s": delta_stage.seconds,
+                "identity_is_full_targets": all(
+                    x.identity == checkpoint_identity(changed) for x in delta_stage.stages)}
+            http.discard_stage(dl())
         finally:
             s.stop()
 
@@ -166,9 +191,37 @@ def main(argv: list[str] | None = None) -> int:
     print(f"C / D = {c / d:.2f}x (goal <= {GOAL_OVER_BARE}: {verdict(c / d <= GOAL_OVER_BARE)})")
     print(f"B / C = {b / c:.2f}x (goal >= {GOAL_UNSTAGED_OVER_STAGED} at 0.5-1 GB; this run "
           f"{mb:.1f} MB: {verdict(b / c >= GOAL_UNSTAGED_OVER_STAGED)})")
+    dd = res["delta"]
+    print(f"E delta of {dd['changed_tensors']} of {dd['tensors']} tensors: "
+          f"{dd['delta_bytes'] / 1e6:.1f} MB travel instead of {dd['full_bytes'] / 1e6:.1f} MB "
+          f"({dd['full_bytes'] / dd['delta_bytes']:.1f}x fewer bytes); staging "
+          f"{dd['delta_staging_s'] * 1e3:.0f} ms vs {dd['full_staging_s'] * 1e3:.0f} ms in full; "
+          f"the staged identity is the full target's: {dd['identity_is_full_targets']}")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2, default=str))
     return 0
+
+
+def _changed_copy(src: Path, out: Path) -> Path:
+    """A copy of checkpoint ``src`` whose two largest tensors have every byte changed."""
+    import numpy as np
+
+    from rolloutcore.engine.identity import (
+        checkpoint_entries,
+        iter_tensor_bytes,
+        write_safetensors,
+    )
+
+    entries = checkpoint_entries(src)
+    largest = {e.name for e in sorted(entries, key=lambda e: e.nbytes)[-2:]}
+    out.mkdir()
+    tensors = [(e.name, e.dtype, e.shape, (np.frombuffer(data, np.uint8) ^ 0x5A).tobytes()
+                if e.name in largest else data) for e, data in iter_tensor_bytes(entries)]
+    write_safetensors(out / "model.safetensors", tensors)
+    for extra in src.iterdir():
+        if not extra.name.endswith(".safetensors"):
+            (out / extra.name).write_bytes(extra.read_bytes())
+    return out
 
 
 if __name__ == "__main__":
