@@ -44,6 +44,9 @@ CLUSTER_LEASE_S = 3.0
 KILL_POINTS = ("fleet:fleet_request_update", "a:drain", "a:pause", "a:mutate",
                "a:reset(prefix)", "a:reset(encoder)", "a:reset(mm)", "a:validate",
                "a:resume", "a:probe", "fleet:fleet_publish")
+#: make check kills the leader at these (before, in the middle of and after a member's
+#: mutation, and at the fleet's publish); make test at every one (marked deep).
+QUICK_KILL_POINTS = frozenset({"a:pause", "a:mutate", "a:probe", "fleet:fleet_publish"})
 
 
 @dataclass
@@ -151,7 +154,9 @@ def _final_state_is_one_generation(done: dict[str, Any], rig: Rig) -> int:
     return gen
 
 
-@pytest.mark.parametrize("kill_at", KILL_POINTS)
+@pytest.mark.parametrize("kill_at", [
+    k if k in QUICK_KILL_POINTS else pytest.param(k, marks=pytest.mark.deep)
+    for k in KILL_POINTS])
 def test_leader_killed_at_every_step_standby_takes_over(rig: Rig, tmp_path: Path,
                                                         kill_at: str) -> None:
     """kill -9 of the leader right after ``kill_at``: the standby is elected within the
@@ -269,6 +274,7 @@ def test_two_controllers_started_together_exactly_one_acts(rig: Rig, tmp_path: P
         == {"boot", leader}
 
 
+@pytest.mark.deep  # three etcd members started and stopped: make test
 def test_three_member_etcd_loses_one_then_two(tmp_path: Path) -> None:
     """A fleet journalled on a 3-member etcd cluster: with one member lost updates go on;
     with two lost the controller stops making changes and says why (nothing unverified is

@@ -157,6 +157,7 @@ def test_random_walks_pass_on_the_simulator(graph: TourGraph, tmp_path: Path) ->
     assert run_walks(SimHarnessEngine(), graph, tmp_path, count=60, seed=11) is None
 
 
+@pytest.mark.deep  # the whole tour through the CLI twice: make test (the walks stay)
 def test_cli_tour_json_and_replay(tmp_path: Path) -> None:
     env_out = {"ROLLOUTCORE_ARTIFACTS": str(tmp_path)}
     import os
