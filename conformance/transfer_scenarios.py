@@ -54,7 +54,7 @@ from rolloutcore.adapters.weight_transfer import (
 from rolloutcore.conformance.engines import INITIAL_LABEL, checkpoint_target
 from rolloutcore.conformance.fixtures.vllm_server import VllmServer
 from rolloutcore.engine.controller import IllegalTransition
-from rolloutcore.engine.runner import LifecycleRunner, RunnerPolicy
+from rolloutcore.engine.runner import CycleReport, LifecycleRunner, RunnerPolicy
 from rolloutcore.journal import open_controller, read_journal
 from rolloutcore.spec.lifecycle import Phase
 
@@ -302,6 +302,17 @@ def s_full_cycle(s: Session, gen: int, version: str) -> Row:
     return row
 
 
+def _staged_update(s: Session, target: WeightTarget) -> CycleReport:
+    """One update of the session's runner with staging on (its policy as it was after)."""
+    assert s.runner is not None
+    policy = s.runner.policy
+    s.runner.policy = dataclasses.replace(policy, staged=True)
+    try:
+        return s.runner.update(target)
+    finally:
+        s.runner.policy = policy
+
+
 def s_staged_cycle(s: Session, gen: int, version: str) -> Row:
     """A staged update over gloo: the trainer broadcasts while the engine serves, the
     worker receives into host buffers on a background thread, every rank's digest is
@@ -309,12 +320,7 @@ def s_staged_cycle(s: Session, gen: int, version: str) -> Row:
     row = Row("staged_cycle", s.backend.name)
     assert s.runner is not None and s.adapter is not None
     target = s.target(version, gen)
-    policy = s.runner.policy
-    s.runner.policy = dataclasses.replace(policy, staged=True)
-    try:
-        rep = s.runner.update(target)
-    finally:
-        s.runner.policy = policy
+    rep = _staged_update(s, target)
     row.evidence.update(window_s=round(rep.window_s, 4), staging_s=round(rep.staging_s, 4),
                         staged_bytes=rep.staged_bytes,
                         steps={k: round(v, 4) for k, v in rep.timings().items()})
@@ -359,12 +365,9 @@ def s_staged_sender_fails(s: Session, gen: int, version: str, committed: str) ->
     good = s.target(committed, gen - 1)
     source = CheckpointSource(s.models[version].resolve())
     s.source_override = lambda _t: _FailingSource(source, len(source.entries) // 2)
-    policy = s.runner.policy
-    s.runner.policy = dataclasses.replace(policy, staged=True)
     try:
-        rep = s.runner.update(target)
+        rep = _staged_update(s, target)
     finally:
-        s.runner.policy = policy
         s.source_override = None
     row.evidence.update(refused=rep.staging_refused, staging_s=round(rep.staging_s, 4))
     row.check("refused while serving, not TAINTED", not rep.published and not rep.staged

@@ -170,7 +170,7 @@ class Episodes:
         taking one if there is none (the segment's generation if a member still serves
         it, else a new segment). Returns once the admission, if any, is durable.
         :class:`EpisodeRefused` if the episode cannot take a turn now."""
-        self.expire_due()
+        self.expire_due(eid)  # its own deadline; the reaper sees to the others
         with self._lock:
             ep = self._live.get(eid)
             if ep is None:
@@ -347,14 +347,16 @@ class Episodes:
                 else:
                     self.pool.submit(self._settle, b, then)
 
-    def expire_due(self) -> list[str]:
-        """End every idle episode past its idle deadline (the spec's ``expire``); a
-        binding none of whose episodes lives any more is released."""
+    def expire_due(self, only: str | None = None) -> list[str]:
+        """End every idle episode past its idle deadline (the spec's ``expire``), or only
+        episode ``only`` if it is; a binding none of whose episodes lives any more is
+        released."""
         now = self.clock()
         released: dict[int, Binding] = {}
         with self._lock:
-            due = [ep for ep in self._live.values()
-                   if ep.status == IDLE and now - ep.idle_since >= ep.idle_s]
+            pool: Iterable[Episode] = self._live.values() if only is None else (
+                [self._live[only]] if only in self._live else [])
+            due = [ep for ep in pool if ep.status == IDLE and now - ep.idle_since >= ep.idle_s]
             for ep in due:
                 self._end_one(ep, EXPIRED)
                 b = ep.binding

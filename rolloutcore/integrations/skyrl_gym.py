@@ -25,14 +25,15 @@ from rolloutcore.gateway.wire import (
     H_ENGINE,
     H_EPISODE,
     H_EPISODE_POLICY,
-    H_GENERATION,
-    H_IDENTITY,
-    H_ROLLOUT,
     H_SEGMENT,
-    H_SEQ,
     H_TURN,
 )
-from rolloutcore.rl.client import GroupError, GroupRefused, refusal_code
+from rolloutcore.rl.client import (
+    GroupError,
+    GroupRefused,
+    binding_from_headers,
+    refusal_code,
+)
 from rolloutcore.rl.episode import segments_of
 
 Messages = list[dict[str, Any]]
@@ -105,9 +106,10 @@ def run_episode(base_url: str, model: str, env: TextEnv, prompt: Sequence[dict[s
             out = env.step(reply)
             reward = float(out["reward"])
             h = r.headers
-            run.turns.append(ChatTurn(int(h[H_TURN]), int(h[H_SEGMENT]), int(h[H_GENERATION]),
-                                      h.get(H_IDENTITY) or None, h[H_ENGINE], h[H_ROLLOUT],
-                                      int(h[H_SEQ]), reply, reward))
+            b = binding_from_headers(h)
+            run.turns.append(ChatTurn(int(h[H_TURN]), int(h[H_SEGMENT]), b.generation,
+                                      b.identity, h[H_ENGINE], b.rollout_id, b.seq, reply,
+                                      reward))
             run.reward += reward
             run.messages += [{"role": "assistant", "content": reply}, *out["observations"]]
             done = bool(out["done"])

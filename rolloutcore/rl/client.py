@@ -16,7 +16,7 @@ engines, see :func:`engine_logprobs_mode`). For temperature 1, top-p 1 and no to
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -223,9 +223,8 @@ class RolloutClient:
                                f"{r.text[:300]}", code=refusal_code(r), status=r.status_code)
         h = r.headers
         try:
-            generation, seq = int(h[H_GENERATION]), int(h[H_SEQ])
-            rollout, engine, label = h[H_ROLLOUT], h[H_ENGINE], h[H_LABEL]
-            identity = h.get(H_IDENTITY) or None
+            binding = binding_from_headers(h)
+            engine, label = h[H_ENGINE], h[H_LABEL]
             choices = r.json()["choices"]
         except (KeyError, ValueError) as e:
             raise GroupError(f"the gateway's answer lacks its binding or choices: {e}") from None
@@ -245,8 +244,16 @@ class RolloutClient:
             raise GroupError(f"asked for {n} samples, the answer has {sorted(samples)}")
         aborted = any(s.aborted for s in samples.values())
         return Group(prompt, tuple(samples[i] for i in range(n)),
-                     Binding(rollout, generation, identity, seq, aborted=aborted), engine,
+                     binding._replace(aborted=aborted), engine,
                      label, self.logprobs_mode, sampling, started, seconds, attempt)
+
+
+def binding_from_headers(h: Mapping[str, str]) -> Binding:
+    """The admission a gateway's answer names in its headers (rollout, generation, the
+    weights' identity, the journal sequence number); KeyError or ValueError if it names
+    none. Every client of the gateway reads it here."""
+    return Binding(h[H_ROLLOUT], int(h[H_GENERATION]), h.get(H_IDENTITY) or None,
+                   int(h[H_SEQ]))
 
 
 def refusal_code(r: httpx.Response) -> str | None:

@@ -31,15 +31,17 @@ from rolloutcore.gateway.wire import (
     H_EPISODE,
     H_EPISODE_GROUP,
     H_EPISODE_POLICY,
-    H_GENERATION,
-    H_IDENTITY,
     H_LABEL,
-    H_ROLLOUT,
     H_SEGMENT,
-    H_SEQ,
     H_TURN,
 )
-from rolloutcore.rl.client import GroupError, GroupRefused, Sampling, refusal_code
+from rolloutcore.rl.client import (
+    GroupError,
+    GroupRefused,
+    Sampling,
+    binding_from_headers,
+    refusal_code,
+)
 from rolloutcore.trajectories.format import EpisodeTurn, Timing, TrajectoryRecord
 
 
@@ -197,8 +199,7 @@ class Episode:
                                f"{r.text[:300]}", code=code, status=r.status_code)
         h = r.headers
         try:
-            binding = Binding(h[H_ROLLOUT], int(h[H_GENERATION]), h.get(H_IDENTITY) or None,
-                              int(h[H_SEQ]))
+            binding = binding_from_headers(h)
             segment, index = int(h[H_SEGMENT]), int(h[H_TURN])
             c = r.json()["choices"][0]
             tokens = tuple(int(t) for t in c["token_ids"])
