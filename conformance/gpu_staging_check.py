@@ -97,9 +97,10 @@ def _nccl_rank(rank: int, nbytes: int, port: int, out: Any) -> None:
         dist.destroy_process_group()
         return
     alone = _loop_rate(torch, dev, 2.0)
-    side = torch.cuda.Stream(device=dev)
+    cuda: Any = torch.cuda  # its Stream is untyped
+    side = cuda.Stream(device=dev)
     t0 = time.perf_counter()
-    with torch.cuda.stream(side):
+    with cuda.stream(side):
         work = dist.broadcast(buf, 0, async_op=True)
     during = _loop_rate(torch, dev, 30.0, stop=work.is_completed)
     work.wait()
