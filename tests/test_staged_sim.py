@@ -22,7 +22,7 @@ from rolloutcore.engine.identity import checkpoint_entries, checkpoint_identity
 from rolloutcore.engine.runner import LifecycleRunner, RunnerPolicy
 from rolloutcore.engine.targets import checkpoint_target
 from rolloutcore.fleet import Fleet
-from rolloutcore.journal import Journal
+from rolloutcore.journal import Journal, open_controller
 from rolloutcore.journal.codec import dumps_line, rechain
 from rolloutcore.spec.fleet import FleetPhase
 from rolloutcore.spec.lifecycle import Phase
@@ -220,3 +220,16 @@ def test_a_delta_carries_only_the_changed_tensors(models: dict[str, Path],
     full = checkpoint_target(models["v1neg"], 2, "neg")
     assert (t.identity, t.probe_tokens) == (full.identity, full.probe_tokens)
     assert t.nbytes == info.nbytes < full.nbytes / 5
+
+
+def test_a_controller_recovers_from_a_journal_with_stagings(tmp_path: Path) -> None:
+    """Staging steps change no lifecycle state: a controller restarted on a journal with
+    a refused and a published staging recovers READY on generation 2."""
+    runner, adapter = _runner(tmp_path)
+    adapter.faults = FaultPlan({"stage": ["other"]})
+    assert runner.update(sim_target(2, "ckpt-2")).staging_refused
+    assert runner.update(sim_target(2, "ckpt-2")).published
+    runner.controller.trace.close()  # type: ignore[union-attr]
+    ctl, journal, _rec = open_controller(tmp_path / "j.jsonl")
+    journal.close()
+    assert (ctl.phase, ctl.control.committed) == (Phase.READY, 2)

@@ -19,6 +19,7 @@ from rolloutcore.journal.codec import HEADER, SCHEMA, ZERO_HASH
 from rolloutcore.journal.reader import ChainReport, JournalReader
 from rolloutcore.journal.writer import Journal
 from rolloutcore.spec.lifecycle import NO_OP, SPEC, Phase, Spec
+from rolloutcore.spec.staged import JOURNAL_STEPS as STAGED_JOURNAL_STEPS
 from rolloutcore.spec.triggers import RESTARTS, Trigger
 
 
@@ -64,6 +65,8 @@ def apply_record(ctl: Controller, rec: Mapping[str, Any]) -> None:
         ctl.abort(param or "")
     elif step in RESTARTS:
         ctl.restart(step)
+    elif step in STAGED_JOURNAL_STEPS:  # a staging step changes no lifecycle state; a
+        ctl.note(step, param)  # staging in progress is lost with the process (harmless)
     else:
         ctl.fire(step, param)
     identity = _committed_identity(step, rec)
