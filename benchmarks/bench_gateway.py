@@ -93,7 +93,10 @@ def added_latency(direct: str, gateway: str, prompt: list[int], pairs: int) -> d
 
 
 async def _throughput(urls: list[str], prompts: list[list[int]], total: int,
-                      concurrency: int) -> float:
+                      concurrency: int, dropped: list[str]) -> float:
+    """Requests per second; a request whose connection closes without an answer
+    (``httpx.TransportError``) is noted in ``dropped`` (the error, and the server's log
+    tells which side closed it) and sent once more on a new connection."""
     done = 0
     # idle connections expire before a server (vLLM's uvicorn: 5 s) closes them
     limits = httpx.Limits(max_connections=concurrency * 2, keepalive_expiry=2.0)
@@ -102,8 +105,14 @@ async def _throughput(urls: list[str], prompts: list[list[int]], total: int,
             nonlocal done
             k = i
             while k < total:
-                r = await c.post(f"{urls[k % len(urls)]}/v1/completions",
-                                 json=request(prompts[k % len(prompts)], 16))
+                url = f"{urls[k % len(urls)]}/v1/completions"
+                body = request(prompts[k % len(prompts)], 16)
+                try:
+                    r = await c.post(url, json=body)
+                except httpx.TransportError as e:
+                    dropped.append(f"{url}: {type(e).__name__}: {e}")
+                    async with httpx.AsyncClient(timeout=120) as fresh:
+                        r = await fresh.post(url, json=body)
                 r.raise_for_status()
                 done += 1
                 k += concurrency
@@ -125,12 +134,15 @@ def throughput(direct: list[str], gateway: str, gateway_pid: int, prompts: list[
                total: int, concurrency: int) -> dict[str, Any]:
     runs: dict[str, list[float]] = {"direct": [], "gateway": []}
     gateway_cpu: list[float] = []  # the gateway process's CPU seconds per request
-    asyncio.run(_throughput(direct, prompts, concurrency, concurrency))  # warm-up
+    dropped: dict[str, list[str]] = {"direct": [], "gateway": []}
+    asyncio.run(_throughput(direct, prompts, concurrency, concurrency,
+                            dropped["direct"]))  # warm-up
     for i in range(ROUNDS):  # alternated, the order swapped each round
         order = [("direct", direct), ("gateway", [gateway])]
         for name, urls in order if i % 2 == 0 else order[::-1]:
             cpu0 = cpu_seconds(gateway_pid)
-            runs[name].append(asyncio.run(_throughput(urls, prompts, total, concurrency)))
+            runs[name].append(asyncio.run(_throughput(urls, prompts, total, concurrency,
+                                                      dropped[name])))
             if name == "gateway":
                 gateway_cpu.append((cpu_seconds(gateway_pid) - cpu0) / total)
     d, g = statistics.median(runs["direct"]), statistics.median(runs["gateway"])
@@ -144,6 +156,7 @@ def throughput(direct: list[str], gateway: str, gateway_pid: int, prompts: list[
             "gateway_cpu_ms_per_request": gw_ms,
             "direct_core_ms_per_request": direct_core_ms,
             "cpu_bound_ratio": direct_core_ms / (direct_core_ms + gw_ms),
+            "dropped": dropped,
             "pair_ratios": [b / a for a, b in zip(runs["direct"], runs["gateway"],
                                                   strict=True)]}
 
@@ -261,6 +274,10 @@ def run(tmp: Path, requests: int, pairs: int, records: int) -> dict[str, Any]:
         status = httpx.get(f"{gateway}/admin/status", timeout=10).json()["journal"]
         result["gateway_journal"] = {"records": status["last_seq"],
                                      "fsyncs": status["fsyncs"]}
+        # Which side closed a connection without an answer: the gateway says so in its log
+        errors = [line for line in (tmp / "serve.log").read_text(errors="replace").splitlines()
+                  if "Traceback" in line or "ERROR" in line or "Exception" in line]
+        result["gateway_log_errors"] = {"count": len(errors), "first": errors[:3]}
     finally:
         if proc is not None:
             proc.terminate()
@@ -291,6 +308,10 @@ def render(r: dict[str, Any]) -> str:
                      f"request, against {thr['direct_core_ms_per_request']:.2f} core-ms per "
                      f"direct request ({os.cpu_count()} cores, saturated): the cores they "
                      f"share allow at most {thr['cpu_bound_ratio']:.3f}x")
+        for path, errors in thr["dropped"].items():
+            if errors:
+                lines.append(f"  {path}: {len(errors)} connection(s) closed without an answer "
+                             f"(sent again on a new connection), first: {errors[0]}")
     lines.append(f"durable journal records/s, {j['threads']} threads:")
     for k in ("fsync_per_record", "group_commit", "fleet_fsync_per_record",
               "fleet_group_commit"):
@@ -298,6 +319,9 @@ def render(r: dict[str, Any]) -> str:
                      f"({j[k]['fsyncs']} fsyncs)")
     lines.append(f"  group commit ratio: {j['ratio']:.1f}x (journal), "
                  f"{j['fleet_ratio']:.1f}x (fleet admit+release)")
+    e = r["gateway_log_errors"]
+    lines.append(f"errors in the gateway's log: {e['count']}"
+                 + (f", first: {e['first'][0]}" if e["first"] else ""))
     g = r["gateway_journal"]
     lines.append(f"the gateway's own journal in this run: {g['records']} records, "
                  f"{g['fsyncs']} fsyncs")

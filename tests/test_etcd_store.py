@@ -253,6 +253,20 @@ def test_deposed_leader_append_is_refused_and_next_leader_continues(store: EtcdS
     a.resign()
 
 
+def test_unawaited_waits_where_lines_wait_in_memory(store: EtcdStore) -> None:
+    """An etcd journal's line reaches the store only with its batch: a record appended
+    unawaited is still sent before the block ends (a reader sees every release)."""
+    lead = Leadership(store, "u", ttl_s=5.0)
+    lead.campaign(timeout_s=5)
+    ej = EtcdJournal(store, lead, group_commit=True)
+    assert not ej.writes_through
+    txns = ej.txns
+    with ej.unawaited():
+        _admit(ej.member("e0"), "u1", None)
+    assert ej.txns == txns + 1 and not ej._pending
+    ej.close()
+
+
 def test_group_commit_fewer_txns_and_the_file_journal_bytes(store: EtcdStore,
                                                             tmp_path: Path) -> None:
     lead = Leadership(store, "g", ttl_s=5.0)

@@ -1137,6 +1137,28 @@ def test_group_commit_one_fsync_for_a_deferred_batch(tmp_path: Path,
     assert report.ok and [r["seq"] for r in recs] == list(range(12))
 
 
+def test_unawaited_records_are_covered_by_the_next_awaited_flush(
+        tmp_path: Path, fsync_log: list[int]) -> None:
+    """A release is not waited for: written at once (a reader sees it), no fsync of its
+    own; the next record anyone waits for is fsynced with it, in order."""
+    j = Journal(tmp_path / "j.jsonl", spec_name="RolloutCoreFleet", group_commit=True)
+    sink = j.member("a")
+    _member_record(sink, 0)
+    n0, size0 = len(fsync_log), j.path.stat().st_size
+    with j.unawaited():
+        _member_record(sink, 1)
+    assert len(fsync_log) == n0 and j.path.stat().st_size > size0  # written, not synced
+    with j.deferred():  # an outer deferred block still waits for its own records
+        _member_record(sink, 2)
+        with j.unawaited():
+            _member_record(sink, 3)
+        assert len(fsync_log) == n0
+    assert len(fsync_log) == n0 + 1 and fsync_log[-1] == j.path.stat().st_size
+    j.close()
+    report, recs = read_journal(j.path)
+    assert report.ok and [r["seq"] for r in recs] == list(range(5))
+
+
 def test_group_commit_concurrent_writers_share_one_fsync(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The first fsync is held until every other writer has written its line: they all

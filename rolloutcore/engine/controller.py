@@ -190,6 +190,9 @@ class Controller:
     #: nothing changed). A fleet's member guards: checked where the step is taken, so no
     #: other step can change what they read in between.
     guard: Callable[[str, GuardView], str | None] | None = None
+    #: Called, under the controller's lock, after every change of its state or bindings
+    #: (a fleet marks the member's view stale instead of re-reading every member per step).
+    on_change: Callable[[], None] | None = None
     _last_seq: int = 0  # sequence number of the last accepted step
 
     def __post_init__(self) -> None:
@@ -321,6 +324,7 @@ class Controller:
             self.bindings = {}
             self._aborted.clear()
             self._released.notify_all()
+            self._changed()
         return out
 
     def note(self, step: str, param: Any = None,
@@ -363,6 +367,7 @@ class Controller:
             if (c.phase, c.committed, c.evidence) != (before.phase, before.committed,
                                                       before.evidence):
                 self._opened.notify_all()
+            self._changed()
             return out
 
     def admit(self, rollout_id: str, detail: Mapping[str, Any] | None = None, *,
@@ -402,6 +407,8 @@ class Controller:
             if self._aborted:  # an id reused after its abort: the old one is let go
                 self._aborted.pop(rollout_id, None)
             self._last_seq = seq
+            if self.on_change is not None:
+                self.on_change()
             return binding
 
     def _open_for(self, min_generation: int) -> bool:
@@ -467,11 +474,17 @@ class Controller:
                 self._aborted[rollout_id] = binding
             self._last_seq = seq
             self._released.notify_all()
+            if self.on_change is not None:
+                self.on_change()
             return binding
 
     def was_aborted(self, rollout_id: str) -> bool:
         with self._lock:
             return rollout_id in self._aborted
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     def snapshot(self) -> GuardView:
         """The controller state and the generations of its bindings, read together under
@@ -526,6 +539,7 @@ class Controller:
             self._machine.set_state(control.phase.value, model=self._model)
             if next_seq is not None:
                 self._last_seq = next_seq - 1
+            self._changed()
 
 
 __all__ = ["AdmissionCancelled", "AdmissionTimeout", "Binding", "Controller", "IllegalTransition",

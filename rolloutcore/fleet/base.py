@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from rolloutcore.adapters.contract import EpochEvidence, LifecycleAdapter, WeightTarget
@@ -235,6 +236,10 @@ class FleetBase:
     _quorum: int | None  # the quorum of the update being decided, if any
     _watchdog: threading.Thread | None
     _watchdog_stop: threading.Event
+    _order: list[Member]  # the members, in order (their index in _views)
+    _index: dict[str, int]
+    _views: list[GuardView]  # each member's view as last read (see _watch_views)
+    _stale: set[int]  # members changed since their view was read
 
     def _member_sink(self, name: str) -> TraceSink:
         """The member's journal sink; a step that leaves it TAINTED settles the update
@@ -266,7 +271,39 @@ class FleetBase:
 
     def _fleet_state(self) -> FleetSnapshot:
         """The fleet's state as the fleet spec's predicates read it, members included."""
-        return replace(self._fleet(), eng=tuple(m.view() for m in self.members.values()))
+        return replace(self._fleet(), eng=self._eng())
+
+    def _watch_views(self) -> None:
+        """Keep one view per member, re-read only once the member has changed (its
+        controller marks it): a member's step reads every member's state, and re-reading
+        them all made a fleet update's cost grow with the square of its size."""
+        self._order = list(self.members.values())
+        self._index = {m.name: i for i, m in enumerate(self._order)}
+        self._views = [m.view() for m in self._order]
+        self._stale = set()
+        for i, m in enumerate(self._order):
+            m.controller.on_change = partial(self._stale.add, i)
+
+    def _eng(self, own: str | None = None, view: GuardView | None = None
+             ) -> tuple[GuardView, ...]:
+        """Every member's view, in member order (under the fleet's lock: two readers never
+        write one member's view out of order). ``own``: the member taking a step, with the
+        ``view`` its step passes (its lock is held: it is not re-read)."""
+        with self._lock:
+            stale, views = self._stale, self._views
+            mine = -1 if own is None else self._index[own]
+            skipped = False
+            while stale:
+                i = stale.pop()  # popped before the read: a change after it marks it again
+                if i == mine:
+                    skipped = True
+                    continue
+                views[i] = self._order[i].view()
+            if skipped:
+                stale.add(mine)
+            if mine < 0 or view is None:
+                return tuple(views)
+            return (*views[:mine], view, *views[mine + 1:])
 
     def _enabled(self, step: str) -> bool:
         """Whether the fleet spec takes fleet step ``step`` from the fleet's state now."""
@@ -303,8 +340,7 @@ class FleetBase:
             g = MEMBER_GUARDS.get(step)
             if g is None:
                 return None
-            f = replace(self._fleet(), eng=tuple(view if n == name else m.view()
-                                                 for n, m in self.members.items()))
+            f = replace(self._fleet(), eng=self._eng(name, view))
             if g[0](f, view, self._bounds()):
                 return None
             return f"the fleet spec requires {' '.join(g[1].split())} (fleet {self.phase})"
@@ -317,7 +353,7 @@ class FleetBase:
 
     def _serving(self) -> list[Member]:
         f = self._fleet()
-        return [m for m in self.members.values() if serving(f, m.view())]
+        return [m for m, v in zip(self._order, self._eng(), strict=True) if serving(f, v)]
 
 
     def _take(self, step: str, **detail: Any) -> None:

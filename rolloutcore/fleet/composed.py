@@ -70,6 +70,7 @@ class Fleet(Admission, Readmission, Updates, Recovery):
             ctl = Controller(step_lock=self._lock)
             runner = LifecycleRunner(ctl, adapter, policy, on_step=self._hook(name))
             self.members[name] = Member(name, adapter, url, ctl, runner)
+        self._watch_views()
         self.phase = UNINITIALIZED
         self.committed = 0
         self.target = 0

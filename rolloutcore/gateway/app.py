@@ -699,7 +699,7 @@ class _Exchange:
             self.done = True
             if up.status == 200 and self.collector is not None:
                 data = self._collect_body(data)
-            await self._finish_shielded()  # released (durably) before the answer goes out
+            await self._finish_shielded()  # released before the answer goes out
             await self._send(send, up.status, data, headers)
             return
         self.started = True

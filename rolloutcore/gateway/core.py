@@ -263,8 +263,10 @@ class Gateway:
         return f"the fleet is {f.phase}"
 
     def release(self, lease: Lease, detail: dict[str, Any] | None = None) -> Binding:
-        """Release a lease; returns once the release is durable in the journal."""
-        with self.fleet.journal.deferred():
+        """Release a lease. Not waited for in a file journal: the next flush anyone waits
+        for covers it (an admission's, a step's), and lost in a crash it is conservative:
+        recovery ends the rollouts in flight with the gateway's crash."""
+        with self.fleet.journal.unawaited():
             return self.fleet.release(lease, detail)
 
     def _reap(self) -> None:

@@ -159,6 +159,35 @@ class Journal:
                 local.deferred = 0
                 commit.wait(ticket)
 
+    #: Whether a line reaches the store (readers) as it is written, before its flush:
+    #: only then may a writer skip waiting for it (:meth:`unawaited`).
+    writes_through = True
+
+    @contextmanager
+    def unawaited(self) -> Iterator[None]:
+        """Records this thread appends inside the block are not waited for: the next
+        flush anyone waits for covers them (a flush covers every line written before it,
+        so a later durable record implies them). For records whose loss in a crash is
+        conservative (a release: recovery counts the rollout as ended with the crash).
+        Under the block they are written in order as ever; a journal whose lines wait in
+        memory for their flush (not ``writes_through``) waits as :meth:`deferred` does."""
+        commit = self._commit
+        if commit is None or not self.writes_through:
+            with self.deferred():
+                yield
+            return
+        local = commit.local
+        outer = getattr(local, "deferred", 0)
+        local.depth = getattr(local, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            local.depth -= 1
+            local.deferred = outer  # this block's tickets are dropped, not awaited
+            if local.depth == 0 and outer:
+                local.deferred = 0
+                commit.wait(outer)
+
     @property
     def fsyncs(self) -> int:
         """Batches fsynced by group commit so far (0 without it)."""
