@@ -17,6 +17,9 @@ E. A delta: ``models/large`` with its two largest tensors changed (about 2% of t
    whole tensors carries), staged as a delta on the installed ``large``: bytes that
    travel against the full checkpoint's, the staging time against a full staging, and
    the staged identity against the full target's (a delta reads as the same weights).
+F. Serving while staging: a steady greedy load (4 streams of 32 tokens), its tokens/s
+   alone and while the same 55.6 MB stage back to back (staged, then discarded: a
+   staging is about 0.1 s, too short to measure a rate over), for the same seconds each.
 
 Goals (issue 50): C's window shorter than A's (the guarantees cost less than vLLM's own
 unverified update); C <= 1.2x D; B >= 5x C (at 0.5-1 GB of weights: at 55.6 MB the
@@ -158,6 +161,11 @@ def main(argv: list[str] | None = None) -> int:
                 "identity_is_full_targets": all(
                     x.identity == checkpoint_identity(changed) for x in delta_stage.stages)}
             http.discard_stage(dl())
+
+            # F: tokens/s kept while staging.
+            res["serving"] = _serving_kept(s.srv.url, s.srv.served_model_name,
+                                           lambda: http.stage(base, dl()),
+                                           lambda: http.discard_stage(dl()))
         finally:
             s.stop()
 
@@ -197,9 +205,58 @@ def main(argv: list[str] | None = None) -> int:
           f"({dd['full_bytes'] / dd['delta_bytes']:.1f}x fewer bytes); staging "
           f"{dd['delta_staging_s'] * 1e3:.0f} ms vs {dd['full_staging_s'] * 1e3:.0f} ms in full; "
           f"the staged identity is the full target's: {dd['identity_is_full_targets']}")
+    sv = res["serving"]
+    print(f"F serving while staging: {sv['alone_tps']:.0f} tokens/s alone, "
+          f"{sv['staging_tps']:.0f} while {sv['stagings']} stagings ran back to back "
+          f"({sv['seconds']:.1f} s each): {sv['kept']:.2f}x kept")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2, default=str))
     return 0
+
+
+def _serving_kept(url: str, model: str, stage: Any, discard: Any,
+                  seconds: float = 4.0, streams: int = 4) -> dict[str, Any]:
+    """Tokens/s of a steady load alone, then while ``stage``/``discard`` run back to back
+    for the same time; each phase counts the tokens of requests completed inside it."""
+    import threading
+
+    import httpx
+
+    body = {"model": model, "prompt": [1, 2, 3, 4, 5, 6, 7, 8], "max_tokens": 32,
+            "min_tokens": 32, "temperature": 0}
+    done: list[tuple[float, int]] = []  # (end time, tokens)
+    stop = threading.Event()
+
+    def stream() -> None:
+        with httpx.Client(timeout=60) as c:
+            while not stop.is_set():
+                r = c.post(f"{url}/v1/completions", json=body)
+                r.raise_for_status()
+                done.append((time.perf_counter(), r.json()["usage"]["completion_tokens"]))
+
+    workers = [threading.Thread(target=stream, daemon=True) for _ in range(streams)]
+    for w in workers:
+        w.start()
+    time.sleep(1.0)  # warm: every stream has a request in flight
+
+    def rate(t0: float, t1: float) -> float:
+        return sum(n for t, n in done if t0 <= t < t1) / (t1 - t0)
+
+    t0 = time.perf_counter()
+    time.sleep(seconds)
+    t1 = time.perf_counter()
+    stagings = 0
+    while time.perf_counter() < t1 + seconds:
+        stage()
+        discard()
+        stagings += 1
+    t2 = time.perf_counter()
+    stop.set()
+    for w in workers:
+        w.join(60)
+    alone, staging = rate(t0, t1), rate(t1, t2)
+    return {"alone_tps": alone, "staging_tps": staging, "kept": staging / alone,
+            "stagings": stagings, "seconds": seconds, "streams": streams}
 
 
 def _changed_copy(src: Path, out: Path) -> Path:

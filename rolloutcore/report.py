@@ -98,7 +98,7 @@ _BARS_TOP = 0.30
 _MAX_BAR = 0.13  # a bar is thin even when a lane has few rollouts at once
 _FLEET_STRIP = (-0.42, -0.12)
 _LEGEND_ROWS = 5
-_GEN_LEGEND_X, _EVENT_LEGEND_X = 0.50, 0.735  # figure fractions: the legends' columns
+_GEN_LEGEND_X, _EVENT_LEGEND_X = 0.50, 0.72  # figure fractions: the legends' columns
 _MIN_SPAN_PX = 2.5  # a phase span shorter than this is drawn this wide (else invisible)
 _DPI = 100
 
@@ -755,7 +755,7 @@ def draw_timeline(tl: Timeline, out: Path) -> Path:
     mark_handles: list[Any] = [events[k] for k in events if k in marks_seen]
     if hollow:
         mark_handles.append(Patch(facecolor="none", edgecolor="#444444", lw=0.8,
-                                  label="rollout without a trajectory record"))
+                                  label="no trajectory record"))
     if flagged:
         mark_handles.append(Patch(facecolor="none", edgecolor="#e00000", lw=1.8,
                                   label="in flight across a mutation"))

@@ -596,7 +596,7 @@ _FAULT_SETTINGS: dict[str, Any] = {
     "suppress_health_check": list(HealthCheck)}
 #: make check's size; make test runs the deeper search below too.
 TestRunnerWithFaults = RunnerWithFaults.TestCase
-TestRunnerWithFaults.settings = settings(max_examples=25, **_FAULT_SETTINGS)
+TestRunnerWithFaults.settings = settings(max_examples=15, **_FAULT_SETTINGS)
 
 
 @pytest.mark.deep

@@ -10,11 +10,17 @@ from rolloutcore.proof.stateful import machine_for
 from rolloutcore.spec.lifecycle import SPEC
 from rolloutcore.spec.mutants import MUTANTS, Mutant, mutant
 
-CI = settings(max_examples=250, stateful_step_count=50, deadline=None, database=None,
+#: make check's size; make test runs the deeper search below too.
+CI = settings(max_examples=120, stateful_step_count=50, deadline=None, database=None,
               suppress_health_check=list(HealthCheck))
 
 TestLifecycle = machine_for(SPEC).TestCase
 TestLifecycle.settings = CI
+
+
+@pytest.mark.deep
+class TestLifecycleDeep(machine_for(SPEC).TestCase):  # type: ignore[misc]
+    settings = settings(CI, max_examples=500)
 
 #: The mutant CI hunts on every run: its explorer counterexample is the shortest of all
 #: (init, bootstrap_begin, bootstrap_ok: READY without the probe's evidence), so

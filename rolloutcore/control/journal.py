@@ -213,6 +213,8 @@ class EtcdJournal(Journal):
     prefix (for display: there is no file); ``url`` the store's URL.
     """
 
+    writes_through = False  # under group commit a line waits in memory for its batch
+
     def __init__(self, store: EtcdStore, leadership: Leadership, *,
                  spec_name: str | None = None, clock: Callable[[], float] = time.time,
                  spec: Spec = SPEC, continues: str | None = None,

@@ -463,9 +463,7 @@ class LifecycleRunner:
         (:meth:`stage`: a fleet stages every member before any closes); else a runner
         that stages does so first."""
         c = self.controller
-        if target.generation != c.control.committed + 1:
-            raise ValueError(f"target generation {target.generation} is not the next one "
-                             f"after {c.control.committed}")
+        self._check_next(target)
         if report is None:
             report = CycleReport(target, published=False, final_phase=c.phase)
         report.started = time.perf_counter()
@@ -484,6 +482,12 @@ class LifecycleRunner:
         return (self.policy.staged and isinstance(self.adapter, Stager)
                 and bool(getattr(self.adapter, "stages_updates", True)))
 
+    def _check_next(self, target: WeightTarget) -> None:
+        committed = self.controller.control.committed
+        if target.generation != committed + 1:
+            raise ValueError(f"target generation {target.generation} is not the next one "
+                             f"after {committed}")
+
     def stage(self, target: WeightTarget, report: CycleReport) -> Staging | None:
         """Stage ``target`` on every rank while the engine serves; the session with every
         rank prepared, or None: the staging was refused (journalled ``stage_fail``),
@@ -492,9 +496,7 @@ class LifecycleRunner:
         the staged spec's table."""
         adapter = self.adapter
         assert isinstance(adapter, Stager)
-        if target.generation != self.controller.control.committed + 1:
-            raise ValueError(f"target generation {target.generation} is not the next one "
-                             f"after {self.controller.control.committed}")
+        self._check_next(target)
         t0 = time.perf_counter()
         seconds = self.policy.mutation_deadline(target)
         deadline = time.monotonic() + seconds
