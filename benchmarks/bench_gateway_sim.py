@@ -35,14 +35,12 @@ from typing import Any
 import httpx
 
 from rolloutcore.adapters.launch import free_port
-from rolloutcore.adapters.sim import reference_logprobs, reference_tokens
-from rolloutcore.conformance.fixtures.sim_server import SimServer
-from rolloutcore.engine.identity import write_safetensors
+from rolloutcore.conformance.fixtures.sim_server import PROBE_PROMPT, SimServer, write_checkpoint
 
 GOAL_CPU_MS = 0.5
 CONCURRENCY = (64, 256)
 ROUNDS = 3
-PROMPT = (7, 1, 4, 9, 2, 8, 5, 3, 6)  # sim_target's default probe prompt
+PROMPT = PROBE_PROMPT
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -53,19 +51,6 @@ def cpu(pid: int) -> tuple[float, float]:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     tick = os.sysconf("SC_CLK_TCK")
     return int(fields[11]) / tick, int(fields[12]) / tick
-
-
-def checkpoint(tmp: Path) -> str:
-    """A checkpoint directory the simulated servers serve and ``serve --initial`` reads."""
-    ck = tmp / "v1"
-    ck.mkdir()
-    name = str(ck)
-    write_safetensors(ck / "model.safetensors", [("w", "F32", [1], b"\0" * 4)])
-    (ck / "references.json").write_text(json.dumps({"probes": [{
-        "name": "long", "prompt_token_ids": list(PROMPT),
-        "output_token_ids": list(reference_tokens(name, PROMPT, 8)),
-        "prompt_logprobs": list(reference_logprobs(name, PROMPT))}]}))
-    return name
 
 
 def wait_up(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
@@ -116,7 +101,7 @@ def measure(url: str, pid: int, model: str, total: int, concurrency: int
 
 
 def run(tmp: Path, total: int) -> dict[str, Any]:
-    name = checkpoint(tmp)
+    name = write_checkpoint(tmp / "v1")
     out: dict[str, Any] = {}
     with SimServer(initial=name) as a, SimServer(initial=name) as b:
         model = httpx.get(f"{a.url}/v1/models").json()["data"][0]["id"]

@@ -43,9 +43,9 @@ from helpers import wait_until
 
 from rolloutcore import cli
 from rolloutcore.adapters.http import HttpAdapter
-from rolloutcore.adapters.sim import reference_logprobs, reference_tokens, sim_target
+from rolloutcore.adapters.sim import sim_target
 from rolloutcore.conformance.fixtures.etcd_server import EtcdCluster, EtcdServer
-from rolloutcore.conformance.fixtures.sim_server import SimServer
+from rolloutcore.conformance.fixtures.sim_server import SimServer, write_checkpoint
 from rolloutcore.control import (
     EtcdStore,
     Leadership,
@@ -53,7 +53,6 @@ from rolloutcore.control import (
     iter_journal_lines,
 )
 from rolloutcore.control.etcd import b64
-from rolloutcore.engine.identity import write_safetensors
 from rolloutcore.fleet import Fleet
 from rolloutcore.fleet.store import EtcdJournalStore
 
@@ -62,7 +61,6 @@ REPO = Path(__file__).resolve().parents[1]
 LEASE_S = 2.0
 #: Any wait on a condition: far above what it takes, so only a failure reaches it.
 BOUND = 30.0
-PROBE_PROMPT = (7, 1, 4, 9, 2, 8, 5, 3, 6)  # sim_target's default probe
 
 
 # -------------------------------------------------------------------------- rig
@@ -72,14 +70,7 @@ PROBE_PROMPT = (7, 1, 4, 9, 2, 8, 5, 3, 6)  # sim_target's default probe
 def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[str]]]:
     """Two simulated engines holding the checkpoint named by a directory the command
     line can describe (see the module's doc); yields (that directory, engine URLs)."""
-    ck = tmp_path_factory.mktemp("ckpt") / "v1"
-    ck.mkdir()
-    name = str(ck)
-    write_safetensors(ck / "model.safetensors", [("w", "F32", [1], b"\0" * 4)])
-    (ck / "references.json").write_text(json.dumps({"probes": [{
-        "name": "long", "prompt_token_ids": list(PROBE_PROMPT),
-        "output_token_ids": list(reference_tokens(name, PROBE_PROMPT, 8)),
-        "prompt_logprobs": list(reference_logprobs(name, PROBE_PROMPT))}]}))
+    name = write_checkpoint(tmp_path_factory.mktemp("ckpt") / "v1")
     with SimServer(initial=name) as a, SimServer(initial=name) as b:
         yield name, [a.url, b.url]
 
