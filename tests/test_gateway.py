@@ -49,7 +49,7 @@ from rolloutcore.adapters.sim import (
 )
 from rolloutcore.check.fleet_trace import check_fleet_file
 from rolloutcore.engine.targets import TargetError
-from rolloutcore.fleet import Fleet
+from rolloutcore.fleet import Fleet, Lease
 from rolloutcore.gateway.app import GatewayApp
 from rolloutcore.gateway.core import Gateway, GatewayConfig, StaleMode
 from rolloutcore.gateway.server import ServerThread
@@ -871,6 +871,47 @@ def test_engine_errors_are_passed_on_and_released(tmp_path: Path,
         assert r.bound() == 0
         release = [x for x in r.journal_records() if x["step"] == "release"][-1]
         assert release["detail"]["status"] == 502
+        r.check()
+
+
+def test_a_fault_of_the_gateway_is_answered_released_and_recorded(
+        tmp_path: Path, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fault inside the gateway after admission (injected: building the answer's
+    headers, then forwarding a stream's chunk) never leaves a connection closed without
+    an answer: before anything was sent the client gets a 500 in OpenAI's shape; mid-
+    stream, an error event ends the stream. Either way the rollout is released, its
+    record written (the stream's marked broken) and the journal checks."""
+    from rolloutcore.gateway import app as app_module
+
+    real_headers = app_module.lease_headers
+    with rig(tmp_path, upstream) as r:
+        def broken_headers(lease: Lease) -> list[tuple[bytes, bytes]]:
+            raise RuntimeError("injected gateway fault")
+        monkeypatch.setattr(app_module, "lease_headers", broken_headers)
+        resp = completion(r.url)
+        assert resp.status_code == 500, resp.text
+        assert resp.json()["error"]["code"] == "internal_error"
+        assert r.bound() == 0
+        release = [x for x in r.journal_records() if x["step"] == "release"][-1]
+        assert release["detail"]["status"] == 500
+        monkeypatch.setattr(app_module, "lease_headers", real_headers)
+
+        real_chunk = app_module._Exchange._send_chunk
+        sent = {"n": 0}
+
+        async def broken_chunk(self: Any, send: Any, chunk: bytes, tail: bytes) -> None:
+            sent["n"] += 1
+            if sent["n"] == 1:  # the headers went out: the stream has started
+                raise RuntimeError("injected gateway fault mid-stream")
+            await real_chunk(self, send, chunk, tail)
+        monkeypatch.setattr(app_module._Exchange, "_send_chunk", broken_chunk)
+        with httpx.stream("POST", f"{r.url}/v1/completions", timeout=BOUND, json={
+                "model": MODEL, "prompt": PROMPT, "max_tokens": 6, "min_tokens": 6,
+                "temperature": 0, "stream": True}) as resp:
+            assert resp.status_code == 200
+            body = "".join(resp.iter_text())  # read to its end: no connection cut
+        assert "the gateway failed mid-stream: RuntimeError" in body, body
+        assert r.bound() == 0
         r.check()
 
 

@@ -620,6 +620,25 @@ class _Exchange:
                     await self._break_off(send, f"engine {lease.engine} failed mid-stream: "
                                                 f"{type(e).__name__}")
                 return
+            except Exception as e:  # a fault of the gateway's own: the rollout is released
+                # and recorded, and the client answered (an error, or an error event
+                # mid-stream), never left with a connection closed without an answer
+                log.exception("%s: the exchange failed", getattr(self.lease, "rollout_id", "?"))
+                self.outcome = f"gateway error: {type(e).__name__}"
+                self.cut = self.started
+                if not self.started:
+                    self.status = 500
+                await self._finish_shielded()
+                if self.gone:
+                    return
+                if not self.started:
+                    await self._send_refusal(send, Refusal(
+                        500, f"the gateway failed: {type(e).__name__}", type="server_error",
+                        code="internal_error"))
+                else:
+                    await self._break_off(send, f"the gateway failed mid-stream: "
+                                                f"{type(e).__name__}")
+                return
             finally:
                 if self.gone and not self.done:  # (after the last event, nothing was lost)
                     self.outcome = "client disconnected"
