@@ -177,16 +177,13 @@ class Journal:
                 yield
             return
         local = commit.local
-        outer = getattr(local, "deferred", 0)
+        outer = getattr(local, "deferred", 0)  # an enclosing deferred block's, if any
         local.depth = getattr(local, "depth", 0) + 1
         try:
             yield
         finally:
             local.depth -= 1
             local.deferred = outer  # this block's tickets are dropped, not awaited
-            if local.depth == 0 and outer:
-                local.deferred = 0
-                commit.wait(outer)
 
     @property
     def fsyncs(self) -> int:
