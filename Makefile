@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check lint install fast-tests vllm-tests ray-tests
+.PHONY: demo test check lint install fast-tests vllm-tests
 
 $(STAMP): pyproject.toml
 	@command -v java >/dev/null || (apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless)
@@ -33,21 +33,14 @@ lint: $(STAMP)
 	$(BIN)/rolloutcore spec doc --check
 
 # Lint and the tests without vLLM (on every core; deep ones included) beside the
-# real-server tests, in one process where they share one pool of servers, and the
-# engines hosted by Ray in another (their own cluster and engines): the real-engine
-# tests spend most of their time waiting on an engine that starts or generates, so the
-# four overlap.
-RAY_TESTS := tests/test_ray_vllm.py
+# real-server tests, in one process where they share one pool of servers: those spend
+# most of their time waiting on a server that starts or generates, so the three overlap.
 test: $(STAMP)
-	@$(MAKE) --no-print-directory -j4 --output-sync=target lint fast-tests vllm-tests \
-		ray-tests MARKS="not vllm"
+	@$(MAKE) --no-print-directory -j3 --output-sync=target lint fast-tests vllm-tests \
+		MARKS="not vllm"
 
 vllm-tests: $(STAMP)
-	$(BIN)/pytest -q -p no:cacheprovider -m vllm --ignore=$(RAY_TESTS) --durations=15 \
-		$(PYTEST_ARGS)
-
-ray-tests: $(STAMP)
-	$(BIN)/pytest -q -p no:cacheprovider -m vllm --durations=5 $(PYTEST_ARGS) $(RAY_TESTS)
+	$(BIN)/pytest -q -p no:cacheprovider -m vllm --durations=15 $(PYTEST_ARGS)
 
 check: $(STAMP)
 	@$(MAKE) --no-print-directory -j2 --output-sync=target lint fast-tests \

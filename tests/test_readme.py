@@ -70,9 +70,7 @@ def test_the_two_entry_points() -> None:
     # and without the deeper runs of its own checks
     assert "make check" in README and re.search(
         r'^check: .*\n.* lint fast-tests .*\n\s*MARKS="not vllm and not deep"', make, re.M)
-    assert re.search(r'^test: .*\n.* lint fast-tests vllm-tests \\\n\s*ray-tests '
-                     r'MARKS="not vllm"', make, re.M)
-    # the real-engine tests in two processes: each test file in exactly one of them
-    assert re.search(r'^vllm-tests: .*\n.*-m vllm --ignore=\$\(RAY_TESTS\)', make, re.M)
-    assert re.search(r'^ray-tests: .*\n.*-m vllm .*\$\(RAY_TESTS\)$', make, re.M)
+    assert re.search(r'^test: .*\n.* lint fast-tests vllm-tests \\\n\s*MARKS="not vllm"', make,
+                     re.M)
+    assert re.search(r'^vllm-tests: .*\n.*-m vllm', make, re.M)
     assert re.search(r'^fast-tests: .*\n.*-m "\$\(MARKS\)"', make, re.M)
