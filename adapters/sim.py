@@ -647,8 +647,13 @@ class SimAdapter:
         return self.engine.generate(prompt, max_tokens)
 
 
-def sim_target(generation: int, checkpoint: str, *, probe_prompt: Iterable[int] = (
-    7, 1, 4, 9, 2, 8, 5, 3, 6), probe_len: int = 8, label: str | None = None) -> WeightTarget:
+#: The probe prompt a simulated target is verified with unless told otherwise.
+SIM_PROBE_PROMPT = (7, 1, 4, 9, 2, 8, 5, 3, 6)
+
+
+def sim_target(generation: int, checkpoint: str, *,
+               probe_prompt: Iterable[int] = SIM_PROBE_PROMPT, probe_len: int = 8,
+               label: str | None = None) -> WeightTarget:
     """A WeightTarget for a simulated checkpoint, with its true reference probe."""
     prompt = tuple(probe_prompt)
     return WeightTarget(

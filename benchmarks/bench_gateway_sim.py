@@ -35,12 +35,13 @@ from typing import Any
 import httpx
 
 from rolloutcore.adapters.launch import free_port
-from rolloutcore.conformance.fixtures.sim_server import PROBE_PROMPT, SimServer, write_checkpoint
+from rolloutcore.adapters.sim import SIM_PROBE_PROMPT
+from rolloutcore.conformance.fixtures.sim_server import SimServer, write_checkpoint
 
 GOAL_CPU_MS = 0.5
 CONCURRENCY = (64, 256)
 ROUNDS = 3
-PROMPT = PROBE_PROMPT
+PROMPT = SIM_PROBE_PROMPT
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -407,8 +407,7 @@ class Controller:
             if self._aborted:  # an id reused after its abort: the old one is let go
                 self._aborted.pop(rollout_id, None)
             self._last_seq = seq
-            if self.on_change is not None:
-                self.on_change()
+            self._changed()
             return binding
 
     def _open_for(self, min_generation: int) -> bool:
@@ -474,8 +473,7 @@ class Controller:
                 self._aborted[rollout_id] = binding
             self._last_seq = seq
             self._released.notify_all()
-            if self.on_change is not None:
-                self.on_change()
+            self._changed()
             return binding
 
     def was_aborted(self, rollout_id: str) -> bool:
