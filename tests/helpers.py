@@ -13,6 +13,11 @@ from rolloutcore.spec.triggers import Op
 #: Any wait on a condition: far above what it takes, so only a failure reaches it.
 BOUND = 30.0
 
+#: How late a bounded-time claim may come past its own deadline: the scheduling of a loaded
+#: machine (CI runs these tests beside TLC). Far below what such a test rules out, a hang
+#: the test releases only after the call returned, or a timeout of BOUND.
+LATE_S = 5.0
+
 
 def wait_until(pred: Callable[[], Any], what: str, timeout: float = BOUND) -> Any:
     """Poll a condition the test itself causes until it holds (returning what ``pred``

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import LATE_S
 from hypothesis import HealthCheck, currently_in_test_context, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -126,8 +127,10 @@ def test_hung_collective_taints_within_deadline(tmp_path: Path) -> None:
     adapter.release_hangs()
     mutate = next(s for s in report.steps if s.step == "mutate")
     deadline = FAST.mutation_deadline(sim_target(2, "ckpt-2"))
-    assert mutate.outcome == "mutate_ambiguous"
-    assert deadline <= mutate.seconds < deadline + 0.25
+    assert mutate.outcome == "mutate_ambiguous" and mutate.attempts == 1
+    # The hang is released only after update() returned, so returning at all shows the
+    # runner gave up on the call; when it did comes from the deadline, never earlier.
+    assert deadline <= mutate.seconds < deadline + LATE_S
     assert report.stuck_calls and "mutate" in report.stuck_calls[0]
 
 

@@ -8,7 +8,6 @@ import json
 import random
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -183,16 +182,15 @@ def test_records_without_header_are_rejected() -> None:
 # ---------------------------------------------------------------------- scale
 
 
-def test_long_journal_is_checked_in_linear_time(tmp_path: Path) -> None:
+def test_long_journal_is_checked_in_bounded_states(tmp_path: Path) -> None:
+    """The checker's frontier stays small however long the journal: the work per record is
+    bounded (its speed is measured in benchmarks/, never here)."""
     path = tmp_path / "long.jsonl"
     n = write_long_trace(path, 20_000, seed=1)
-    t0 = time.perf_counter()
     v = check_file(path)
-    seconds = time.perf_counter() - t0
     assert v.accepted, v.message
     assert v.records == n and n >= 20_000
     assert v.states_max <= 64
-    assert seconds < 20, f"{seconds:.1f} s for {n} records"
 
 
 # ------------------------------------------------------------------------ CLI
