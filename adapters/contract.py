@@ -248,6 +248,20 @@ class Stager(Protocol):
     def discard_stage(self, deadline: float) -> None: ...
 
 
+@runtime_checkable
+class PeerSource(Protocol):
+    """A stager other engines can stage from (inference to inference): ``peer_source``
+    says where they read the bytes of ``identity`` this engine holds (its complete
+    staging, or what it installed from one; AdapterError if it cannot serve them), and a
+    staging of such a source shows ``peer_token``, which a fleet makes the same on all
+    its members. Readers check what arrives against the target's identity, as from any
+    source."""
+
+    peer_token: str
+
+    def peer_source(self, identity: str, deadline: float) -> str: ...
+
+
 class EpochFenced(Protocol):
     """An adapter whose engine checks a controller's epoch where its effects happen (our
     worker extension and transfer backends): ``epoch`` goes with every fenced effect it

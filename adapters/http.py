@@ -39,6 +39,7 @@ import contextlib
 import functools
 import ipaddress
 import json
+import secrets
 import ssl
 import threading
 import time
@@ -77,6 +78,7 @@ from rolloutcore.engine.identity import (
     safetensors_files,
     with_adapter,
 )
+from rolloutcore.engine.peer import is_peer_url, peer_url
 
 T = TypeVar("T")
 MUTATION_METHODS = ("rc_reload_weights", "reload_weights")
@@ -265,6 +267,9 @@ class HttpAdapter:
         #: Whether completions report their cached prompt tokens (None: not seen yet).
         self._usage_hits: bool | None = None
         self.url = check_url(base_url, allow_insecure_remote=allow_insecure_remote)
+        #: Shown by a peer source and by the stagings that read it: a fleet hands all
+        #: its members one (see Fleet's ``peer_sources``); a lone engine's is its own.
+        self.peer_token = secrets.token_hex(16)
         #: The LoRA adapter the engine serves the policy through (None: the base weights):
         #: once the engine has one under this name, the identity names base and adapter
         #: and the probe goes through it; an update loads a new adapter under this name
@@ -800,7 +805,11 @@ class HttpAdapter:
         worker's buffer holds is its evidence; nothing here decides. ``rank_sources``:
         where a rank reads instead of ``target.source`` (1-based rank -> directory)."""
         t0 = time.perf_counter()
-        kwargs: dict[str, Any] = {"weights_path": str(Path(target.source))}
+        peer = is_peer_url(target.source)
+        kwargs: dict[str, Any] = {"weights_path": target.source if peer else
+                                  str(Path(target.source))}
+        if peer:
+            kwargs["peer_token"] = self.peer_token
         if rank_sources:
             kwargs["rank_paths"] = {str(r): str(Path(p)) for r, p in rank_sources.items()}
         if self.epoch is not None:
@@ -810,6 +819,19 @@ class HttpAdapter:
                      **kwargs), "stage")
         return self.stage_evidence(started, deadline, t0,
                                    f"rc_stage {target.source} on {len(started)} worker(s)")
+
+    def peer_source(self, identity: str, deadline: float) -> str:
+        """Where another engine of the fleet stages ``identity`` from this one (its
+        complete staging, or what it installed from one): the first worker's peer server,
+        on the interface this adapter reaches the engine at (``rc_peer_serve``)."""
+        host = self.url.host
+        reply = self._worker_results(self.rpc(
+            "rc_peer_serve", op="stage", idempotent=True, deadline=deadline, host=host,
+            token=self.peer_token), "stage")
+        port = reply[0].get("port") if reply else None
+        if not isinstance(port, int):
+            raise AdapterError(f"rc_peer_serve: no port in {reply!r}")
+        return peer_url(host, port, identity)
 
     def stage_evidence(self, started: Sequence[Mapping[str, Any]], deadline: float,
                        t0: float, observed: str) -> StageEvidence:

@@ -23,6 +23,7 @@ import functools
 import hashlib
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -333,7 +334,12 @@ FAULT_KINDS = ("timeout", "connection_error", "http_500", "fail_body", "empty_bo
 #: Faults that strike after the engine carried the operation out (its reply is lost).
 AFTER_KINDS = frozenset({"late", "drop"})
 OPS = ("read_state", "pause", "resume", "mutate", "reset_prefix", "reset_encoder",
-       "reset_mm", "probe", "fence", "fence_epoch", "stage", "install")
+       "reset_mm", "probe", "fence", "fence_epoch", "stage", "install", "peer_source",
+       "serve_peer")
+#: A simulated peer source's URL: this prefix, the source adapter's key, its checkpoint.
+SIM_PEER = "sim-peer://"
+#: Every simulated adapter another can stage from, by key (see SimAdapter.peer_source).
+_PEERS: weakref.WeakValueDictionary[str, SimAdapter] = weakref.WeakValueDictionary()
 
 
 @dataclass
@@ -403,6 +409,8 @@ class SimAdapter:
         #: Kill the process as a call of this operation arrives (a kill mid-cycle).
         self.kill_at: str | None = None
         self.killed_at: float | None = None  # perf_counter of the kill
+        self.peer_token = f"sim-{id(self):x}"
+        self.peer_served_bytes = 0  # what other engines staged from this one
 
     def release_hangs(self) -> None:
         """Let calls stuck in an injected hang return (test clean-up)."""
@@ -530,9 +538,15 @@ class SimAdapter:
         kind = self._transport_fault("stage", deadline)
         e = self.engine
         out: list[RankStage] = []
+        source, peer_error = target.source, None
+        if source.startswith(SIM_PEER):
+            source, peer_error = self._read_peer(source, target.nbytes)
         for r in range(1, e.ranks + 1):
+            if peer_error is not None:
+                out.append(RankStage(r, None, False, error=peer_error))
+                continue
             src = "some-other-checkpoint" if kind == "other" and r == e.ranks \
-                else target.source
+                else source
             if r == e.ranks and kind in ("corrupt", "partial", "refuse"):
                 error = {"corrupt": "chunk 3 of the shard failed its digest",
                          "partial": "the sender closed the stream after 40% of the shard",
@@ -544,6 +558,37 @@ class SimAdapter:
                                  nbytes=target.nbytes // e.ranks))
         return StageEvidence(e.ranks, tuple(out), f"staged {target.source} on {e.ranks} "
                              "rank(s)", time.perf_counter() - t0)
+
+    def peer_source(self, identity: str, deadline: float) -> str:
+        """Where another simulated engine stages ``identity`` from this one: what every
+        rank staged, or the weights it serves."""
+        self._transport_fault("peer_source", deadline)
+        e = self.engine
+        held = next((c for c in (e.staged_checkpoint(), e.weights)
+                     if c is not None and sim_identity(c) == identity), None)
+        if held is None:
+            raise AdapterError(f"peer_source: this engine holds no bytes of identity "
+                               f"{identity[:16]}")
+        key = f"{id(self):x}"
+        _PEERS[key] = self
+        return f"{SIM_PEER}{key}/{held}"
+
+    def _read_peer(self, url: str, nbytes: int) -> tuple[str, str | None]:
+        """The checkpoint a peer source streams, or why the stream did not complete (its
+        process gone before or while it streamed: ``serve_peer`` is the source's side)."""
+        key, _, checkpoint = url[len(SIM_PEER):].partition("/")
+        src = _PEERS.get(key)
+        if src is None:
+            return checkpoint, f"peer source {url}: connection refused"
+        if src.peer_token != self.peer_token:
+            return checkpoint, f"peer source {url}: HTTP 403: no or another peer token"
+        try:
+            src._transport_fault("serve_peer", None)
+        except OSError as e:
+            return checkpoint, (f"peer source {url}: {e} after {nbytes * 2 // 5} of "
+                                f"{nbytes} bytes")
+        src.peer_served_bytes += nbytes
+        return checkpoint, None
 
     def install(self, target: WeightTarget, deadline: float) -> MutationEvidence:
         """Install the staged buffers (the closed window's only mutation). ``refuse``: no

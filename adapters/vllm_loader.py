@@ -44,7 +44,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -62,6 +62,7 @@ from rolloutcore.engine.identity import (
     checkpoint_entries,
     iter_tensor_bytes,
 )
+from rolloutcore.engine.peer import PeerEntry
 
 LOAD_FORMAT = "rolloutcore"
 
@@ -82,7 +83,7 @@ TORCH_DTYPES = {
 # ------------------------------------------------------------------ reading and digesting
 
 
-def manifest_of(entries: Iterable[TensorEntry]) -> str:
+def manifest_of(entries: Iterable[TensorEntry | PeerEntry]) -> str:
     """Manifest digest (names, dtypes, shapes) of sorted checkpoint entries."""
     h = IdentityHasher(manifest_only=True)
     for e in entries:
@@ -90,7 +91,7 @@ def manifest_of(entries: Iterable[TensorEntry]) -> str:
     return h.hexdigest()
 
 
-def unsupported_dtypes(entries: Iterable[TensorEntry]) -> list[str]:
+def unsupported_dtypes(entries: Iterable[TensorEntry | PeerEntry]) -> list[str]:
     return sorted({e.dtype for e in entries} - TORCH_DTYPES.keys())
 
 
@@ -100,11 +101,15 @@ def read_tensors(entries: Iterable[TensorEntry],
     over a private copy of exactly those bytes (nothing maps the file)."""
     for ent, data in iter_tensor_bytes(entries):
         hasher.add(ent.name, ent.dtype, ent.shape, data)
-        dtype = getattr(torch, TORCH_DTYPES[ent.dtype])
-        buf = bytearray(data)
-        t = (torch.frombuffer(buf, dtype=dtype) if buf else
-             torch.empty(0, dtype=dtype)).reshape(ent.shape)
-        yield ent, t
+        yield ent, tensor_of(ent.dtype, ent.shape, data)
+
+
+def tensor_of(dtype_code: str, shape: Sequence[int], data: bytes) -> torch.Tensor:
+    """A tensor over a private copy of ``data`` (safetensors dtype code, shape)."""
+    dtype = getattr(torch, TORCH_DTYPES[dtype_code])
+    buf = bytearray(data)
+    return (torch.frombuffer(buf, dtype=dtype) if buf else
+            torch.empty(0, dtype=dtype)).reshape(tuple(shape))
 
 
 def checkpoint_dir(model_or_path: str) -> str:

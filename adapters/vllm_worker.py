@@ -39,6 +39,9 @@ written there since, not for what the worker holds.
   fresh read-only directory and digests it; ``rc_lora_identity(name)`` reports the digest
   of the adapter vLLM last loaded under ``name`` if RolloutCore staged it
   (:mod:`.vllm_lora`).
+* ``rc_peer_serve(host, token)`` makes this worker a peer source
+  (:mod:`rolloutcore.engine.peer`): it serves the bytes of its complete staging, or of
+  what it installed from one, to another engine's ``rc_stage`` of the source's URL.
 * ``rc_fence(epoch)`` raises the worker's fencing token (:mod:`.epoch_gate`) and
   ``rc_epoch()`` reads it: ``rc_reload_weights(..., epoch=e)`` below the fence is refused
   before the model is touched (controller failover: a deposed controller's load never
@@ -58,6 +61,13 @@ from rolloutcore.adapters import vllm_lora
 from rolloutcore.adapters.epoch_gate import GATE
 from rolloutcore.engine.delta import read_delta
 from rolloutcore.engine.identity import CheckpointError, IdentityHasher, checkpoint_entries
+from rolloutcore.engine.peer import (
+    PeerServer,
+    PeerSourceError,
+    PeerStream,
+    PeerTensor,
+    is_peer_url,
+)
 
 EXTENSION_CLS = "rolloutcore.adapters.vllm_worker.RolloutCoreWorkerExtension"
 LOAD_FORMAT = "rolloutcore"  # = rolloutcore.adapters.vllm_loader.LOAD_FORMAT (no vLLM import)
@@ -71,6 +81,9 @@ SERVER_ARGS: tuple[str, ...] = ("--worker-extension-cls", EXTENSION_CLS,
 #: The same for an engine built in Python (``AsyncEngineArgs(**ENGINE_ARGS, ...)``: a
 #: framework's own engine actor adopting RolloutCore).
 ENGINE_ARGS: dict[str, str] = {"worker_extension_cls": EXTENSION_CLS, "load_format": LOAD_FORMAT}
+#: How long a peer source's stream may stay silent before the staging fails (the stage
+#: deadline bounds the whole; this frees the background reader of a source gone silent).
+PEER_READ_TIMEOUT_S = 30.0
 
 
 def _register_loader() -> None:
@@ -202,7 +215,8 @@ class RolloutCoreWorkerExtension:
     # ------------------------------------------------------------ staged updates
 
     def rc_stage(self, weights_path: str, epoch: int | None = None,
-                 rank_paths: dict[str, str] | None = None) -> dict[str, Any]:
+                 rank_paths: dict[str, str] | None = None,
+                 peer_token: str | None = None) -> dict[str, Any]:
         """Start staging ``weights_path`` into a host-memory buffer of this worker, on a
         background thread: the call returns at once and the engine keeps serving (a
         ``collective_rpc`` that ran for the whole read would stop generation). Refused,
@@ -210,11 +224,14 @@ class RolloutCoreWorkerExtension:
         (manifest, dtypes) or when the copy would not fit in available memory.
         ``rank_paths``: where a rank reads instead (1-based rank -> directory: ranks on
         other hosts reading local copies); vLLM's loader takes each rank's shard of the
-        full tensors at install, so every rank stages the whole checkpoint."""
+        full tensors at install, so every rank stages the whole checkpoint. A peer
+        source's URL (another engine's ``rc_peer_serve``) is read with ``peer_token``."""
         with GATE.hold(epoch) as ok:
             if not ok:
                 return {"started": False, "fenced": True, "refused": GATE.refusal(epoch)}
             own = (rank_paths or {}).get(str(self._rc_rank()), weights_path)
+            if is_peer_url(str(own)):
+                return self._rc_stage_peer(str(own), str(peer_token or ""))
             path = os.path.abspath(str(own))
             try:
                 delta = read_delta(path)
@@ -234,6 +251,47 @@ class RolloutCoreWorkerExtension:
                     "available")}
             STAGE.start(path, entries, manifest)
             return {"started": True, "rank": self._rc_rank(), "bytes": need}
+
+    def _rc_stage_peer(self, url: str, token: str) -> dict[str, Any]:
+        """Stage what a peer source streams: its header checked against the model's
+        manifest before anything is kept, every tensor digested as it arrives (the
+        identity decides, as from any source); a source gone mid-stream leaves the
+        staging incomplete, with what it got that far as the error."""
+        from rolloutcore.adapters import vllm_loader as vl
+
+        rank = self._rc_rank()
+        try:
+            stream = PeerStream(url, token, PEER_READ_TIMEOUT_S)
+        except PeerSourceError as e:
+            return {"started": False, "rank": rank, "refused": str(e)}
+        held, manifest = self._rc_held_manifest(), vl.manifest_of(stream.entries)
+        need = sum(e.nbytes for e in stream.entries)
+        free = _available_bytes()
+        why = ("manifest (names, dtypes, shapes) differs from the loaded checkpoint's"
+               if held and held != manifest else
+               f"unsupported dtype(s) {vl.unsupported_dtypes(stream.entries)}"
+               if vl.unsupported_dtypes(stream.entries) else
+               f"a staging copy needs {need} bytes of host memory, {free} are available"
+               if free is not None and need > free else None)
+        if why is not None:
+            stream.close()
+            return {"started": False, "rank": rank, "refused": why}
+
+        def fill(h: IdentityHasher) -> Iterator[tuple[str, str, Any]]:
+            with stream:
+                for e, data in stream.tensors():
+                    h.add(e.name, e.dtype, e.shape, data)
+                    yield e.name, e.dtype, vl.tensor_of(e.dtype, e.shape, data)
+
+        STAGE.start_fill(url, len(stream.entries), manifest, fill)
+        return {"started": True, "rank": rank, "bytes": need, "peer": True}
+
+    def rc_peer_serve(self, host: str, token: str) -> dict[str, Any]:
+        """Serve this worker's complete staging, or what it installed from one, to other
+        engines' stagings (:mod:`rolloutcore.engine.peer`) on ``host`` (the interface the
+        controller reaches this engine at) to requests carrying ``token``. Idempotent:
+        the server already running for that host and token answers."""
+        return {"rank": self._rc_rank(), "port": PEER.serve(host, token)}
 
     def _rc_stage_delta(self, path: str, delta: Any) -> dict[str, Any]:
         """Stage a delta on the base this worker holds: the changed tensors are read, the
@@ -522,8 +580,44 @@ class _Stage:
         with self._lock:
             return self._base
 
+    def peer_tensors(self, identity: str) -> list[PeerTensor] | None:
+        """The bytes of ``identity`` this worker holds for a peer: its complete staging's,
+        or those it installed from one; None if it holds neither."""
+        with self._lock:
+            if self._held is not None and self._held[2].hexdigest() == identity:
+                named = [(name, dtype, t) for (name, t), dtype in zip(
+                    self._held[1], self._dtypes, strict=True)]
+            elif self._base is not None and self._base.identity == identity:
+                named = list(self._base.tensors)
+            else:
+                return None
+        return [(name, dtype, tuple(t.shape),
+                 t.reshape(-1).view(_uint8()).numpy().data if t.numel() else b"")
+                for name, dtype, t in named]
+
 
 STAGE = _Stage()
+
+
+class _Peer:
+    """This worker's peer source server (one per worker process, started on demand)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._server: PeerServer | None = None
+
+    def serve(self, host: str, token: str) -> int:
+        with self._lock:
+            srv = self._server
+            if srv is not None and (srv.host, srv.token) != (host, token):
+                srv.close()
+                srv = None
+            if srv is None:
+                srv = self._server = PeerServer(STAGE.peer_tensors, token=token, host=host)
+            return srv.port
+
+
+PEER = _Peer()
 
 
 def _uint8() -> Any:

@@ -3,6 +3,8 @@ itself causes, and an outcome decided from evidence."""
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -40,3 +42,23 @@ def dl(seconds: float = 30.0) -> float:
 def decided(op: Op, evidence: Any, expected: post.Expected | None = None) -> str:
     """The outcome trigger the postconditions name for one piece of evidence."""
     return post.decide(post.Decision(op, (evidence,), expected)).trigger
+
+
+def dying_source(stream: bytes, keep: int) -> tuple[str, threading.Thread]:
+    """An HTTP source that answers one request with the first ``keep`` bytes of ``stream``
+    (its length declared in full) and closes: a source process that died while it
+    streamed. Returns ``http://host:port`` and the thread serving it."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        with listener:
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
+                             + f"Content-Length: {len(stream)}\r\n\r\n".encode()
+                             + stream[:keep])
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}", t

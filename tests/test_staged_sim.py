@@ -150,13 +150,13 @@ def test_the_checker_catches_an_install_without_every_rank_prepared(tmp_path: Pa
 # ------------------------------------------------------------------ a fleet
 
 
-def _fleet(tmp_path: Path, n: int = 3, ranks: int = 2,
-           min_serving: int = 3) -> tuple[Fleet, dict[str, SimAdapter]]:
+def _fleet(tmp_path: Path, n: int = 3, ranks: int = 2, min_serving: int = 3,
+           peer_sources: bool = False) -> tuple[Fleet, dict[str, SimAdapter]]:
     adapters = {f"e{i}": SimAdapter(SimEngine("ckpt-1", label="rc-1", ranks=ranks),
                                     hang_seconds=5) for i in range(n)}
     fleet = Fleet([(name, a, None) for name, a in adapters.items()],
                   journal=tmp_path / "f.jsonl", min_serving=min_serving, policy=STAGED,
-                  fsync=False)
+                  fsync=False, peer_sources=peer_sources)
     fleet.bootstrap(sim_target(1, "ckpt-1"))
     assert fleet.phase == FleetPhase.READY
     return fleet, adapters
@@ -205,6 +205,73 @@ def test_a_member_whose_staging_fails_sits_the_update_out(tmp_path: Path) -> Non
     fleet.close()
     verdict = check_fleet_file(tmp_path / "f.jsonl")
     assert verdict.accepted, verdict.message
+
+
+def _stage_sources(path: Path) -> dict[str, str]:
+    """Each member's ``stage_begin`` source in a fleet journal (the last, by member)."""
+    return {r["engine"]: r["detail"]["source"] for r in _steps(path)
+            if r.get("step") == "stage_begin"}
+
+
+def test_peer_sources_send_the_trainers_bytes_once_per_fleet(tmp_path: Path) -> None:
+    """Inference to inference: the trainer's checkpoint is staged by one member (e0), the
+    others stage from e0's verified staging, and the journal says so. Then e0 dies while
+    it streams to the others: their stagings did not complete, so they are refused while
+    serving (never TAINTED); with a quorum of every member the update is refused with
+    nothing closed anywhere. Every fleet journal passes the fleet trace checker."""
+    fleet, adapters = _fleet(tmp_path, peer_sources=True)
+    assert len({a.peer_token for a in adapters.values()}) == 1
+    target = sim_target(2, "ckpt-2")
+    report = fleet.update(target)
+    assert report.published and sorted(report.committed_on) == ["e0", "e1", "e2"], report
+    assert {n: r.peer for n, r in report.members.items()} == {
+        "e0": None, "e1": "e0", "e2": "e0"}
+    sources = _stage_sources(tmp_path / "f.jsonl")
+    assert sources["e0"] == "ckpt-2"
+    assert sources["e1"] == sources["e2"] and sources["e1"].startswith("sim-peer://")
+    assert adapters["e0"].peer_served_bytes == 2 * target.nbytes  # one copy to each reader
+    assert all(a.engine.weights == "ckpt-2" for a in adapters.values())
+
+    adapters["e0"].kill_at = "serve_peer"  # it dies as the first reader's stream begins
+    report = fleet.update(sim_target(3, "ckpt-3"))
+    assert not report.published and report.refused and not report.quarantined, report
+    for name in ("e1", "e2"):
+        why = report.members[name].staging_refused
+        assert why is not None and "after" in why and "bytes" in why, why
+        assert adapters[name].engine.weights == "ckpt-2" and not adapters[name].engine.paused
+        assert fleet.members[name].controller.phase is Phase.READY
+    assert fleet.committed == 2 and fleet.phase == FleetPhase.READY
+    fleet.close()
+    verdict = check_fleet_file(tmp_path / "f.jsonl")
+    assert verdict.accepted, verdict.message
+
+
+def test_a_peer_source_that_cannot_serve_refuses_its_readers(tmp_path: Path) -> None:
+    """The member the trainer's bytes went to cannot serve them (its peer server does not
+    answer): the others' stagings are refused with that reason, none of them turns to
+    the trainer behind the report's back; e0 alone is fewer than the quorum of two, so
+    the update is refused and every member serves generation 1."""
+    fleet, adapters = _fleet(tmp_path, min_serving=2, peer_sources=True)
+    adapters["e0"].faults = FaultPlan({"peer_source": ["connection_error"]})
+    report = fleet.update(sim_target(2, "ckpt-2"))
+    assert not report.published and report.refused, report
+    for name in ("e1", "e2"):
+        why = report.members[name].staging_refused
+        assert why is not None and why.startswith("the peer source e0 cannot serve"), why
+        assert adapters[name].engine.staged == {}
+    assert all(a.engine.weights == "ckpt-1" for a in adapters.values())
+    fleet.close()
+    assert check_fleet_file(tmp_path / "f.jsonl").accepted
+
+
+def test_peer_sources_need_every_member_to_serve_one(tmp_path: Path) -> None:
+    class NoPeer(SimAdapter):
+        peer_source = None  # type: ignore[assignment]
+
+    with pytest.raises(ValueError, match="cannot serve a peer"):
+        Fleet([("a", SimAdapter(SimEngine("ckpt-1")), None),
+               ("b", NoPeer(SimEngine("ckpt-1")), None)], journal=tmp_path / "f.jsonl",
+              policy=STAGED, fsync=False, peer_sources=True)
 
 
 def test_a_delta_carries_only_the_changed_tensors(models: dict[str, Path],

@@ -9,13 +9,16 @@ its greedy output unchanged, never TAINTED. Every journal passes the trace check
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 
+import httpx
 import pytest
+from helpers import dying_source
 
 pytestmark = pytest.mark.vllm
 
@@ -24,6 +27,7 @@ if importlib.util.find_spec("vllm") is None:  # pragma: no cover - depends on th
 
 from rolloutcore.adapters.contract import StageEvidence, WeightTarget  # noqa: E402
 from rolloutcore.adapters.http import HttpAdapter  # noqa: E402
+from rolloutcore.check.fleet_trace import check_fleet_file  # noqa: E402
 from rolloutcore.check.trace import check_file  # noqa: E402
 from rolloutcore.conformance.engines import checkpoint_target  # noqa: E402
 from rolloutcore.conformance.fixtures.server_pool import ServerPool  # noqa: E402
@@ -36,8 +40,16 @@ from rolloutcore.engine.identity import (  # noqa: E402
     checkpoint_identity,
     checkpoint_nbytes,
 )
-from rolloutcore.engine.postconditions import Decision, decide  # noqa: E402
+from rolloutcore.engine.peer import (  # noqa: E402
+    PEER_PATH,
+    TOKEN_HEADER,
+    PeerSourceError,
+    PeerStream,
+    is_peer_url,
+)
+from rolloutcore.engine.postconditions import Decision, decide, receive_kind  # noqa: E402
 from rolloutcore.engine.runner import LifecycleRunner, RunnerPolicy  # noqa: E402
+from rolloutcore.fleet import Fleet  # noqa: E402
 from rolloutcore.journal import Journal  # noqa: E402
 from rolloutcore.spec.lifecycle import Phase  # noqa: E402
 from rolloutcore.spec.triggers import Op, Trigger  # noqa: E402
@@ -124,6 +136,69 @@ def test_staged_updates_on_a_real_server(server: VllmServer, tmp_path: Path) -> 
         assert "a delta on base" in report.staging_refused
         assert report.final_phase is Phase.READY
         assert check_file(journal).accepted
+
+
+# ------------------------------------------------------------ peer sources
+
+
+def test_peer_sources_on_real_servers(vllm_pool: ServerPool, tmp_path: Path) -> None:
+    """Two real servers in a staged fleet with peer sources: the trainer's checkpoint is
+    staged by member a, member b stages it from a's worker (a's verified staging served
+    by ``rc_peer_serve``), both install and serve it. A source that dies mid-stream leaves
+    b's staging incomplete (the evidence the runner refuses a staging on, never TAINTED)
+    with b serving what it served, its greedy output unchanged; a wrong token is refused
+    by the source. The fleet journal passes the fleet trace checker."""
+    models = build_models(DEFAULT_OUT)
+    v1 = checkpoint_target(models["v1"], 1, "default")
+    v2 = checkpoint_target(models["v2"], 2, "v2")
+    with vllm_pool.leased(2) as (sa, sb), HttpAdapter(sa.url) as a, HttpAdapter(sb.url) as b:
+        fleet = Fleet([("a", a, sa.url), ("b", b, sb.url)], journal=tmp_path / "f.jsonl",
+                      policy=POLICY, fsync=False, peer_sources=True)
+        try:
+            fleet.bootstrap(v1)
+            report = fleet.update(v2)
+            assert report.published and sorted(report.committed_on) == ["a", "b"], report
+            assert (report.members["a"].peer, report.members["b"].peer) == (None, "a")
+            assert report.members["b"].staged_bytes == v2.nbytes
+            sources = {r["engine"]: r["detail"]["source"] for r in map(
+                json.loads, (tmp_path / "f.jsonl").read_text().splitlines()[1:])
+                if r.get("step") == "stage_begin"}
+            assert sources["a"] == v2.source and is_peer_url(sources["b"]), sources
+            for ad in (a, b):
+                assert ad.read_state(time.monotonic() + 10).identity == v2.identity
+                assert ad.generate(v2.probe_prompt, len(v2.probe_tokens)).tokens == \
+                    v2.probe_tokens
+
+            # What a's source streams (its installed bytes now), read with the token...
+            url = a.peer_source(v2.identity, time.monotonic() + 10)
+            with PeerStream(url, a.peer_token, 10) as stream:
+                got = b"".join(data for _e, data in stream.tensors())
+                assert len(got) == v2.nbytes and stream.received == stream.total
+            # ... and refused without it.
+            with pytest.raises(PeerSourceError, match="HTTP 403"):
+                PeerStream(url, "not-the-token", 10)
+
+            # A source that dies after a fifth of the bytes: b's staging does not complete.
+            raw = httpx.get(url, headers={TOKEN_HEADER: a.peer_token}, timeout=10).content
+            prefix, dying = dying_source(raw, len(raw) // 5)
+            v3 = replace(checkpoint_target(models["v1neg"], 3, "v1neg"),
+                         source=prefix + PEER_PATH + v2.identity)
+            before = b.generate(v2.probe_prompt, len(v2.probe_tokens)).tokens
+            ev = b.stage(v3, time.monotonic() + 20)
+            dying.join(10)
+            assert ev.stages and all(not s.complete for s in ev.stages), ev
+            assert "closed the stream after" in (ev.stages[0].error or ""), ev
+            assert receive_kind(v3.identity, ev.stages[0]) != "exact"
+            b.discard_stage(time.monotonic() + 10)
+            assert b.read_state(time.monotonic() + 10).identity == v2.identity
+            assert b.generate(v2.probe_prompt, len(v2.probe_tokens)).tokens == before
+
+            # Back to v1's weights (the pool gives the servers to the next test), by peer.
+            assert fleet.update(checkpoint_target(models["v1"], 3, "v1b")).published
+        finally:
+            fleet.close()
+        verdict = check_fleet_file(tmp_path / "f.jsonl")
+        assert verdict.accepted, verdict.message
 
 
 # ------------------------------------------------------------ a tensor-parallel engine

@@ -21,6 +21,7 @@ import struct
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rolloutcore.errors import BadInput
 from rolloutcore.inputs import directory_problem
@@ -228,26 +229,31 @@ def checkpoint_nbytes(directory: str | os.PathLike[str]) -> int:
     return sum(e.nbytes for e in checkpoint_entries(directory))
 
 
+def safetensors_header(tensors: Iterable[tuple[str, str, Sequence[int], Any]]) -> bytes:
+    """The safetensors framing of raw tensors (name, dtype, shape, bytes-like), their bytes
+    back to back in the order given: the 8-byte header length, then the JSON header."""
+    header: dict[str, object] = {}
+    offset = 0
+    for name, dtype, shape, data in tensors:
+        n = memoryview(data).nbytes
+        header[name] = {"dtype": dtype, "shape": list(shape),
+                        "data_offsets": [offset, offset + n]}
+        offset += n
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # the format aligns the data section to 8 bytes
+    return _u64(len(blob)) + blob
+
+
 def write_safetensors(path: str | os.PathLike[str],
                       tensors: Iterable[tuple[str, str, Sequence[int], bytes]]) -> None:
     """Write a safetensors file from raw tensors (test fixtures: torn checkpoints)."""
-    header: dict[str, object] = {}
-    chunks: list[bytes] = []
-    offset = 0
-    for name, dtype, shape, data in tensors:
-        header[name] = {"dtype": dtype, "shape": list(shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        chunks.append(data)
-        offset += len(data)
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)  # the format aligns the data section to 8 bytes
+    tensors = list(tensors)
     with open(path, "wb") as fh:
-        fh.write(_u64(len(blob)))
-        fh.write(blob)
-        for c in chunks:
-            fh.write(c)
+        fh.write(safetensors_header(tensors))
+        for _name, _dtype, _shape, data in tensors:
+            fh.write(data)
 
 
 __all__ = ["CheckpointError", "IdentityHasher", "TensorEntry", "checkpoint_entries",
            "checkpoint_identity", "checkpoint_nbytes", "iter_tensor_bytes", "manifest_digest",
-           "read_header", "safetensors_files", "write_safetensors"]
+           "read_header", "safetensors_files", "safetensors_header", "write_safetensors"]

@@ -141,6 +141,7 @@ class CycleReport:
     staging_s: float = 0.0  # the staging, while the engine served
     staged_bytes: int = 0
     staging_refused: str | None = None  # why a staging was refused (nothing served changed)
+    peer: str | None = None  # the member it staged from (None: the target's own source)
     window_s: float = 0.0  # admissions closed: from the request to the reopening or TAINTED
 
     def timings(self) -> dict[str, float]:
@@ -504,13 +505,13 @@ class LifecycleRunner:
             ranks = int(call_with_deadline(lambda: adapter.stage_ranks(deadline), seconds,
                                            "stage_ranks"))
         except Exception as e:
-            report.staging_refused = f"the engine's ranks could not be read: {e}"
-            self._record(report, "stage", "refused", report.staging_refused, t0, 1)
+            self.refuse_stage(report, f"the engine's ranks could not be read: {e}", t0)
             return None
         session = Staging(ranks, self.controller.control.committed)
         session.step("stage_begin")
         self.controller.note("stage_begin", None, {
-            **self.named(target), "generation": target.generation, "ranks": ranks,
+            **self.named(target), "source": target.source,
+            "generation": target.generation, "ranks": ranks,
             "deadline_s": round(seconds, 3)})
         why = ""
         try:
@@ -543,6 +544,13 @@ class LifecycleRunner:
         self._record(report, "stage", "prepared", f"{ranks} rank(s) hold the target's "
                      f"{report.staged_bytes} bytes", t0, 1)
         return session
+
+    def refuse_stage(self, report: CycleReport, reason: str, t0: float | None = None) -> None:
+        """A staging refused before it began: nothing asked of the engine, no staging
+        step taken (so none journalled), the engine READY on its generation."""
+        report.staging_refused = reason
+        self._record(report, "stage", "refused", reason,
+                     time.perf_counter() if t0 is None else t0, 1)
 
     def cancel_stage(self, report: CycleReport, session: Staging, reason: str) -> None:
         """A prepared staging that will not be installed (another member's was refused):

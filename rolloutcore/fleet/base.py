@@ -172,6 +172,7 @@ class FleetCycleReport:
             "members": {n: {"final_phase": r.final_phase.value, "prepared": r.prepared,
                             "published": r.published, "total_s": round(r.total_s, 4),
                             "tainted_after_s": r.tainted_after_s, "fenced": r.fenced,
+                            "staged_bytes": r.staged_bytes, "peer": r.peer,
                             "steps": [(s.step, s.outcome, round(s.seconds, 4), s.attempts)
                                       for s in r.steps]}
                         for n, r in self.members.items()}}
@@ -220,6 +221,7 @@ class FleetBase:
     down: frozenset[str]  # members the recovery under way has yet to restart
     max_live: int  # K: generations served at once (1: the strict fleet-wide update)
     min_admitting: int  # C: members that keep serving through a rolling update
+    peer_sources: bool  # a staged update travels once: members stage from a peer
     last_report: FleetCycleReport | None
     recovered: dict[str, Trigger]  # member -> the restart the spec allowed
     journal: Journal

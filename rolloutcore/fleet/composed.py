@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import cast
 
-from rolloutcore.adapters.contract import LifecycleAdapter
+from rolloutcore.adapters.contract import LifecycleAdapter, PeerSource
 from rolloutcore.engine.controller import Controller
 from rolloutcore.engine.runner import LifecycleRunner, RunnerPolicy
 from rolloutcore.fleet.admission import Admission
@@ -30,7 +32,7 @@ class Fleet(Admission, Readmission, Updates, Recovery):
                  on_step: StepHook | None = None,
                  target_of: TargetFactory | None = None,
                  watchdog_s: float | None = None, max_live: int = 1,
-                 min_admitting: int = 0) -> None:
+                 min_admitting: int = 0, peer_sources: bool = False) -> None:
         """A fleet over ``members`` (name, adapter, URL). A new journal starts a fresh
         fleet (to bootstrap); an existing one is recovered (see :meth:`_recover`), which
         needs ``target_of`` to describe the generations it names. A journal store with
@@ -41,7 +43,9 @@ class Fleet(Admission, Readmission, Updates, Recovery):
         :meth:`start_watchdog`). ``max_live`` K >= 2 makes
         updates roll (:meth:`update`): at most K generations served at once, at least
         ``min_admitting`` members serving throughout; a recovered fleet keeps the ones its
-        journal opened with."""
+        journal opened with. ``peer_sources``: a staged update's bytes travel from the
+        trainer to one member, the others stage from it (see :meth:`_stage_from_peer`);
+        every member must be a :class:`PeerSource`, and all are given one peer token."""
         names = [n for n, _a, _u in members]
         if not names or len(set(names)) != len(names):
             raise ValueError(f"members need distinct names: {names}")
@@ -52,6 +56,14 @@ class Fleet(Admission, Readmission, Updates, Recovery):
         if bad:
             raise ValueError(bad)
         self.max_live, self.min_admitting = max_live, min_admitting
+        if peer_sources:
+            cannot = [n for n, a, _u in members if not isinstance(a, PeerSource)]
+            if cannot:
+                raise ValueError(f"peer_sources: member(s) {cannot} cannot serve a peer")
+            token = secrets.token_hex(16)
+            for _n, a, _u in members:
+                cast(PeerSource, a).peer_token = token
+        self.peer_sources = peer_sources
         store = as_store(journal)
         self.store = store
         self.epoch = store.epoch

@@ -8,11 +8,12 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
-from rolloutcore.adapters.contract import WeightTarget
+from rolloutcore.adapters.contract import PeerSource, WeightTarget
 from rolloutcore.engine.postconditions import Outcome
-from rolloutcore.engine.runner import CycleReport
+from rolloutcore.engine.runner import CycleReport, call_with_deadline
 from rolloutcore.engine.staging import Staging
 from rolloutcore.fleet.base import (
     FleetBase,
@@ -100,8 +101,11 @@ class Updates(FleetBase):
                                        final_phase=m.controller.phase) for m in participants}
         if not stagers:
             return reports, {}, None
-        staged = self._parallel(lambda m: m.runner.stage(targets[m.name], reports[m.name]),
-                                stagers)
+        if self.peer_sources and len(stagers) > 1:
+            staged = self._stage_from_peer(stagers, targets, reports)
+        else:
+            staged = self._parallel(
+                lambda m: m.runner.stage(targets[m.name], reports[m.name]), stagers)
         refused = {n: reports[n].staging_refused for n, s in staged.items() if s is None}
         sessions: dict[str, Staging] = {n: s for n, s in staged.items() if s is not None}
         if len(participants) - len(refused) >= quorum:
@@ -111,6 +115,43 @@ class Updates(FleetBase):
             self.members[name].runner.cancel_stage(
                 reports[name], session, f"the fleet's staging was refused ({why})")
         return reports, {}, f"staging refused on {sorted(refused)}: {why}"
+
+    def _stage_from_peer(self, stagers: list[Member], targets: Mapping[str, WeightTarget],
+                         reports: Mapping[str, CycleReport]) -> dict[str, Staging | None]:
+        """Inference to inference: the trainer's bytes go to one member (the first in
+        name order whose staging prepares), and every other stages from it in parallel,
+        verified against the same identity. A source that cannot serve, or dies while it
+        streams, is a failed staging of its readers (refused, never TAINTED), as the
+        trainer's would be; they do not turn to the trainer behind the report's back."""
+        staged: dict[str, Staging | None] = {}
+        left = sorted(stagers, key=lambda m: m.name)
+        while left:
+            seed = left.pop(0)
+            staged[seed.name] = seed.runner.stage(targets[seed.name], reports[seed.name])
+            if staged[seed.name] is not None:
+                break
+        if not left:
+            return staged
+        adapter = seed.adapter
+        assert isinstance(adapter, PeerSource)
+        identity = targets[seed.name].identity
+        seconds = self.policy.step_timeout_s
+        for m in left:
+            reports[m.name].peer = seed.name
+        try:
+            url = call_with_deadline(
+                lambda: adapter.peer_source(identity, time.monotonic() + seconds), seconds,
+                "peer_source")
+        except Exception as e:  # each reader's staging is refused, with the reason
+            for m in left:
+                m.runner.refuse_stage(reports[m.name], f"the peer source {seed.name} "
+                                      f"cannot serve: {type(e).__name__}: {e}")
+                staged[m.name] = None
+            return staged
+        staged.update(self._parallel(
+            lambda m: m.runner.stage(replace(targets[m.name], source=url), reports[m.name]),
+            left))
+        return staged
 
     def _update(self, target: WeightTarget | Mapping[str, WeightTarget]) -> FleetCycleReport:
         t0 = time.perf_counter()
