@@ -246,6 +246,35 @@ def test_peer_sources_send_the_trainers_bytes_once_per_fleet(tmp_path: Path) -> 
     assert verdict.accepted, verdict.message
 
 
+def test_a_rolling_fleet_catches_up_from_a_member_that_installed(tmp_path: Path) -> None:
+    """Rolling (K=2, one member admitting throughout): the wave stages the trainer's bytes
+    and publishes; the members left behind stage generation 2 from a wave member that
+    installed it (what it installed, served from its host copy), while the generation's
+    checkpoint in the journal stays the trainer's (what a successor recovers from)."""
+    adapters = {f"e{i}": SimAdapter(SimEngine("ckpt-1", label="rc-1", ranks=2),
+                                    hang_seconds=5) for i in range(3)}
+    fleet = Fleet([(n, a, None) for n, a in adapters.items()], journal=tmp_path / "f.jsonl",
+                  min_serving=1, policy=STAGED, fsync=False, max_live=2, min_admitting=1,
+                  peer_sources=True)
+    fleet.bootstrap(sim_target(1, "ckpt-1"))
+    report = fleet.update(sim_target(2, "ckpt-2"))
+    assert report.published and sorted(report.committed_on) == ["e0", "e1", "e2"], report
+    wave = report.waves[0]
+    behind = sorted(set(adapters) - set(wave))
+    assert behind and all(report.members[n].peer in wave for n in behind), report.as_json()
+    assert all(report.members[n].peer is None for n in wave)
+    sources = _stage_sources(tmp_path / "f.jsonl")
+    assert all(sources[n] == "ckpt-2" for n in wave)
+    assert all(sources[n].startswith("sim-peer://") for n in behind), sources
+    published = {r["engine"]: r["detail"]["checkpoint"] for r in _steps(tmp_path / "f.jsonl")
+                 if r.get("step") == "publish" and r.get("engine")}
+    assert published == dict.fromkeys(adapters, "ckpt-2"), published
+    assert all(a.engine.weights == "ckpt-2" for a in adapters.values())
+    fleet.close()
+    verdict = check_fleet_file(tmp_path / "f.jsonl")
+    assert verdict.accepted, verdict.message
+
+
 def test_a_peer_source_that_cannot_serve_refuses_its_readers(tmp_path: Path) -> None:
     """The member the trainer's bytes went to cannot serve them (its peer server does not
     answer): the others' stagings are refused with that reason, none of them turns to

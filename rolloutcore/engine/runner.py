@@ -447,15 +447,16 @@ class LifecycleRunner:
 
     # -------------------------------------------------------------------- update cycle
 
-    def update(self, target: WeightTarget) -> CycleReport:
-        """One full transition to ``target``; returns what happened, step by step."""
-        report = self.prepare(target)
+    def update(self, target: WeightTarget, *, source: str | None = None) -> CycleReport:
+        """One full transition to ``target``; returns what happened, step by step.
+        ``source``: where a staging reads the target's bytes instead (a peer)."""
+        report = self.prepare(target, source=source)
         if report.prepared:
             self.commit(report)
         return report
 
     def prepare(self, target: WeightTarget, report: CycleReport | None = None, *,
-                staging: Staging | None = None) -> CycleReport:
+                staging: Staging | None = None, source: str | None = None) -> CycleReport:
         """Every step of the transition up to the publish: on success the engine runs the
         verified target, admissions still closed (RESUMING with all evidence). A fleet
         prepares all its members, then commits the ones it publishes on; it passes a
@@ -470,7 +471,7 @@ class LifecycleRunner:
         report.started = time.perf_counter()
         try:
             session = staging if staging is not None else (
-                self.stage(target, report) if self.stages else None)
+                self.stage(target, report, source=source) if self.stages else None)
             if session is not None or not self.stages:
                 self._cycle(target, report, session)
         finally:
@@ -489,15 +490,19 @@ class LifecycleRunner:
             raise ValueError(f"target generation {target.generation} is not the next one "
                              f"after {committed}")
 
-    def stage(self, target: WeightTarget, report: CycleReport) -> Staging | None:
+    def stage(self, target: WeightTarget, report: CycleReport, *,
+              source: str | None = None) -> Staging | None:
         """Stage ``target`` on every rank while the engine serves; the session with every
         rank prepared, or None: the staging was refused (journalled ``stage_fail``),
         nothing served touched, the engine still READY on its generation. Each rank's
         receive kind is decided from its evidence (postconditions), each step taken by
-        the staged spec's table."""
+        the staged spec's table. ``source``: where the bytes are read instead of the
+        target's checkpoint (a peer engine: :class:`PeerSource`); journalled, while the
+        target (its checkpoint, which a successor recovers from) stays the trainer's."""
         adapter = self.adapter
         assert isinstance(adapter, Stager)
         self._check_next(target)
+        read = target if source is None else replace(target, source=source)
         t0 = time.perf_counter()
         seconds = self.policy.mutation_deadline(target)
         deadline = time.monotonic() + seconds
@@ -510,12 +515,12 @@ class LifecycleRunner:
         session = Staging(ranks, self.controller.control.committed)
         session.step("stage_begin")
         self.controller.note("stage_begin", None, {
-            **self.named(target), "source": target.source,
+            **self.named(target), "source": read.source,
             "generation": target.generation, "ranks": ranks,
             "deadline_s": round(seconds, 3)})
         why = ""
         try:
-            ev = call_with_deadline(lambda: adapter.stage(target, deadline), seconds,
+            ev = call_with_deadline(lambda: adapter.stage(read, deadline), seconds,
                                     "stage", self.stuck_calls)
             by_rank = {s.rank: s for s in ev.stages}
         except Exception as e:

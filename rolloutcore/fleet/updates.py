@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from rolloutcore.adapters.contract import PeerSource, WeightTarget
@@ -132,26 +131,32 @@ class Updates(FleetBase):
                 break
         if not left:
             return staged
-        adapter = seed.adapter
-        assert isinstance(adapter, PeerSource)
-        identity = targets[seed.name].identity
-        seconds = self.policy.step_timeout_s
         for m in left:
             reports[m.name].peer = seed.name
         try:
-            url = call_with_deadline(
-                lambda: adapter.peer_source(identity, time.monotonic() + seconds), seconds,
-                "peer_source")
-        except Exception as e:  # each reader's staging is refused, with the reason
+            url = self._peer_url(seed, targets[seed.name].identity)
+        except FleetError as e:  # each reader's staging is refused, with the reason
             for m in left:
-                m.runner.refuse_stage(reports[m.name], f"the peer source {seed.name} "
-                                      f"cannot serve: {type(e).__name__}: {e}")
+                m.runner.refuse_stage(reports[m.name], str(e))
                 staged[m.name] = None
             return staged
         staged.update(self._parallel(
-            lambda m: m.runner.stage(replace(targets[m.name], source=url), reports[m.name]),
-            left))
+            lambda m: m.runner.stage(targets[m.name], reports[m.name], source=url), left))
         return staged
+
+    def _peer_url(self, source: Member, identity: str) -> str:
+        """Where other members stage ``identity`` from ``source`` (FleetError: it cannot
+        serve them, with why)."""
+        adapter = source.adapter
+        assert isinstance(adapter, PeerSource)
+        seconds = self.policy.step_timeout_s
+        try:
+            return str(call_with_deadline(
+                lambda: adapter.peer_source(identity, time.monotonic() + seconds), seconds,
+                "peer_source"))
+        except Exception as e:
+            raise FleetError(f"the peer source {source.name} cannot serve: "
+                             f"{type(e).__name__}: {e}") from None
 
     def _update(self, target: WeightTarget | Mapping[str, WeightTarget]) -> FleetCycleReport:
         t0 = time.perf_counter()
@@ -366,9 +371,21 @@ class Updates(FleetBase):
             report.waves.append([m.name for m in batch])
             plans = {m.name: self._catch_up_plan(m.view().committed, targets.get(m.name))
                      for m in batch}
-            reports = self._parallel(functools.partial(_updates, plans=plans), batch)
+            peer = self._catch_up_peer(report)
+            if isinstance(peer, str):  # the source cannot serve: nobody stages, all wait
+                for m in batch:
+                    refused = CycleReport(plans[m.name][-1], published=False,
+                                          final_phase=m.controller.phase)
+                    m.runner.refuse_stage(refused, peer)
+                    report.members[m.name] = refused
+                break
+            reports = self._parallel(functools.partial(
+                _updates, plans=plans, frontier=self.committed,
+                source=None if peer is None else peer[1]), batch)
             for name, reps in reports.items():
                 report.members[name] = reps[-1]
+                if peer is not None and reps[-1].target.generation == self.committed:
+                    reps[-1].peer = peer[0]
                 if reps[-1].published:
                     report.committed_on.append(name)
                 elif reps[-1].final_phase is Phase.TAINTED:
@@ -378,6 +395,21 @@ class Updates(FleetBase):
         with self._lock:
             if self._enabled("fleet_raise_floor"):
                 self._take("fleet_raise_floor")
+
+    def _catch_up_peer(self, report: FleetCycleReport) -> tuple[str, str] | str | None:
+        """With peer sources, members catching up to the frontier stage it from a member
+        that installed it in this update: that member's name and URL; why not, if it
+        cannot serve; None when there is no such member or no peer sources."""
+        sources = [n for n in report.committed_on
+                   if self.members[n].view().committed == self.committed]
+        if not self.peer_sources or not sources:
+            return None
+        frontier = self._known_target(self.committed)
+        assert frontier is not None, "a member published it"
+        try:
+            return sources[0], self._peer_url(self.members[sources[0]], frontier.identity)
+        except FleetError as e:
+            return str(e)
 
     def _publish(self, report: FleetCycleReport, names: list[str], quorum: int) -> None:
         """One group in the journal: the fleet's record, then each member's publish."""
@@ -390,11 +422,13 @@ class Updates(FleetBase):
         self._changed.notify_all()
 
 
-def _updates(m: Member, plans: Mapping[str, list[WeightTarget]]) -> list[CycleReport]:
-    """Member ``m``'s own updates through its plan, up to the first that does not publish."""
+def _updates(m: Member, plans: Mapping[str, list[WeightTarget]], frontier: int = 0,
+             source: str | None = None) -> list[CycleReport]:
+    """Member ``m``'s own updates through its plan, up to the first that does not publish;
+    the ``frontier`` generation's bytes read from ``source`` if given (a peer)."""
     out: list[CycleReport] = []
     for t in plans[m.name]:
-        out.append(m.runner.update(t))
+        out.append(m.runner.update(t, source=source if t.generation == frontier else None))
         if not out[-1].published:
             break
     return out
