@@ -170,7 +170,8 @@ CASES: list[Case] = [
     *(C(f"fleet {cmd}", f"--fleet {{{f}}} {extra}", 2, f) for cmd, extra in (
         ("status", ""), ("update", "--checkpoint {dir} --label v2")) for f in (
         "fleet_c_without_k", "fleet_c_every_member", "fleet_k_string",
-        "fleet_k_above_members")),
+        "fleet_k_above_members", "fleet_peers_unstaged", "fleet_staged_string",
+        "fleet_peers_ray")),
     C("fleet update", "--fleet {fleet_rolling} --checkpoint {dir} --label v2 --min-serving 1",
       2, "min serving on a rolling fleet"),
     C("fleet update", "--fleet {fleet_good} --label v2", 2, "no checkpoint"),
@@ -287,12 +288,16 @@ def _make_corpus(root: Path) -> dict[str, str]:
     files["fleet_k_string"] = b'[fleet]\nmax_live = "2"\n' + two
     files["fleet_k_above_members"] = b'[fleet]\nmax_live = 3\nmin_admitting = 1\n' + two
     files["fleet_rolling"] = b'[fleet]\nmax_live = 2\nmin_admitting = 1\n' + two
+    files["fleet_peers_unstaged"] = b'[fleet]\npeer_sources = true\n' + two
+    files["fleet_staged_string"] = b'[fleet]\nstaged = "yes"\n' + two
     files["fleet_good"] = b'[[engine]]\nname = "a"\nurl = "http://127.0.0.1:1"\n'
     ray_engine = b'[[engine]]\nname = "a"\nurl = "http://127.0.0.1:1"\nray = "e-a"\n'
     files["fleet_ray_no_table"] = ray_engine
     files["fleet_ray_bad_address"] = b'[ray]\naddress = "nowhere"\n' + ray_engine
     files["fleet_ray_transfer"] = b'[ray]\naddress = "127.0.0.1:1"\n' + ray_engine + \
         b'transfer = "gloo"\n'
+    files["fleet_peers_ray"] = b'[fleet]\nstaged = true\npeer_sources = true\n' \
+        b'[ray]\naddress = "127.0.0.1:1"\n' + ray_engine
     files["fleet_bad_store"] = (b'[control]\nstore = "etcd://127.0.0.1:99999"\n'
                                 b'[[engine]]\nname = "a"\nurl = "http://127.0.0.1:1"\n')
     out = {"journal": str(journal), "dir": str(root / "dir"), "ckpt": str(root / "ckpt"),

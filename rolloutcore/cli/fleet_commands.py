@@ -110,9 +110,10 @@ def open_fleet(cfg: FleetConfig, fleet_file: str, *, min_serving: int | None = N
                         e.url))
     try:
         fleet = Fleet(members, journal=journal or journal_of(cfg, fleet_file),
-                      min_serving=min_serving or cfg.min_serving, policy=RunnerPolicy(),
-                      on_step=on_step, max_live=cfg.max_live,
-                      min_admitting=cfg.min_admitting,
+                      min_serving=min_serving or cfg.min_serving,
+                      policy=RunnerPolicy(staged=cfg.staged), on_step=on_step,
+                      max_live=cfg.max_live, min_admitting=cfg.min_admitting,
+                      peer_sources=cfg.peer_sources,
                       target_of=policy_targets(cfg))
         for name, adapter, _url in members:  # Ray's restarts: suspected, audited at once
             if hasattr(adapter, "on_replaced"):

@@ -67,6 +67,8 @@ class FleetConfig:
     control: ControlConfig | None = None  # None: a local journal file, one controller
     adapter: AdapterConfig | None = None  # None: updates change the base weights
     ray: RayConfig | None = None  # None: no engine is hosted in Ray
+    staged: bool = False  # updates stage while serving, the closed window only installs
+    peer_sources: bool = False  # staged bytes travel once: members stage from a peer
 
     @property
     def served_model(self) -> str | None:
@@ -86,6 +88,9 @@ def load_fleet_file(path: str | Path) -> FleetConfig:
         watchdog_s = 10          # optional: audit every serving engine this often
         max_live = 2             # optional, default 1: >= 2 makes updates roll in waves
         min_admitting = 2        # optional, default 0: members serving throughout a roll
+        staged = true            # optional, default false: stage while serving, then install
+        peer_sources = true      # optional (staged): the trainer's bytes go to one member,
+                                 # the others stage from it
 
         [[engine]]
         name = "a"
@@ -146,7 +151,8 @@ def load_fleet_file(path: str | Path) -> FleetConfig:
     if len(set(names)) != len(names):
         raise FleetFileError(f"{p}: engine names must be distinct: {names}")
     fleet = data.get("fleet", {})
-    keys = {"min_serving", "journal", "watchdog_s", "max_live", "min_admitting"}
+    keys = {"min_serving", "journal", "watchdog_s", "max_live", "min_admitting", "staged",
+            "peer_sources"}
     if not isinstance(fleet, dict) or set(fleet) - keys:
         raise FleetFileError(f"{p}: [fleet] takes {', '.join(sorted(keys))} only")
     k = fleet.get("min_serving", len(engines))
@@ -165,6 +171,11 @@ def load_fleet_file(path: str | Path) -> FleetConfig:
     bad = update_policy_error(rolling[0], rolling[1], len(engines))
     if bad:
         raise FleetFileError(f"{p}: {bad}")
+    staged, peers = fleet.get("staged", False), fleet.get("peer_sources", False)
+    if not isinstance(staged, bool) or not isinstance(peers, bool):
+        raise FleetFileError(f"{p}: staged and peer_sources must be true or false")
+    if peers and not staged:
+        raise FleetFileError(f"{p}: peer_sources serve staged bytes: it needs staged = true")
     control = _control(p, data.get("control"))
     if control is not None and journal is not None:
         raise FleetFileError(f"{p}: [fleet] journal and [control] store both name where the "
@@ -181,9 +192,13 @@ def load_fleet_file(path: str | Path) -> FleetConfig:
     if hosted and adapter is not None:
         raise FleetFileError(f"{p}: [adapter]: LoRA adapters are updated over HTTP; a "
                              "Ray-hosted engine updates its base weights")
+    if peers and (hosted or adapter is not None):
+        raise FleetFileError(f"{p}: peer_sources: engines reached over HTTP serve peers; "
+                             "not Ray-hosted engines, nor LoRA adapter updates")
     return FleetConfig(tuple(engines), k, (p.parent / journal) if journal else None,
                        None if watchdog is None else float(watchdog), max_live=rolling[0],
-                       min_admitting=rolling[1], control=control, adapter=adapter, ray=ray)
+                       min_admitting=rolling[1], control=control, adapter=adapter, ray=ray,
+                       staged=staged, peer_sources=peers)
 
 
 def _ray(p: Path, raw: object) -> RayConfig | None:
