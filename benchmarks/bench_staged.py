@@ -51,7 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     from rolloutcore.adapters.contract import PauseMode
     from rolloutcore.adapters.weight_transfer import CheckpointSource
     from rolloutcore.conformance.engines import checkpoint_target
-    from rolloutcore.conformance.fixtures.tiny_model import DEFAULT_OUT, build_models
+    from rolloutcore.conformance.fixtures.tiny_model import (
+        DEFAULT_OUT,
+        build_models,
+        changed_copy,
+    )
     from rolloutcore.conformance.transfer_scenarios import GLOO, Session
     from rolloutcore.engine.controller import Controller
     from rolloutcore.engine.delta import write_delta
@@ -150,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             http.pause(PauseMode.WAIT, dl())
             http.install(base, dl())
             http.resume(dl())
-            changed = _changed_copy(models["large"], Path(tmp) / "large-changed")
+            changed = changed_copy(models["large"], Path(tmp) / "large-changed")
             info = write_delta(models["large"], changed, Path(tmp) / "large-delta")
             delta_target = checkpoint_target(Path(tmp) / "large-delta", g, f"delta-{g}")
             delta_stage = http.stage(delta_target, dl())
@@ -257,28 +261,6 @@ def _serving_kept(url: str, model: str, stage: Any, discard: Any,
     alone, staging = rate(t0, t1), rate(t1, t2)
     return {"alone_tps": alone, "staging_tps": staging, "kept": staging / alone,
             "stagings": stagings, "seconds": seconds, "streams": streams}
-
-
-def _changed_copy(src: Path, out: Path) -> Path:
-    """A copy of checkpoint ``src`` whose two largest tensors have every byte changed."""
-    import numpy as np
-
-    from rolloutcore.engine.identity import (
-        checkpoint_entries,
-        iter_tensor_bytes,
-        write_safetensors,
-    )
-
-    entries = checkpoint_entries(src)
-    largest = {e.name for e in sorted(entries, key=lambda e: e.nbytes)[-2:]}
-    out.mkdir()
-    tensors = [(e.name, e.dtype, e.shape, (np.frombuffer(data, np.uint8) ^ 0x5A).tobytes()
-                if e.name in largest else data) for e, data in iter_tensor_bytes(entries)]
-    write_safetensors(out / "model.safetensors", tensors)
-    for extra in src.iterdir():
-        if not extra.name.endswith(".safetensors"):
-            (out / extra.name).write_bytes(extra.read_bytes())
-    return out
 
 
 if __name__ == "__main__":
