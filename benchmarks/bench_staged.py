@@ -26,8 +26,9 @@ unverified update); C <= 1.2x D; B >= 5x C (at 0.5-1 GB of weights: at 55.6 MB t
 verification's fixed cost, about 0.1 s, is a large share of the window; the ratio is
 printed for the size measured, and the size is stated).
 
-Run: ``.venv/bin/python benchmarks/bench_staged.py [--repeat N] [--json FILE]`` (builds
-``models/large*`` on first use; about 2 minutes on the 2-core machine).
+Run: ``.venv/bin/python benchmarks/bench_staged.py [--repeat N] [--json FILE] [--model
+large|huge]`` (builds ``models/large*`` or ``models/huge*``, about 0.5 GB, on first use;
+about 2 minutes on the 2-core machine with ``large``).
 """
 
 from __future__ import annotations
@@ -66,14 +67,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=4, help="updates per path (even)")
     ap.add_argument("--json", metavar="FILE", help="write the numbers to FILE")
+    ap.add_argument("--model", choices=("large", "huge"), default="large",
+                    help="large: 55.6 MB (default); huge: about 0.5 GB")
     args = ap.parse_args(argv)
     repeat = max(2, args.repeat + args.repeat % 2)
-    models = build_models(DEFAULT_OUT, large=True)
-    nbytes = checkpoint_nbytes(models["large"])
-    versions = ("large_v2", "large")
+    base_name = args.model
+    models = build_models(DEFAULT_OUT, large=base_name == "large", huge=base_name == "huge")
+    nbytes = checkpoint_nbytes(models[base_name])
+    versions = (f"{base_name}_v2", base_name)
     res: dict[str, Any] = {"nbytes": nbytes, "repeat": repeat}
     with tempfile.TemporaryDirectory(prefix="rc-bench-staged-") as tmp:
-        s = Session(GLOO, models, "large", Path(tmp))
+        s = Session(GLOO, models, base_name, Path(tmp))
         try:
             s.start()
             assert s.adapter is not None and s.http is not None
@@ -113,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             policy = RunnerPolicy(step_timeout_s=60.0, retries=1, drain_timeout_s=60.0)
             runner = LifecycleRunner(Controller(trace=Journal(Path(tmp) / "bc.jsonl",
                                                               fsync=False)), http, policy)
-            boot = runner.bootstrap(checkpoint_target(models["large"], 1, label))
+            boot = runner.bootstrap(checkpoint_target(models[base_name], 1, label))
             if boot.trigger != "bootstrap_ok":
                 raise RuntimeError(f"bootstrap: {boot.reason}")
             rows: dict[str, list[dict[str, float]]] = {"unstaged": [], "staged": []}
@@ -147,16 +151,16 @@ def main(argv: list[str] | None = None) -> int:
                 if ev.outcome.value != "completed":
                     raise RuntimeError(f"bare install {i}: {ev}")
             # E: a delta of two tensors, staged on the installed large.
-            base = checkpoint_target(models["large"], g, f"base-{g}")
+            base = checkpoint_target(models[base_name], g, f"base-{g}")
             g += 1
             full_stage = http.stage(base, dl())
             t0 = time.perf_counter()
             http.pause(PauseMode.WAIT, dl())
             http.install(base, dl())
             http.resume(dl())
-            changed = changed_copy(models["large"], Path(tmp) / "large-changed")
-            info = write_delta(models["large"], changed, Path(tmp) / "large-delta")
-            delta_target = checkpoint_target(Path(tmp) / "large-delta", g, f"delta-{g}")
+            changed = changed_copy(models[base_name], Path(tmp) / "changed")
+            info = write_delta(models[base_name], changed, Path(tmp) / "delta")
+            delta_target = checkpoint_target(Path(tmp) / "delta", g, f"delta-{g}")
             delta_stage = http.stage(delta_target, dl())
             res["delta"] = {
                 "changed_tensors": info.changed, "tensors": info.tensors,
