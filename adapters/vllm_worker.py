@@ -70,14 +70,18 @@ from rolloutcore.engine.peer import (
 )
 
 EXTENSION_CLS = "rolloutcore.adapters.vllm_worker.RolloutCoreWorkerExtension"
+GATEWAY_FENCE_CLS = "rolloutcore.adapters.gateway_fence.GatewayFence"
 LOAD_FORMAT = "rolloutcore"  # = rolloutcore.adapters.vllm_loader.LOAD_FORMAT (no vLLM import)
 #: What a vLLM server needs on its command line for this extension to vouch for weights;
 #: ``--enable-prompt-tokens-details`` makes every completion report the prompt tokens it
 #: took from the prefix cache (``usage.prompt_tokens_details.cached_tokens``): the probe's
 #: own stale-cache evidence, without reading the counters around it.
+#: ``--middleware`` adds the gateway fence (:mod:`.gateway_fence`): a request stamped by a
+#: gateway whose lease ended is refused before vLLM sees it.
 SERVER_ARGS: tuple[str, ...] = ("--worker-extension-cls", EXTENSION_CLS,
                                 "--load-format", LOAD_FORMAT,
-                                "--enable-prompt-tokens-details")
+                                "--enable-prompt-tokens-details",
+                                "--middleware", GATEWAY_FENCE_CLS)
 #: The same for an engine built in Python (``AsyncEngineArgs(**ENGINE_ARGS, ...)``: a
 #: framework's own engine actor adopting RolloutCore).
 ENGINE_ARGS: dict[str, str] = {"worker_extension_cls": EXTENSION_CLS, "load_format": LOAD_FORMAT}

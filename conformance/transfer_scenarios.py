@@ -73,10 +73,11 @@ class Backend:
     single_process: bool = True
 
     def server_args(self) -> list[str]:
-        from rolloutcore.adapters.vllm_worker import LOAD_FORMAT
+        from rolloutcore.adapters.vllm_worker import GATEWAY_FENCE_CLS, LOAD_FORMAT
 
         return ["--weight-transfer-config", json.dumps({"backend": self.name}),
-                "--worker-extension-cls", self.worker_extension, "--load-format", LOAD_FORMAT]
+                "--worker-extension-cls", self.worker_extension, "--load-format", LOAD_FORMAT,
+                "--middleware", GATEWAY_FENCE_CLS]
 
 
 def _gloo_info(world_size: int = 2, buffer_bytes: int = 256 * 1024) -> Any:
