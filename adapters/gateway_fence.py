@@ -32,6 +32,10 @@ from rolloutcore.spec.failover import accepts
 
 GATEWAY_HEADER = "x-rolloutcore-gateway"
 FENCE_PATH = "/rc/gateway_fence"
+#: The gateway a leading controller hosts (``rolloutcore serve``): its lease is the
+#: leader's, so it stamps the leader's epoch, and a new leader's fence (the takeover's,
+#: :meth:`HttpAdapter.fence_epoch`) ends what a deposed one's gateway still forwards.
+LEADER_GATEWAY = "rolloutcore"
 #: How long raising a fence waits for the cancelled requests to end before it answers.
 CANCEL_WAIT_S = 10.0
 
@@ -163,4 +167,5 @@ async def _json(send: Send, status: int, obj: dict[str, Any]) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-__all__ = ["FENCE_PATH", "GATEWAY_HEADER", "GatewayFence", "parse_stamp", "stamp"]
+__all__ = ["FENCE_PATH", "GATEWAY_HEADER", "LEADER_GATEWAY", "GatewayFence", "parse_stamp",
+           "stamp"]

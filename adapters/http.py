@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -70,6 +70,7 @@ from rolloutcore.adapters.contract import (
     WeightTarget,
     remaining,
 )
+from rolloutcore.adapters.gateway_fence import FENCE_PATH, LEADER_GATEWAY
 from rolloutcore.adapters.vllm_worker import EXTENSION_CLS, SERVER_ARGS
 from rolloutcore.engine.identity import (
     ADAPTER_JOIN,
@@ -603,8 +604,10 @@ class HttpAdapter:
     # ------------------------------------------------------------------ caches
 
     def fence_epoch(self, epoch: int, deadline: float) -> EpochEvidence:
-        """Raise the engine's fencing token to ``epoch`` (every worker's): accepted only if
-        every worker took it. From then on this adapter sends ``epoch`` with its loads."""
+        """Raise the engine's fencing token to ``epoch`` (every worker's), then the gateway
+        fence of the leader's gateway (:mod:`.gateway_fence`): accepted only if every
+        worker took it and the engine serves no request a deposed leader's gateway
+        stamped. From then on this adapter sends ``epoch`` with its loads."""
         try:
             reply = self.rpc("rc_fence", op="fence_epoch", idempotent=True, deadline=deadline,
                              epoch=int(epoch))
@@ -612,9 +615,27 @@ class HttpAdapter:
         except AdapterError as e:
             return EpochEvidence(epoch, False, None, str(e))
         ev = epoch_evidence(epoch, results)
-        if ev.accepted:
-            self.epoch = int(epoch)
+        if not ev.accepted:
+            return ev
+        why = self._fence_gateway(LEADER_GATEWAY, int(epoch), deadline)
+        if why is not None:
+            return replace(ev, accepted=False, error=f"gateway fence: {why}")
+        self.epoch = int(epoch)
         return ev
+
+    def _fence_gateway(self, gateway: str, epoch: int, deadline: float) -> str | None:
+        """Raise ``gateway``'s fence on the engine to ``epoch``; None once the engine says
+        its fence is at least that and nothing below it runs, else why not."""
+        try:
+            r = self.request("POST", FENCE_PATH, op="fence_epoch", idempotent=True,
+                             deadline=deadline, json_body={"gateway": gateway, "epoch": epoch})
+        except AdapterError as e:
+            return str(e)
+        body = r.body if isinstance(r.body, dict) else {}
+        fence, left = body.get("fence"), body.get("running_below")
+        if r.status != 200 or not isinstance(fence, int) or fence < epoch or left != 0:
+            return f"HTTP {r.status}: {str(r.body)[:200]}"
+        return None
 
     def reset_cache(self, tier: str, deadline: float) -> ResetEvidence:
         if tier not in _TIERS:

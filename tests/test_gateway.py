@@ -33,12 +33,14 @@ import pytest
 from helpers import wait_until
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from rolloutcore import cli
 from rolloutcore.adapters.contract import WeightTarget
+from rolloutcore.adapters.gateway_fence import FENCE_PATH, LEADER_GATEWAY, GatewayFence
 from rolloutcore.adapters.sim import (
     FaultPlan,
     SimAdapter,
@@ -121,7 +123,8 @@ class FakeUpstream:
         self.app = Starlette(routes=[
             Route("/e/{name}/v1/completions", self.completions, methods=["POST"]),
             Route("/e/{name}/v1/chat/completions", self.chat, methods=["POST"]),
-            Route("/e/{name}/v1/models", self.models, methods=["GET"])])
+            Route("/e/{name}/v1/models", self.models, methods=["GET"])],
+            middleware=[Middleware(GatewayFence)])  # as on a real engine
         self.url = ""
 
     def open_all(self) -> None:
@@ -871,6 +874,26 @@ def test_engine_errors_are_passed_on_and_released(tmp_path: Path,
         assert r.bound() == 0
         release = [x for x in r.journal_records() if x["step"] == "release"][-1]
         assert release["detail"]["status"] == 502
+        r.check()
+
+
+def test_a_leaders_gateway_stamps_its_epoch_and_a_fenced_one_is_refused(
+        tmp_path: Path, upstream: FakeUpstream) -> None:
+    """Under a leadership (the fleet has an epoch) the gateway stamps every request it
+    forwards with it; once the engines' gateway fence is above it (a successor took
+    over), the engine refuses them and the client gets the engine's 409, released."""
+    with rig(tmp_path, upstream) as r:
+        r.fleet.epoch = 3  # as a fleet on a store under a won leadership has
+        assert completion(r.url).status_code == 200
+        fence = httpx.post(f"{upstream.url}{FENCE_PATH}", json={
+            "gateway": LEADER_GATEWAY, "epoch": 4}, timeout=BOUND).json()
+        assert fence["fence"] == 4 and fence["running_below"] == 0, fence
+        refused = completion(r.url)
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["error"]["code"] == "gateway_fenced"
+        assert r.bound() == 0
+        r.fleet.epoch = 4
+        assert completion(r.url).status_code == 200
         r.check()
 
 

@@ -32,6 +32,7 @@ from rolloutcore.adapters.contract import (
     PauseMode,
     WeightTarget,
 )
+from rolloutcore.adapters.gateway_fence import FENCE_PATH, GATEWAY_HEADER, LEADER_GATEWAY, stamp
 from rolloutcore.adapters.http import HttpAdapter
 from rolloutcore.adapters.sim import reference_logprobs, reference_tokens, sim_identity, sim_target
 from rolloutcore.check.trace import check_file
@@ -235,6 +236,35 @@ def test_a_deposed_controllers_mutation_is_not_mutated(srv: SimServer) -> None:
         assert new.read_state(dl()) == EngineReport("default", sim_identity("v1"), False, 0)
         assert new.mutate(target(2, "v2"), dl()).outcome is MutationOutcome.COMPLETED
         assert new.read_label(dl()) == "v2-gen2"
+
+
+def test_a_new_leaders_fence_ends_what_the_deposed_leaders_gateway_sends(
+        srv: SimServer, pool: ThreadPoolExecutor) -> None:
+    """The leader's gateway stamps its requests with the leader's epoch; a successor's
+    fence (``fence_epoch``) raises the engine's gateway fence too: the request the
+    deposed leader's gateway still has running (one the paused engine holds) is ended
+    before its answer began (409 ``gateway_fenced``), a new one stamped with the old epoch
+    is refused, and the fence is accepted only once nothing of the old epoch runs."""
+    body = {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 4}
+    old_stamp = {GATEWAY_HEADER: stamp(LEADER_GATEWAY, 1)}
+    with adapter(srv) as old, adapter(srv) as new, httpx.Client(base_url=srv.url) as c:
+        assert old.fence_epoch(1, dl()).accepted
+        assert c.post("/v1/completions", json=body, headers=old_stamp).status_code == 200
+        assert old.pause(PauseMode.KEEP, dl()).paused_read_back
+        held = pool.submit(c.post, "/v1/completions", json=body, headers=old_stamp)
+        wait_until(lambda: c.get(FENCE_PATH).json()["running"].get(LEADER_GATEWAY) == 1,
+                   "the held request runs")
+        ev = new.fence_epoch(2, dl())
+        assert ev.accepted and new.epoch == 2, ev
+        answer = held.result(BOUND)
+        assert answer.status_code == 409 and answer.json()["error"]["code"] == "gateway_fenced"
+        assert new.resume(dl()).paused_read_back is False
+        refused = c.post("/v1/completions", json=body, headers=old_stamp)
+        assert refused.status_code == 409, refused.text
+        assert c.post("/v1/completions", json=body, headers={
+            GATEWAY_HEADER: stamp(LEADER_GATEWAY, 2)}).status_code == 200
+        # The old leader cannot fence its way back: its workers refuse epoch 1.
+        assert not old.fence_epoch(1, dl()).accepted
 
 
 def test_a_fence_waits_for_the_load_in_progress(pool: ThreadPoolExecutor) -> None:

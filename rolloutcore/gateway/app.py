@@ -36,6 +36,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from rolloutcore.adapters.gateway_fence import GATEWAY_HEADER, LEADER_GATEWAY, stamp
 from rolloutcore.adapters.http import is_loopback
 from rolloutcore.engine.controller import Binding
 from rolloutcore.fleet import FleetError, Lease, MigrationLost
@@ -904,6 +905,9 @@ class _Exchange:
         token = self.gw.config.engine_tokens.get(engine)
         if token:
             out["authorization"] = f"Bearer {token}"
+        epoch = self.gw.fleet.epoch
+        if epoch is not None:  # a leader's gateway: a successor's fence ends what it sends
+            out[GATEWAY_HEADER] = stamp(LEADER_GATEWAY, epoch)
         return out
 
     def _collect_body(self, data: bytes) -> bytes:
