@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import dying_source
+from helpers import dying_source, wait_until
 
 from rolloutcore.engine.identity import (
     IdentityHasher,
@@ -65,7 +65,9 @@ def test_a_reader_gets_exactly_the_sources_bytes(
             h.add(e.name, e.dtype, e.shape, data)
         assert stream.received == stream.total
     assert h.hexdigest() == identity
-    assert source.served_bytes == stream.total
+    # The source counts a stream once its last write returned, which may be after the
+    # reader has every byte: wait for it (bounded), never for a time.
+    wait_until(lambda: source.served_bytes == stream.total, "the source counted its stream")
 
 
 def test_a_source_refuses_a_wrong_token_and_an_identity_it_does_not_hold(
