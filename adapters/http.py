@@ -617,13 +617,13 @@ class HttpAdapter:
         ev = epoch_evidence(epoch, results)
         if not ev.accepted:
             return ev
-        why = self._fence_gateway(LEADER_GATEWAY, int(epoch), deadline)
+        why = self.fence_gateway(LEADER_GATEWAY, int(epoch), deadline)
         if why is not None:
             return replace(ev, accepted=False, error=f"gateway fence: {why}")
         self.epoch = int(epoch)
         return ev
 
-    def _fence_gateway(self, gateway: str, epoch: int, deadline: float) -> str | None:
+    def fence_gateway(self, gateway: str, epoch: int, deadline: float) -> str | None:
         """Raise ``gateway``'s fence on the engine to ``epoch``; None once the engine says
         its fence is at least that and nothing below it runs, else why not."""
         try:

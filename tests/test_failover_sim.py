@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import dl
 
 from rolloutcore.adapters.http import HttpAdapter
 from rolloutcore.check.fleet_trace import check_fleet_file
@@ -147,7 +148,7 @@ def _final_state_is_one_generation(done: dict[str, Any], rig: Rig) -> int:
     gen = gens.pop()
     want = {1: "v1", 2: "v2"}[gen]
     for name in rig.engines:  # what each engine itself says now
-        state = rig.engine(name).read_state(time.monotonic() + 5)
+        state = rig.engine(name).read_state(dl())
         assert state.label == f"rc-{gen}" if gen > 1 else state.label in ("default", "rc-1")
         from rolloutcore.adapters.sim import sim_identity
         assert state.identity == sim_identity(want), (name, state)
@@ -217,13 +218,13 @@ def test_frozen_leader_thawed_after_takeover_is_refused_where_it_lands(
         # back), so a stale load of v2 that landed would show.
         assert _final_state_is_one_generation(done, rig) == 1
         lines_before = sum(1 for _ in iter_journal_lines(EtcdStore.from_url(rig.url)))
-        identity_before = {n: rig.engine(n).read_state(time.monotonic() + 5).identity
+        identity_before = {n: rig.engine(n).read_state(dl()).identity
                            for n in rig.engines}
         # The old leader's load reaches the engine now: refused there (a stays on v1).
         rig.proxies["a"].release()
         rig.proxies["a"].wait_for(lambda xs: xs[load.index].upstream_done_at is not None,
                                   timeout=30)
-        assert rig.engine("a").read_state(time.monotonic() + 5).identity == \
+        assert rig.engine("a").read_state(dl()).identity == \
             identity_before["a"]
     finally:
         os.kill(leader.pid, signal.SIGCONT)
@@ -237,7 +238,7 @@ def test_frozen_leader_thawed_after_takeover_is_refused_where_it_lands(
     # Nothing it did after the thaw reached the journal or an engine.
     assert sum(1 for _ in iter_journal_lines(EtcdStore.from_url(rig.url))) == lines_before
     for n in rig.engines:
-        assert rig.engine(n).read_state(time.monotonic() + 5).identity == identity_before[n]
+        assert rig.engine(n).read_state(dl()).identity == identity_before[n]
     _check_journal(rig, tmp_path)
 
 

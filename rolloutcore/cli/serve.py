@@ -72,6 +72,8 @@ def serve(args: argparse.Namespace) -> int:
     from rolloutcore.gateway.core import GatewayConfig, StaleMode
     from rolloutcore.gateway.server import bind
 
+    if args.gateway_only is not None:
+        return _serve_follower(args)
     try:
         cfg = load_fleet_file(args.fleet)
         model = cfg.served_model
@@ -122,6 +124,52 @@ def serve(args: argparse.Namespace) -> int:
         return _run_gateway(args, cfg, config, fleet, sock)
 
 
+def _serve_follower(args: argparse.Namespace) -> int:
+    """``serve --gateway-only NAME``: a gateway of its own that follows the controller at
+    ``--controller`` (:mod:`rolloutcore.gateway.follower`), until SIGTERM or SIGINT."""
+    from rolloutcore.fleet import FleetFileError, load_fleet_file
+    from rolloutcore.gateway.follower import Follower, FollowerConfig, follower_server
+    from rolloutcore.gateway.server import bind
+    from rolloutcore.journal import JournalError
+
+    try:
+        cfg = load_fleet_file(args.fleet)
+        name = args.gateway_only
+        if not name or "-" in name or ";" in name or len(name) > 64:
+            raise ValueError(f"--gateway-only {name!r}: a gateway name is 1-64 characters "
+                             "without '-' or ';'")
+        if not args.controller or not args.controller.startswith(("http://", "https://")):
+            raise ValueError("--gateway-only needs --controller URL (the leader's gateway, "
+                             "http:// or https://)")
+        if not args.gateway_journal:
+            raise ValueError("--gateway-only needs --gateway-journal PATH (its own journal)")
+        journal = Path(args.gateway_journal)
+        if journal.is_dir() or not journal.parent.is_dir():
+            raise ValueError(f"--gateway-journal {journal}: not a file in an existing "
+                             "directory")
+        token = _read_token(args.admin_token_file) if args.admin_token_file else None
+        follower = Follower(FollowerConfig(
+            name, args.controller, journal, admin_token=token,
+            engine_tokens={e.name: e.token for e in cfg.engines if e.token},
+            queue_wait_s=args.queue_wait, max_body_bytes=args.max_body_bytes))
+        sock = bind(args.host, args.port)
+    except OSError as e:
+        why = "in use" if e.errno == errno.EADDRINUSE else e.strerror or str(e)
+        return _fail(f"cannot listen on {args.host}:{args.port}: {why}")
+    except (FleetFileError, JournalError, ValueError) as e:
+        return _fail(str(e))
+    _log_to_stderr()
+    with contextlib.closing(sock):
+        server = follower_server(follower)
+        print(f"rolloutcore gateway {name} on http://{args.host}:{sock.getsockname()[1]}, "
+              f"following {args.controller}; journal {journal} (last seq "
+              f"{follower.journal.last_seq}, {follower.abandoned} abandoned at start)",
+              flush=True)
+        server.run(sockets=[sock])
+    print(f"rolloutcore gateway {name}: stopped (journal {journal})", flush=True)
+    return OK
+
+
 class _CannotRun(Exception):
     """What keeps ``serve`` from running (the control store): exit 3, one line."""
 
@@ -155,6 +203,7 @@ def _run_gateway(args: argparse.Namespace, cfg: FleetConfig, config: GatewayConf
     from rolloutcore.engine.targets import TargetError
     from rolloutcore.fleet import FleetError
     from rolloutcore.gateway.core import Gateway
+    from rolloutcore.gateway.registry import GatewayRegistry
     from rolloutcore.gateway.server import GatewayServer, uvicorn_config
 
     target_of = policy_targets(cfg)
@@ -175,17 +224,20 @@ def _run_gateway(args: argparse.Namespace, cfg: FleetConfig, config: GatewayConf
                 fleet.close()
                 return NEGATIVE
         gateway = Gateway(fleet, config, target_of=target_of)
+        registry = None if args.gateway_lease is None else GatewayRegistry(
+            fleet, lease_s=args.gateway_lease)
         watchdog = None if args.no_watchdog else (
             args.watchdog or cfg.watchdog_s or DEFAULT_WATCHDOG_S)
         if watchdog is not None:
             fleet.start_watchdog(watchdog)
-    except (TargetError, FleetError) as e:
+    except (TargetError, FleetError, ValueError) as e:
         fleet.close()
         return _fail(str(e))
     except BaseException:  # a deposed leader's refused append, among others: the caller
         fleet.close()  # says it
         raise
-    server = GatewayServer(uvicorn_config(gateway, access_log=args.access_log), gateway)
+    server = GatewayServer(uvicorn_config(gateway, access_log=args.access_log,
+                                          registry=registry), gateway)
     watch = None if lead is None else _LeadershipWatch(lead, fleet, server)
     auth = ("admin API: bearer token from " + args.admin_token_file if token else
             "admin API has no token: listening on loopback only")
@@ -205,6 +257,8 @@ def _run_gateway(args: argparse.Namespace, cfg: FleetConfig, config: GatewayConf
     finally:
         if watch is not None:
             watch.stop()
+        if registry is not None:
+            registry.close()
         try:
             gateway.close()
         except Exception:
@@ -426,6 +480,17 @@ def add_serve_parser(sub: Any) -> None:
     p.add_argument("--initial", help="a new fleet: the checkpoint the engines started with")
     p.add_argument("--initial-label", default="default",
                    help="the label the engines report at start (vLLM: default)")
+    p.add_argument("--gateway-lease", type=_at_least(0.1, float), metavar="SECONDS",
+                   help="remote gateways (serve --gateway-only) may follow this fleet; one "
+                   "that has not polled for SECONDS is fenced on every engine")
+    remote = p.add_argument_group("a gateway of its own (several behind a balancer)")
+    remote.add_argument("--gateway-only", metavar="NAME", help="follow the controller at "
+                        "--controller instead of leading the fleet: admit on its own view, "
+                        "journal in its own journal")
+    remote.add_argument("--controller", metavar="URL",
+                        help="the leading gateway's URL (serve --gateway-lease)")
+    remote.add_argument("--gateway-journal", metavar="PATH",
+                        help="this gateway's own admission journal (continued on restart)")
     p.set_defaults(func=serve)
 
 

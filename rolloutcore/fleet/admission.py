@@ -93,6 +93,38 @@ class Admission(FleetBase):
                 else str(b.generation)
             return Lease(rollout_id, m.name, m.url, b.generation, b.identity, label, b.seq)
 
+    def hold(self, member: str, rollout_id: str, detail: Mapping[str, Any]) -> Lease:
+        """Bind a placeholder for another gateway's rollouts on ``member`` (a remote
+        gateway's *hold*, :mod:`rolloutcore.gateway.registry`): while it is bound the member
+        cannot mutate, as for any rollout, and the gateway admits to the member only while
+        it holds it. Refused (FleetError, nothing bound) unless the member admits now. Not
+        counted as outstanding: it carries no load of its own."""
+        with self._changed:
+            m = self.members.get(member)
+            if m is None:
+                raise FleetError(f"no member {member!r}")
+            if m not in self._admissible():
+                raise FleetError(f"{member} does not admit now")
+            try:
+                b = m.controller.admit(rollout_id, detail)
+            except IllegalTransition as e:
+                raise FleetError(f"{member} refused the hold: {e}") from None
+            label = m.runner.targets[b.generation].label if b.generation in m.runner.targets \
+                else str(b.generation)
+            return Lease(rollout_id, m.name, m.url, b.generation, b.identity, label, b.seq)
+
+    def admitting(self) -> dict[str, int]:
+        """The members that admit now, with the generation each serves."""
+        with self._lock:
+            return {m.name: m.controller.control.committed for m in self._admissible()}
+
+    def unhold(self, lease: Lease, detail: Mapping[str, Any]) -> Binding:
+        """Release a hold (:meth:`hold`): the member may then drain without it."""
+        binding = self.members[lease.engine].controller.release(lease.rollout_id, detail)
+        with self._lock:
+            self._changed.notify_all()
+        return binding
+
     def _admissible(self) -> list[Member]:
         """Serving members, if the fleet admits (READY, a quorum serving: the spec's
         admit guard)."""

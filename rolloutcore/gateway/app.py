@@ -55,6 +55,7 @@ from rolloutcore.gateway.episodes import (
     check_episode_id,
     check_policy,
 )
+from rolloutcore.gateway.registry import GatewayRegistry, registry_routes
 from rolloutcore.gateway.wire import (
     H_ENGINE,
     H_EPISODE,
@@ -134,12 +135,15 @@ def upstream_session(connect_s: float, read_s: float) -> aiohttp.ClientSession:
 class GatewayApp:
     """The Starlette application over a :class:`Gateway` (``.app``)."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Gateway, registry: GatewayRegistry | None = None) -> None:
+        """``registry``: remote gateways follow this fleet too (their routes are served)."""
         self.gw = gateway
+        self.registry = registry
         self.upstream: aiohttp.ClientSession | None = None
         self.app = self
+        remote = [] if registry is None else registry_routes(registry, self._refused)
         self.starlette = Starlette(
-            routes=[
+            routes=[*remote,
                 Route("/v1/models", self._models, methods=["GET"]),
                 Route("/metrics", self._metrics, methods=["GET"]),
                 Route("/health", self._health, methods=["GET"]),
@@ -283,6 +287,10 @@ class GatewayApp:
                            code="invalid_admin_token")
         return None
 
+    def _refused(self, request: Request) -> Response | None:
+        refused = self._authorize(request)
+        return None if refused is None else error_response(refused)
+
     async def _admin_body(self, request: Request) -> dict[str, Any]:
         refused = self._authorize(request)
         if refused is not None:
@@ -310,7 +318,10 @@ class GatewayApp:
         refused = self._authorize(request)
         if refused is not None:
             return error_response(refused)
-        return JSONResponse(self.gw.status())
+        status = self.gw.status()
+        if self.registry is not None:
+            status["remote_gateways"] = self.registry.status()
+        return JSONResponse(status)
 
     async def _admin_update(self, request: Request) -> Response:
         async def op(obj: dict[str, Any]) -> Response:

@@ -15,6 +15,7 @@ import uvicorn
 
 from rolloutcore.gateway.app import GatewayApp
 from rolloutcore.gateway.core import Gateway
+from rolloutcore.gateway.registry import GatewayRegistry
 
 
 class GatewayServer(uvicorn.Server):
@@ -66,23 +67,23 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def uvicorn_config(gateway: Gateway, *, access_log: bool = False) -> uvicorn.Config:
+def uvicorn_config(gateway: Gateway, *, access_log: bool = False,
+                   registry: GatewayRegistry | None = None) -> uvicorn.Config:
     """The access log (request lines, never headers) only when asked: the CLI's."""
     # Keep-alive outlasting clients' idle expiry (httpx: 5 s) so that a client, not the
     # server, closes an idle connection: no request is sent on a socket being closed.
-    return uvicorn.Config(GatewayApp(gateway).app, lifespan="on",
+    return uvicorn.Config(GatewayApp(gateway, registry).app, lifespan="on",
                           log_level="info" if access_log else "warning",
                           access_log=access_log, timeout_graceful_shutdown=30,
                           timeout_keep_alive=65, backlog=2048)
 
 
-class ServerThread:
-    """The gateway served by uvicorn on a thread: ``with ServerThread(gw) as url``."""
+class AppThread:
+    """A uvicorn server on a thread of this process: ``with AppThread(server) as url``."""
 
-    def __init__(self, gateway: Gateway, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.gateway = gateway
+    def __init__(self, server: uvicorn.Server, host: str = "127.0.0.1", port: int = 0) -> None:
         self.sock = bind(host, port)
-        self.server = GatewayServer(uvicorn_config(gateway), gateway)
+        self.server = server
         self.thread = threading.Thread(target=self.server.run, kwargs={
             "sockets": [self.sock]}, name="gateway-uvicorn", daemon=True)
         addr = self.sock.getsockname()
@@ -107,4 +108,14 @@ class ServerThread:
         self.sock.close()
 
 
-__all__ = ["GatewayServer", "ServerThread", "bind", "uvicorn_config"]
+class ServerThread(AppThread):
+    """The gateway served by uvicorn on a thread: ``with ServerThread(gw) as url``."""
+
+    def __init__(self, gateway: Gateway, host: str = "127.0.0.1", port: int = 0, *,
+                 registry: GatewayRegistry | None = None) -> None:
+        self.gateway = gateway
+        super().__init__(GatewayServer(uvicorn_config(gateway, registry=registry), gateway),
+                         host, port)
+
+
+__all__ = ["AppThread", "GatewayServer", "ServerThread", "bind", "uvicorn_config"]
