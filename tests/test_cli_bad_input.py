@@ -67,6 +67,14 @@ CASES: list[Case] = [
     C(TRACE, "", 2, "no file"),
     C(TRACE, "{journal_seq_list}", 1, "seq is a list on line 3 (a broken record)"),
     C(TRACE, "{journal_torn}", 0, "torn tail (a crash mid-write: that step did not happen)"),
+    # trace join: the fleet journal and each gateway's journal must be what they say
+    C("trace join", "", 2, "no file"),
+    C("trace join", "{journal}", 2, "no gateway journal"),
+    *(C("trace join", f"{{{f}}} g1={{journal}}", 2, f) for f in (
+        "notjson", "empty", "binary", "dir", "missing")),
+    C("trace join", "{journal} g1={journal}", 2, "an engine's journal, not a fleet's"),
+    C("trace join", "{journal} g1", 2, "a gateway without its path"),
+    C("trace join", "{journal} g1={journal} --json", 2, "not a fleet journal json"),
     # journal verify: the same, streaming
     *(C(VERIFY, f"{{{f}}}", 2, f) for f in (
         "notjson", "empty", "binary", "dir", "missing", "deep", "long_line", "records",

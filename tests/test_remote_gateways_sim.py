@@ -23,6 +23,7 @@ import httpx
 import pytest
 from helpers import wait_until
 
+from rolloutcore import cli
 from rolloutcore.adapters.contract import WeightTarget
 from rolloutcore.adapters.gateway_fence import FENCE_PATH, GATEWAY_HEADER, stamp
 from rolloutcore.adapters.http import HttpAdapter
@@ -301,6 +302,8 @@ def test_the_join_rejects_an_ack_before_the_gateways_rollout_ended(tmp_path: Pat
     _rewrite(bad, [*recs[:release], start, *recs[release:]])
     v = check_join(rig.journal, {"g1": bad})
     assert not v.accepted and v.violated == "DrainedAtAck", v
+    assert cli.main(["trace", "join", str(rig.journal), f"g1={bad}"]) == 1
+    assert cli.main(["trace", "join", str(rig.journal), f"g1={rig.tmp / 'g1.jsonl'}"]) == 0
     # An admission before the first hold's position.
     early = [*recs[:1], recs[admit], *recs[1:admit], *recs[admit + 1:]]
     _rewrite(bad, early)

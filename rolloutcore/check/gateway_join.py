@@ -33,12 +33,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rolloutcore.check.fleet_trace import check_fleet_file, is_fleet_journal
+from rolloutcore.check.trace import TraceInputError
+from rolloutcore.inputs import unreadable
 from rolloutcore.journal import JournalReader
-from rolloutcore.journal.gateway_records import ABANDON, ADMIT, HOLD_PREFIX, RELEASE
+from rolloutcore.journal.gateway_records import (
+    ABANDON,
+    ADMIT,
+    HOLD_PREFIX,
+    JOURNAL_SPEC,
+    RELEASE,
+)
 from rolloutcore.journal.reader import not_a_journal
 
 
-class JoinInputError(Exception):
+class JoinInputError(TraceInputError):
     """A file that is not the journal it should be (bad input: exit 2)."""
 
 
@@ -107,9 +116,15 @@ def check_join(fleet_journal: str | os.PathLike[str],
         reader = JournalReader(fleet_path)
         holds = holds_of(reader)
     except OSError as e:
-        raise JoinInputError(f"{fleet_path}: {e}") from None
+        raise JoinInputError(unreadable(fleet_path, e)) from None
     if reader.report.records == 0:
         raise JoinInputError(not_a_journal(fleet_path, reader.report))
+    if not is_fleet_journal(fleet_path):
+        raise JoinInputError(f"{fleet_path}: not a fleet's journal")
+    fleet_verdict = check_fleet_file(fleet_path)
+    if not fleet_verdict.accepted:
+        return JoinVerdict(False, fleet_verdict.violated, f"the fleet journal, line "
+                           f"{fleet_verdict.first_bad_line}: {fleet_verdict.message}")
     verdict = JoinVerdict(True, None, "")
     try:
         for name, path in gateways.items():
@@ -119,8 +134,9 @@ def check_join(fleet_journal: str | os.PathLike[str],
         return JoinVerdict(False, r.violated, r.message, verdict.gateways)
     unknown = sorted(set(holds) - set(gateways))
     n = sum(v["admitted"] for v in verdict.gateways.values())
-    verdict.message = (f"{n} admissions of {len(gateways)} gateway(s) joined to the fleet "
-                       "journal: each inside a hold, each acknowledged hold drained")
+    verdict.message = (f"the fleet journal conforms; {n} admissions of {len(gateways)} "
+                       "gateway(s) joined to it: each inside a hold, each acknowledged hold "
+                       "drained")
     if unknown:
         verdict.message += f" (holds of gateways not given: {', '.join(unknown)})"
     return verdict
@@ -143,6 +159,9 @@ def _check_gateway(name: str, path: Path, by_member: dict[str, list[Hold]]
         last = 0
         for line, rec in reader:
             seq = int(rec.get("seq", 0))
+            if seq == 0 and rec.get("spec") != JOURNAL_SPEC:
+                raise JoinInputError(f"{path}: not a gateway's journal (its header names "
+                                     f"{rec.get('spec')!r})")
             last = seq
             while due and due[0][0] < seq:
                 _drained(name, due.pop(0)[2])
@@ -181,9 +200,13 @@ def _check_gateway(name: str, path: Path, by_member: dict[str, list[Hold]]
                 if d.get("outcome") == "fenced":
                     counts["refused_by_fence"] += 1
     except OSError as e:
-        raise JoinInputError(f"{path}: {e}") from None
-    if reader.report.records == 0:
-        raise JoinInputError(not_a_journal(path, reader.report))
+        raise JoinInputError(unreadable(path, e)) from None
+    report = reader.report
+    if report.records == 0:
+        raise JoinInputError(not_a_journal(path, report))
+    if not report.ok and not report.truncated:
+        raise _Rejected("Chain", f"{path}: chain broken at line {report.first_bad_line}: "
+                        f"{report.reason}")
     for closed, _tie, late in due:
         if closed > last:
             raise _Rejected("JournalsAgree", f"the fleet journal says gateway {name} "

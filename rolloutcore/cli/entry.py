@@ -280,6 +280,30 @@ def _trace_check(args: argparse.Namespace) -> int:
     return OK if v.accepted else NEGATIVE
 
 
+def _trace_join(args: argparse.Namespace) -> int:
+    from rolloutcore.check.gateway_join import check_join
+    from rolloutcore.check.trace import TraceInputError
+
+    gateways: dict[str, str] = {}
+    for item in args.gateway:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path or name in gateways:
+            return _bad_input(args, f"{item!r}: expected NAME=PATH, one per gateway",
+                              file=args.fleet_journal)
+        gateways[name] = path
+    try:
+        v = check_join(args.fleet_journal, gateways)
+    except TraceInputError as e:
+        return _bad_input(args, str(e), file=args.fleet_journal)
+    if args.json:
+        _print_json({"file": args.fleet_journal, **v.as_json()})
+    elif v.accepted:
+        print(v.message)
+    else:
+        print(f"rejected: {v.violated}\n  {v.message}")
+    return OK if v.accepted else NEGATIVE
+
+
 def _journal_verify(args: argparse.Namespace) -> int:
     from rolloutcore.journal import not_a_journal, verify_chain
 
@@ -406,6 +430,13 @@ def _add_trace_journal_parsers(sub: Any) -> None:
                     "warning of it")
     tc.add_argument("--json", action="store_true")
     tc.set_defaults(func=_trace_check_source)
+    tj = tsub.add_parser("join", help="check remote gateways' journals joined to the "
+                         "fleet's journal (exit 0 accepted, 1 rejected, 2 unreadable)")
+    tj.add_argument("fleet_journal", help="the fleet's journal (a file)")
+    tj.add_argument("gateway", nargs="+", metavar="NAME=PATH",
+                    help="a gateway's name and its own journal (serve --gateway-journal)")
+    tj.add_argument("--json", action="store_true")
+    tj.set_defaults(func=_trace_join)
     journal = sub.add_parser("journal", help="the append-only step journal")
     jsub = journal.add_subparsers(dest="cmd", required=True)
     jv = jsub.add_parser("verify", help="check the hash chain, streaming (exit 0 intact, "
