@@ -171,6 +171,7 @@ class FleetCycleReport:
             "total_s": round(self.total_s, 4), "refused": self.refused,
             "members": {n: {"final_phase": r.final_phase.value, "prepared": r.prepared,
                             "published": r.published, "total_s": round(r.total_s, 4),
+                            "drain_wait_s": round(r.drain_wait_s, 4),
                             "tainted_after_s": r.tainted_after_s, "fenced": r.fenced,
                             "staged_bytes": r.staged_bytes, "peer": r.peer,
                             "steps": [(s.step, s.outcome, round(s.seconds, 4), s.attempts)

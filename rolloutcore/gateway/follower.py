@@ -29,9 +29,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +45,7 @@ from rolloutcore.fleet import Lease
 from rolloutcore.gateway.app import _HOP, OPENAI_ROUTES, lease_headers, upstream_session
 from rolloutcore.gateway.registry import LEASE_LOST, REGISTRY_PATH
 from rolloutcore.gateway.wire import H_MIN_GENERATION
-from rolloutcore.journal import Journal, JournalReader
+from rolloutcore.journal import Journal, JournalError, JournalReader
 from rolloutcore.journal.gateway_records import ABANDON, ADMIT, JOURNAL_SPEC, RELEASE, START
 
 log = logging.getLogger("rolloutcore.gateway.follower")
@@ -83,9 +83,12 @@ class Follower:
 
     def __init__(self, config: FollowerConfig) -> None:
         self.config = config
+        # Lines are written on the event loop (no thread hop per record) and made durable
+        # by one flusher thread for every record written meanwhile (:class:`Durability`).
         self.journal = Journal(config.journal, spec_name=JOURNAL_SPEC, fsync=config.fsync)
         self.abandoned = self._abandon_predecessors()
-        self.journal.use_group_commit()
+        self.journal.fsync = False
+        self._durability: Durability | None = None
         self.epoch: int | None = None
         self.lease_s = 10.0
         self.version = -1
@@ -93,7 +96,6 @@ class Follower:
         self.last_ok = 0.0  # monotonic: the last view the controller answered
         self.admitted = self.refused = 0
         self._changed = asyncio.Event()
-        self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="follower")
         self._session: aiohttp.ClientSession | None = None  # to the engines
         self._control: aiohttp.ClientSession | None = None  # to the controller
         self._task: asyncio.Task[None] | None = None
@@ -118,12 +120,12 @@ class Follower:
                                     {"rollout": rollout, "member": d["member"]})
         return len(open_ones)
 
-    def _write(self, step: str, generation: int, detail: dict[str, Any]) -> int:
-        return self.journal.fleet_step(step, "serving", generation, generation, detail)
-
     async def _journal(self, step: str, generation: int, detail: dict[str, Any]) -> int:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self._write, step, generation, detail)
+        """Append a record and return its seq once it is durable."""
+        assert self._durability is not None
+        seq = self.journal.fleet_step(step, "serving", generation, generation, detail)
+        await self._durability.durable(seq)
+        return seq
 
     # -------------------------------------------------------------- control loop
 
@@ -206,10 +208,12 @@ class Follower:
     async def _ack(self, name: str, h: Held) -> None:
         epoch = self.epoch
         while self.held.get(name) is h and epoch == self.epoch:
-            try:
+            position = self.journal.last_seq
+            assert self._durability is not None
+            try:  # the journal holds everything up to the position it names
+                await self._durability.durable(position)
                 await self._call("ack", {"gateway": self.config.name, "epoch": epoch,
-                                         "member": name, "position": self.journal.last_seq},
-                                 30)
+                                         "member": name, "position": position}, 30)
             except LeaseLost:
                 return  # the control loop re-registers; the hold went with the lease
             except Exception as e:
@@ -239,6 +243,8 @@ class Follower:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 cfg = self.config
+                self._durability = Durability(self.journal, asyncio.get_running_loop(),
+                                              fsync=cfg.fsync)
                 self._session = upstream_session(cfg.connect_timeout_s, cfg.upstream_timeout_s)
                 self._control = aiohttp.ClientSession()
                 self._task = asyncio.get_running_loop().create_task(self._run_control())
@@ -251,7 +257,8 @@ class Follower:
                 for s in (self._session, self._control):
                     if s is not None:
                         await s.close()
-                self._pool.shutdown(wait=True)
+                if self._durability is not None:
+                    self._durability.close()
                 self.journal.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
@@ -341,13 +348,20 @@ class Follower:
                 resp_headers = [(k.encode(), v.encode()) for k, v in up.headers.items()
                                 if k.lower() not in _HOP and k.lower() != "content-length"
                                 ] + lease_headers(lease)
+                if not up.headers.get("content-type", "").startswith("text/event-stream"):
+                    data = await up.read()  # one answer: sent whole, with its length
+                    await send({"type": "http.response.start", "status": up.status,
+                                "headers": [*resp_headers, (b"content-length",
+                                                            str(len(data)).encode())]})
+                    started = True
+                    await send({"type": "http.response.body", "body": data})
+                    if up.status == 409:  # the engine's fence refused this epoch, or vLLM
+                        return up.status, "fenced" if b"gateway_fenced" in data \
+                            else "refused"
+                    return up.status, "ok" if up.status == 200 else "refused"
                 await send({"type": "http.response.start", "status": up.status,
                             "headers": resp_headers})
                 started = True
-                if up.status == 409:  # the engine's fence refused this epoch, or vLLM
-                    data = await up.read()
-                    await send({"type": "http.response.body", "body": data})
-                    return up.status, "fenced" if b"gateway_fenced" in data else "refused"
                 async for chunk in up.content.iter_any():
                     await send({"type": "http.response.body", "body": chunk,
                                 "more_body": True})
@@ -358,6 +372,79 @@ class Follower:
                 await _json(send, 502, _error(f"engine {lease.engine}: {type(e).__name__}",
                                               "engine_error"))
             return 502, "error"
+
+
+class Durability:
+    """Journal lines written on the event loop, made durable by one flusher thread: it
+    fsyncs everything written so far, once for every record waiting, and wakes their
+    waiters on the loop. A failed fsync fails every waiter and every later one (what
+    reached the disk is unknown), as the journal's own group commit does."""
+
+    def __init__(self, journal: Journal, loop: asyncio.AbstractEventLoop, *,
+                 fsync: bool) -> None:
+        self.journal, self.loop, self.fsync = journal, loop, fsync
+        self.synced = journal.last_seq if fsync else 1 << 62
+        self.error: BaseException | None = None
+        self.fsyncs = 0
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._want = 0
+        self._cond = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="journal-flusher",
+                                        daemon=True)
+        if fsync:
+            self._thread.start()
+
+    async def durable(self, seq: int) -> None:
+        if self.error is not None:
+            raise JournalError(f"{self.journal.path}: an earlier fsync failed "
+                               f"({self.error}): nothing more is acknowledged")
+        if seq <= self.synced:
+            return
+        fut = self.loop.create_future()
+        self._waiters.append((seq, fut))
+        with self._cond:
+            self._want = max(self._want, seq)
+            self._cond.notify()
+        await fut
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._want <= self.synced and not self._stop:
+                    self._cond.wait()
+                if self._stop:
+                    return
+            upto = self.journal.last_seq  # every line written before the fsync starts
+            try:
+                self.journal.sync()
+            except (OSError, JournalError) as e:
+                self.error = e
+                self.loop.call_soon_threadsafe(self._wake, upto, e)
+                return
+            self.fsyncs += 1
+            self.synced = upto
+            self.loop.call_soon_threadsafe(self._wake, upto, None)
+
+    def _wake(self, upto: int, error: BaseException | None) -> None:
+        keep = []
+        for seq, fut in self._waiters:
+            if fut.done():
+                continue
+            if error is not None:
+                fut.set_exception(JournalError(f"{self.journal.path}: fsync failed: {error}"))
+            elif seq <= upto:
+                fut.set_result(None)
+            else:
+                keep.append((seq, fut))
+        self._waiters = keep
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(10)
 
 
 def follower_server(follower: Follower) -> uvicorn.Server:

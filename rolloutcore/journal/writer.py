@@ -185,6 +185,16 @@ class Journal:
             local.depth -= 1
             local.deferred = outer  # this block's tickets are dropped, not awaited
 
+    def sync(self) -> None:
+        """Make every line written so far durable, whoever wrote it: for a writer that
+        batches durability itself (a remote gateway writes on its event loop and one
+        flusher thread syncs, :mod:`rolloutcore.gateway.follower`)."""
+        with self._lock:
+            if self._closed:
+                raise JournalError(f"{self.path}: journal is closed")
+            flush = self._flush()
+        flush()
+
     @property
     def fsyncs(self) -> int:
         """Batches fsynced by group commit so far (0 without it)."""
