@@ -13,7 +13,8 @@ fence, it is refused with 409 ``gateway_fenced`` before vLLM sees it. Raising a 
 that gateway below it still running (their tasks cancelled: vLLM aborts a request whose
 handler is cancelled, as when a client goes away) and answers once none is left, so the
 controller holds evidence that nothing of that gateway's old epoch runs or can start.
-``GET /rc/gateway_fence`` reads the fences and what runs per gateway.
+``GET /rc/gateway_fence`` reads the fences and what runs per gateway. The name
+:data:`ANY_REMOTE` fences every remote gateway at once (a new leader's takeover).
 
 A request without a stamp is not this middleware's business (a client talking to the
 engine directly, the controller's own probes). The state lives in the API server process
@@ -36,8 +37,19 @@ FENCE_PATH = "/rc/gateway_fence"
 #: leader's, so it stamps the leader's epoch, and a new leader's fence (the takeover's,
 #: :meth:`HttpAdapter.fence_epoch`) ends what a deposed one's gateway still forwards.
 LEADER_GATEWAY = "rolloutcore"
+#: The fence of every remote gateway at once (:mod:`rolloutcore.gateway.registry`), the
+#: leader's own excepted: a new leader raises it at takeover to :func:`remote_floor` of
+#: its epoch, which ends whatever the remote gateways of every earlier leader still send.
+ANY_REMOTE = "*"
+#: A remote gateway's epoch under a leader with epoch L is ``(L << 32) + n``.
+REMOTE_EPOCH_SHIFT = 32
 #: How long raising a fence waits for the cancelled requests to end before it answers.
 CANCEL_WAIT_S = 10.0
+
+
+def remote_floor(leader_epoch: int) -> int:
+    """The lowest remote-gateway epoch a leader at ``leader_epoch`` issues."""
+    return int(leader_epoch) << REMOTE_EPOCH_SHIFT
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -82,7 +94,10 @@ class GatewayFence:
             return await _json(send, 400, _error(f"malformed {GATEWAY_HEADER}: {value!r} "
                                                  "(expected <gateway>;<epoch>)", "bad_stamp"))
         gateway, epoch = parsed
-        fence = self.fences.get(gateway, 0)
+        if gateway == ANY_REMOTE:
+            return await _json(send, 400, _error(f"{ANY_REMOTE!r} names every remote "
+                                                 "gateway, never one", "bad_stamp"))
+        fence = self._fence_of(gateway)
         if not accepts(epoch, fence):
             return await _json(send, 409, _error(
                 f"gateway {gateway} at epoch {epoch} is fenced (this engine serves its "
@@ -132,15 +147,29 @@ class GatewayFence:
         raised = epoch > self.fences.get(gateway, 0)
         if raised:
             self.fences[gateway] = epoch
-        below = [t for t, e in self.running.get(gateway, {}).items() if not accepts(e, epoch)]
+        below = self._below(gateway)
         for t in below:
             t.cancel()
         if below:
             await asyncio.wait(below, timeout=CANCEL_WAIT_S)
-        left = sum(1 for e in self.running.get(gateway, {}).values() if not accepts(e, epoch))
+        left = len(self._below(gateway))
         return await _json(send, 200, {"gateway": gateway,
                                        "fence": self.fences.get(gateway, 0), "raised": raised,
                                        "cancelled": len(below), "running_below": left})
+
+    def _fence_of(self, gateway: str) -> int:
+        """The lowest epoch of ``gateway`` served here: its own fence, and for a remote
+        gateway (any but the leader's) the fence of every remote gateway."""
+        own = self.fences.get(gateway, 0)
+        return own if gateway == LEADER_GATEWAY else max(own, self.fences.get(ANY_REMOTE, 0))
+
+    def _below(self, gateway: str) -> list[asyncio.Task[None]]:
+        """The requests running here that ``gateway``'s fence (every remote gateway's, for
+        :data:`ANY_REMOTE`) no longer serves."""
+        names = [g for g in self.running if g != LEADER_GATEWAY] \
+            if gateway == ANY_REMOTE else [gateway]
+        return [t for g in names for t, e in self.running.get(g, {}).items()
+                if not accepts(e, self._fence_of(g))]
 
     def _status(self) -> dict[str, Any]:
         return {"fences": dict(self.fences),
@@ -167,5 +196,5 @@ async def _json(send: Send, status: int, obj: dict[str, Any]) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-__all__ = ["FENCE_PATH", "GATEWAY_HEADER", "LEADER_GATEWAY", "GatewayFence", "parse_stamp",
-           "stamp"]
+__all__ = ["ANY_REMOTE", "FENCE_PATH", "GATEWAY_HEADER", "LEADER_GATEWAY", "GatewayFence",
+           "parse_stamp", "remote_floor", "stamp"]

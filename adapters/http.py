@@ -70,7 +70,12 @@ from rolloutcore.adapters.contract import (
     WeightTarget,
     remaining,
 )
-from rolloutcore.adapters.gateway_fence import FENCE_PATH, LEADER_GATEWAY
+from rolloutcore.adapters.gateway_fence import (
+    ANY_REMOTE,
+    FENCE_PATH,
+    LEADER_GATEWAY,
+    remote_floor,
+)
 from rolloutcore.adapters.vllm_worker import EXTENSION_CLS, SERVER_ARGS
 from rolloutcore.engine.identity import (
     ADAPTER_JOIN,
@@ -605,9 +610,10 @@ class HttpAdapter:
 
     def fence_epoch(self, epoch: int, deadline: float) -> EpochEvidence:
         """Raise the engine's fencing token to ``epoch`` (every worker's), then the gateway
-        fence of the leader's gateway (:mod:`.gateway_fence`): accepted only if every
-        worker took it and the engine serves no request a deposed leader's gateway
-        stamped. From then on this adapter sends ``epoch`` with its loads."""
+        fences of the leader's gateway and of every remote gateway an earlier leader
+        registered (:mod:`.gateway_fence`): accepted only if every worker took it and the
+        engine serves no request a deposed leader's gateways stamped. From then on this
+        adapter sends ``epoch`` with its loads."""
         try:
             reply = self.rpc("rc_fence", op="fence_epoch", idempotent=True, deadline=deadline,
                              epoch=int(epoch))
@@ -617,7 +623,8 @@ class HttpAdapter:
         ev = epoch_evidence(epoch, results)
         if not ev.accepted:
             return ev
-        why = self.fence_gateway(LEADER_GATEWAY, int(epoch), deadline)
+        why = self.fence_gateway(LEADER_GATEWAY, int(epoch), deadline) or \
+            self.fence_gateway(ANY_REMOTE, remote_floor(epoch), deadline)
         if why is not None:
             return replace(ev, accepted=False, error=f"gateway fence: {why}")
         self.epoch = int(epoch)

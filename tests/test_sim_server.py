@@ -32,7 +32,13 @@ from rolloutcore.adapters.contract import (
     PauseMode,
     WeightTarget,
 )
-from rolloutcore.adapters.gateway_fence import FENCE_PATH, GATEWAY_HEADER, LEADER_GATEWAY, stamp
+from rolloutcore.adapters.gateway_fence import (
+    FENCE_PATH,
+    GATEWAY_HEADER,
+    LEADER_GATEWAY,
+    remote_floor,
+    stamp,
+)
 from rolloutcore.adapters.http import HttpAdapter
 from rolloutcore.adapters.sim import reference_logprobs, reference_tokens, sim_identity, sim_target
 from rolloutcore.check.trace import check_file
@@ -241,28 +247,39 @@ def test_a_deposed_controllers_mutation_is_not_mutated(srv: SimServer) -> None:
 def test_a_new_leaders_fence_ends_what_the_deposed_leaders_gateway_sends(
         srv: SimServer, pool: ThreadPoolExecutor) -> None:
     """The leader's gateway stamps its requests with the leader's epoch; a successor's
-    fence (``fence_epoch``) raises the engine's gateway fence too: the request the
-    deposed leader's gateway still has running (one the paused engine holds) is ended
-    before its answer began (409 ``gateway_fenced``), a new one stamped with the old epoch
-    is refused, and the fence is accepted only once nothing of the old epoch runs."""
+    fence (``fence_epoch``) raises the engine's gateway fences too, its own gateway's and
+    every remote gateway's at once: the requests the deposed leader's gateways still have
+    running (ones the paused engine holds) are ended before their answers began (409
+    ``gateway_fenced``), new ones stamped with the old epochs are refused, and the fence
+    is accepted only once nothing of the old epochs runs."""
     body = {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 4}
     old_stamp = {GATEWAY_HEADER: stamp(LEADER_GATEWAY, 1)}
+    # A remote gateway the deposed leader registered (serve --gateway-only): its epoch
+    # lies above the old leader's floor, below the new one's.
+    old_remote = {GATEWAY_HEADER: stamp("g1", remote_floor(1) + 7)}
     with adapter(srv) as old, adapter(srv) as new, httpx.Client(base_url=srv.url) as c:
         assert old.fence_epoch(1, dl()).accepted
         assert c.post("/v1/completions", json=body, headers=old_stamp).status_code == 200
+        assert c.post("/v1/completions", json=body, headers=old_remote).status_code == 200
         assert old.pause(PauseMode.KEEP, dl()).paused_read_back
         held = pool.submit(c.post, "/v1/completions", json=body, headers=old_stamp)
-        wait_until(lambda: c.get(FENCE_PATH).json()["running"].get(LEADER_GATEWAY) == 1,
-                   "the held request runs")
+        held_remote = pool.submit(c.post, "/v1/completions", json=body, headers=old_remote)
+        wait_until(lambda: c.get(FENCE_PATH).json()["running"] == {LEADER_GATEWAY: 1,
+                                                                   "g1": 1},
+                   "the held requests run")
         ev = new.fence_epoch(2, dl())
         assert ev.accepted and new.epoch == 2, ev
-        answer = held.result(BOUND)
-        assert answer.status_code == 409 and answer.json()["error"]["code"] == "gateway_fenced"
+        for fut in (held, held_remote):
+            answer = fut.result(BOUND)
+            assert answer.status_code == 409 and \
+                answer.json()["error"]["code"] == "gateway_fenced", answer.text
         assert new.resume(dl()).paused_read_back is False
-        refused = c.post("/v1/completions", json=body, headers=old_stamp)
-        assert refused.status_code == 409, refused.text
-        assert c.post("/v1/completions", json=body, headers={
-            GATEWAY_HEADER: stamp(LEADER_GATEWAY, 2)}).status_code == 200
+        for headers in (old_stamp, old_remote):
+            refused = c.post("/v1/completions", json=body, headers=headers)
+            assert refused.status_code == 409, refused.text
+        for headers in ({GATEWAY_HEADER: stamp(LEADER_GATEWAY, 2)},
+                        {GATEWAY_HEADER: stamp("g1", remote_floor(2) + 1)}):
+            assert c.post("/v1/completions", json=body, headers=headers).status_code == 200
         # The old leader cannot fence its way back: its workers refuse epoch 1.
         assert not old.fence_epoch(1, dl()).accepted
 

@@ -20,8 +20,8 @@ that gateway runs there, with the single-engine proof chain unchanged:
 - ``reopen``: after the update a gateway takes a new hold, bound to the new generation.
 
 A gateway that registers again under its name (restarted) is fenced at its old epoch
-first, the same way. Epochs are milliseconds of the wall clock, strictly increasing here,
-so a restarted controller issues epochs above every fence an earlier one raised.
+first, the same way. Epochs grow across controllers (:meth:`GatewayRegistry._next_epoch`),
+and a new leader's takeover fences every remote gateway of the leaders before it at once.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from rolloutcore.adapters.gateway_fence import remote_floor
 from rolloutcore.engine.runner import DrainPolicy
 from rolloutcore.fleet import Fleet, FleetError, Lease
 from rolloutcore.journal.gateway_records import HOLD_PREFIX
@@ -122,7 +123,7 @@ class GatewayRegistry:
                     raise RegistryRefused(f"gateway {name}: its previous epoch could not be "
                                           "fenced on every engine yet; try again")
         with self._cond:
-            epoch = max(self._last_epoch + 1, int(time.time() * 1000))
+            epoch = self._next_epoch()
             self._last_epoch = epoch
             self._remotes[name] = Remote(name, epoch, self._clock())
             self._bump()
@@ -189,6 +190,17 @@ class GatewayRegistry:
         return {"member": member, "released": True}
 
     # ------------------------------------------------------------------ internals
+
+    def _next_epoch(self) -> int:
+        """Under a leadership (etcd) ``(leader epoch << 32) + n``: above every epoch an
+        earlier leader issued, whose gateways its takeover fenced all at once
+        (:func:`~rolloutcore.adapters.gateway_fence.remote_floor`). Without one, the
+        wall clock's milliseconds: a restarted controller issues epochs above the ones
+        before it (one controller, one clock)."""
+        leader = self.fleet.epoch
+        if leader is not None:
+            return max(self._last_epoch + 1, remote_floor(leader) + 1)
+        return max(self._last_epoch + 1, int(time.time() * 1000))
 
     def _current(self, name: str, epoch: int) -> Remote:
         r = self._remotes.get(name)
