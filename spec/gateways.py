@@ -19,6 +19,14 @@ on every engine refuses requests stamped with its epoch, as loads are fenced tod
 the abort-mode pause ends what it still had running. So a partitioned gateway, whose
 view may still say open, can never admit a rollout to a mutating member. After the
 update (``publish``) each gateway it can reach opens the member again (``reopen``).
+
+At runtime (``rolloutcore serve --gateway-lease`` with ``serve --gateway-only`` gateways):
+a gateway's open view of a member is a *hold*, a binding on the member's controller, so
+``mutate`` waits for every hold as the single-engine chain waits for every rollout;
+``close_begin`` is the member's ``request_update``, ``close_seen`` the gateway's long poll,
+``ack`` the hold's release (journalled with the gateway's journal position), and
+``lease_expire`` the controller fencing the gateway's epoch on every engine before it
+releases its holds (``rolloutcore/gateway/registry.py``, ``follower.py``).
 """
 
 from __future__ import annotations
