@@ -11,7 +11,8 @@ takes with 1, 2 and 4 gateways and with one of them unreachable.
 * The floor: a bare proxy on the same stack (uvicorn, a raw ASGI app, aiohttp), no
   admission and no journal (``bench_gateway_sim.py``'s): what forwarding alone costs here.
 * Drains: with the gateways idle, one update through the admin API per row; its wall time
-  and the longest drain among the members. "1 frozen": one of the gateways is stopped
+  and the longest drain among the members, and the leader's CPU during it (its cost per
+  drain as gateways are added). "1 frozen": one of the gateways is stopped
   (SIGSTOP) first, so the drain waits for its lease (``--lease``), then fences it.
 
 On 2 cores the admissions per second cannot grow with gateways (the engines, the client and
@@ -157,16 +158,16 @@ def run(tmp: Path, total: int, lease_s: float) -> dict[str, Any]:
             wait_for(lambda n=n: holds(leader, n), f"{n} gateways holding")
             if frozen:
                 os.kill(followers[0][1].pid, signal.SIGSTOP)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), sum(cpu(lead.pid))
             ckpt = next(version)
             r = httpx.post(f"{leader}/admin/update", json={
                 "checkpoint": ckpt, "label": Path(ckpt).name}, timeout=600).json()
-            wall = time.perf_counter() - t0
+            wall, leader_cpu = time.perf_counter() - t0, sum(cpu(lead.pid)) - c0
             if not r.get("published"):
                 raise RuntimeError(f"update not published: {str(r)[:400]}")
             drains = [m.get("drain_wait_s", 0.0) for m in r["report"]["members"].values()]
             out["drains"].append({"gateways": n, "frozen": int(frozen), "update_s": wall,
-                                  "drain_s": max(drains)})
+                                  "drain_s": max(drains), "leader_cpu_s": leader_cpu})
             for _u, proc in followers:
                 os.kill(proc.pid, signal.SIGCONT)
             wait_for(lambda: holds(leader, len(followers)), "every gateway holds again",
@@ -195,7 +196,7 @@ def render(r: dict[str, Any]) -> str:
     for d in r["drains"]:
         what = f"{d['gateways']} gateway(s)" + (", one frozen" if d["frozen"] else "")
         lines.append(f"  {what}: update {d['update_s']:.2f} s, longest drain "
-                     f"{d['drain_s']:.2f} s")
+                     f"{d['drain_s']:.2f} s, the leader's CPU {d['leader_cpu_s'] * 1e3:.0f} ms")
     return "\n".join(lines)
 
 
