@@ -41,7 +41,7 @@ from rolloutcore.gateway.server import AppThread, ServerThread
 from rolloutcore.journal import JournalReader
 
 REPO = Path(__file__).resolve().parents[1]
-LEASE_S = 1.5
+LEASE_S = 3.0  # long enough that a loaded machine never lets a live lease end
 POLICY = RunnerPolicy(step_timeout_s=10, pause_timeout_s=10, retries=1, retry_backoff_s=0.0,
                       drain_timeout_s=60, mutation_base_s=10)
 BODY = {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 4}
@@ -188,6 +188,7 @@ def _cli_follower(rig: Rig, name: str, fleet_file: Path) -> tuple[subprocess.Pop
     return proc, url
 
 
+@pytest.mark.deep  # its own process; make check has the partitioned one, in-process
 def test_a_frozen_gateway_is_waited_for_until_its_lease_ends_then_fenced(rig: Rig) -> None:
     """A gateway (its own process) is frozen (SIGSTOP) with a stream running: the update
     waits for its lease, every engine fences its epoch (the stream is ended there), its
@@ -256,6 +257,7 @@ def test_a_partitioned_gateway_stops_admitting_and_is_fenced(rig: Rig) -> None:
     assert counts["g1"]["holds_expired"] == 2 and counts["g1"]["admitted"] == 2, counts
 
 
+@pytest.mark.deep  # its own process, killed and restarted on its journal
 def test_a_killed_gateway_restarted_on_its_journal(rig: Rig) -> None:
     """A gateway killed (SIGKILL) mid-stream holds up no update past its lease; restarted
     on its journal, it abandons what its predecessor left admitted, registers anew (its

@@ -37,7 +37,7 @@ from rolloutcore.gateway.follower import Follower, FollowerConfig, follower_serv
 from rolloutcore.gateway.registry import GatewayRegistry  # noqa: E402
 from rolloutcore.gateway.server import AppThread, ServerThread  # noqa: E402
 
-LEASE_S = 2.0
+LEASE_S = 3.0  # long enough that a loaded machine never lets a live lease end
 BODY = {"model": "tiny", "prompt": [5, 6, 7, 8], "max_tokens": 8, "temperature": 0}
 
 
