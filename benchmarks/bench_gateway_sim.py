@@ -70,14 +70,16 @@ def wait_up(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
         time.sleep(0.2)
 
 
-async def load(url: str, model: str, total: int, concurrency: int) -> float:
-    """Requests per second of ``total`` greedy completions at ``concurrency``."""
+async def load(url: str | list[str], model: str, total: int, concurrency: int) -> float:
+    """Requests per second of ``total`` greedy completions at ``concurrency`` (round robin
+    over several gateways' URLs, if given)."""
+    urls = [url] if isinstance(url, str) else url
     body = {"model": model, "prompt": list(PROMPT), "max_tokens": 16, "temperature": 0}
     limits = httpx.Limits(max_connections=concurrency * 2, keepalive_expiry=2.0)
     async with httpx.AsyncClient(timeout=120, limits=limits) as c:
         async def worker(i: int) -> None:
-            for _ in range(i, total, concurrency):
-                r = await c.post(f"{url}/v1/completions", json=body)
+            for k in range(i, total, concurrency):
+                r = await c.post(f"{urls[k % len(urls)]}/v1/completions", json=body)
                 r.raise_for_status()
         t0 = time.perf_counter()
         await asyncio.gather(*(worker(i) for i in range(concurrency)))

@@ -40,10 +40,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from bench_gateway_sim import cpu, wait_up
+from bench_gateway_sim import cpu, load, wait_up
 
 from rolloutcore.adapters.launch import free_port
-from rolloutcore.adapters.sim import SIM_PROBE_PROMPT
 from rolloutcore.conformance.fixtures.sim_server import SimServer, write_checkpoint
 
 GOAL_CPU_MS = 0.5
@@ -51,21 +50,6 @@ GATEWAYS = (1, 2, 4)
 CONCURRENCY = 64
 ROUNDS = 3
 REPO = Path(__file__).resolve().parents[1]
-
-
-async def load(urls: list[str], model: str, total: int, concurrency: int) -> float:
-    """Requests per second of ``total`` completions, round robin over ``urls``."""
-    body = {"model": model, "prompt": list(SIM_PROBE_PROMPT), "max_tokens": 16,
-            "temperature": 0}
-    limits = httpx.Limits(max_connections=concurrency * 2, keepalive_expiry=2.0)
-    async with httpx.AsyncClient(timeout=120, limits=limits) as c:
-        async def worker(i: int) -> None:
-            for k in range(i, total, concurrency):
-                r = await c.post(f"{urls[k % len(urls)]}/v1/completions", json=body)
-                r.raise_for_status()
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker(i) for i in range(concurrency)))
-        return total / (time.perf_counter() - t0)
 
 
 def measure(urls: list[str], pids: list[int], model: str, total: int) -> dict[str, Any]:
