@@ -173,6 +173,33 @@ def test_an_update_waits_for_every_gateway_and_reopens_on_all(rig: Rig) -> None:
     assert counts["g1"]["holds"] == 4 and counts["g1"]["holds_expired"] == 0, counts
 
 
+def test_a_client_that_goes_away_ends_its_engine_request(rig: Rig) -> None:
+    """A client that disconnects mid-stream has its engine request closed (the engine
+    aborts it) and its rollout released, journalled as the client's doing."""
+    with followers(rig, "g1") as urls:
+        with httpx.Client(timeout=30) as c, c.stream("POST", f"{urls['g1']}/v1/completions",
+                                                     json={**BODY, "max_tokens": 400,
+                                                           "stream": True}) as r:
+            assert r.status_code == 200
+            next(r.iter_lines())  # the first event: then the client goes away
+        wait_until(lambda: _release_of(rig.tmp / "g1.jsonl") is not None,
+                   "the rollout's release")
+        rec = _release_of(rig.tmp / "g1.jsonl")
+        assert rec is not None and rec["detail"]["status"] == 499 and \
+            rec["detail"]["outcome"] == "client disconnected", rec
+        for u in rig.engines.values():  # nothing left running on the engines
+            wait_until(partial(_idle, u), "the engine request ended")
+
+
+def _idle(engine: str) -> bool:
+    return bool(httpx.get(f"{engine}{FENCE_PATH}").json()["running"] == {})
+
+
+def _release_of(path: Path) -> dict[str, Any] | None:
+    return next((rec for _l, rec in JournalReader(path) if rec.get("step") == "gw_release"),
+                None)
+
+
 def _cli_follower(rig: Rig, name: str, fleet_file: Path) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "rolloutcore.cli", "serve", "--fleet", str(fleet_file),

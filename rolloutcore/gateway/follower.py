@@ -42,7 +42,13 @@ from starlette.types import Receive, Scope, Send
 
 from rolloutcore.adapters.gateway_fence import GATEWAY_HEADER, stamp
 from rolloutcore.fleet import Lease
-from rolloutcore.gateway.app import _HOP, OPENAI_ROUTES, lease_headers, upstream_session
+from rolloutcore.gateway.app import (
+    _HOP,
+    CLIENT_GONE,
+    OPENAI_ROUTES,
+    lease_headers,
+    upstream_session,
+)
 from rolloutcore.gateway.registry import LEASE_LOST, REGISTRY_PATH
 from rolloutcore.gateway.wire import H_MIN_GENERATION
 from rolloutcore.journal import Journal, JournalError, JournalReader
@@ -320,8 +326,18 @@ class Follower:
                 "identity": h.identity})
             self.admitted += 1
             lease = Lease(rollout, name, h.url, h.generation, h.identity, h.label, seq)
-            status, outcome = await self._forward(scope, bytes(body), headers, lease, epoch,
-                                                  send)
+            forward = asyncio.ensure_future(self._forward(scope, bytes(body), headers, lease,
+                                                          epoch, send))
+            gone = asyncio.ensure_future(_disconnect(receive))
+            await asyncio.wait((forward, gone), return_when=asyncio.FIRST_COMPLETED)
+            if forward.done():
+                gone.cancel()
+                status, outcome = forward.result()
+            else:  # uvicorn drops what is sent to a client gone: close the engine's answer,
+                forward.cancel()  # which makes vLLM abort the request
+                with contextlib.suppress(asyncio.CancelledError):
+                    await forward
+                status, outcome = CLIENT_GONE, "client disconnected"
         finally:
             detail: dict[str, Any] = {"rollout": rollout, "member": name, "status": status}
             if outcome != "ok":
@@ -451,6 +467,12 @@ def follower_server(follower: Follower) -> uvicorn.Server:
     """The uvicorn server the CLI runs a follower in (and tests, on a thread)."""
     return uvicorn.Server(uvicorn.Config(follower.app, lifespan="on", log_level="warning",
                                          timeout_keep_alive=65, timeout_graceful_shutdown=30))
+
+
+async def _disconnect(receive: Receive) -> None:
+    """Return once the client has gone away (its request body was read already)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 class LeaseLost(Exception):
