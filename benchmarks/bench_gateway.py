@@ -20,8 +20,12 @@ direct at both concurrencies.
   fleet, each awaited durable outside the fleet's locks) with group commit against the
   same fleet calls with one fsync per record.
 
-Run: ``.venv/bin/python benchmarks/bench_gateway.py [--requests N] [--json]`` (about four
-minutes on the 2-core machine: two server starts, then twelve throughput runs).
+``--remote``: the same through a remote gateway (``serve --gateway-only``, its own
+process and journal, following the leader) instead of the leader's.
+
+Run: ``.venv/bin/python benchmarks/bench_gateway.py [--requests N] [--remote] [--json]``
+(about four minutes on the 2-core machine: two server starts, then twelve throughput
+runs).
 """
 
 from __future__ import annotations
@@ -225,10 +229,14 @@ def journal_rates(tmp: Path, per_thread: int) -> dict[str, Any]:
     return out
 
 
-def serve(fleet_file: Path, port: int, initial: Path, log: Path) -> subprocess.Popen[bytes]:
+def serve(fleet_file: Path, port: int, initial: Path | None, log: Path, *extra: str
+          ) -> subprocess.Popen[bytes]:
+    """``rolloutcore serve`` in its own process (``extra``: its other options; a remote
+    gateway's instead of ``--initial``), once it answers ``/health``."""
+    start = [] if initial is None else ["--initial", str(initial), "--queue-depth", "1024"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "rolloutcore.cli", "serve", "--fleet", str(fleet_file),
-         "--port", str(port), "--initial", str(initial), "--queue-depth", "1024"],
+         "--port", str(port), *start, *extra],
         cwd=REPO, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -246,7 +254,8 @@ def serve(fleet_file: Path, port: int, initial: Path, log: Path) -> subprocess.P
         time.sleep(0.2)
 
 
-def run(tmp: Path, requests: int, pairs: int, records: int) -> dict[str, Any]:
+def run(tmp: Path, requests: int, pairs: int, records: int, remote: bool = False
+        ) -> dict[str, Any]:
     models = build_models(DEFAULT_OUT)
     probes = {p["name"]: p["prompt_token_ids"] for p in
               load_references(models["v1"])["probes"]}
@@ -259,29 +268,49 @@ def run(tmp: Path, requests: int, pairs: int, records: int) -> dict[str, Any]:
         t.start()
     for t in starters:
         t.join()
-    proc = None
+    procs: list[subprocess.Popen[bytes]] = []
     try:
         fleet_file = tmp / "fleet.toml"
         fleet_file.write_text("".join(f'[[engine]]\nname = "e{i}"\nurl = "{s.url}"\n'
                                       for i, s in enumerate(servers)))
         port = free_port()
-        proc = serve(fleet_file, port, models["v1"], tmp / "serve.log")
-        gateway = f"http://127.0.0.1:{port}"
+        procs.append(serve(fleet_file, port, models["v1"], tmp / "serve.log",
+                           *(("--gateway-lease", "10") if remote else ())))
+        gateway = leader = f"http://127.0.0.1:{port}"
+        if remote:  # measured through a remote gateway (serve --gateway-only) instead
+            port = free_port()
+            procs.append(serve(fleet_file, port, None, tmp / "remote.log", "--gateway-only",
+                               "g0", "--controller", leader, "--gateway-journal",
+                               str(tmp / "g0.jsonl")))
+            gateway = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 60
+            while len(httpx.get(f"{gateway}/health", timeout=10).json()["held"]) < 2:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the remote gateway holds no member")
+                time.sleep(0.1)
+        proc = procs[-1]
+        result["remote"] = remote
         result["latency"] = added_latency(servers[0].url, gateway, probes["short"], pairs)
         result["throughput"] = [
             throughput([s.url for s in servers], gateway, proc.pid, prompts,
                        max(requests, 4 * c), c) for c in THROUGHPUT_CONCURRENCY]
-        status = httpx.get(f"{gateway}/admin/status", timeout=10).json()["journal"]
-        result["gateway_journal"] = {"records": status["last_seq"],
-                                     "fsyncs": status["fsyncs"]}
+        if remote:
+            status = httpx.get(f"{gateway}/health", timeout=10).json()
+            result["gateway_journal"] = {"records": status["journal_seq"],
+                                         "fsyncs": status["fsyncs"]}
+        else:
+            status = httpx.get(f"{gateway}/admin/status", timeout=10).json()["journal"]
+            result["gateway_journal"] = {"records": status["last_seq"],
+                                         "fsyncs": status["fsyncs"]}
         # Which side closed a connection without an answer: the gateway says so in its log
-        errors = [line for line in (tmp / "serve.log").read_text(errors="replace").splitlines()
+        log = tmp / ("remote.log" if remote else "serve.log")
+        errors = [line for line in log.read_text(errors="replace").splitlines()
                   if "Traceback" in line or "ERROR" in line or "Exception" in line]
         result["gateway_log_errors"] = {"count": len(errors), "first": errors[:3]}
     finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(60)
+        for p in reversed(procs):
+            p.terminate()
+            p.wait(60)
         for s in servers:
             s.stop()
     return result
@@ -290,7 +319,8 @@ def run(tmp: Path, requests: int, pairs: int, records: int) -> dict[str, Any]:
 def render(r: dict[str, Any]) -> str:
     lat, j = r["latency"], r["journal"]
     lines = [f"added latency per request (concurrency 1, {lat['pairs']} interleaved pairs, "
-             "4 tokens):"]
+             "4 tokens)" + (", the gateway a remote one (serve --gateway-only)"
+                            if r.get("remote") else "") + ":"]
     for q, goal in (("p50", GOAL_ADDED_P50_MS), ("p99", GOAL_ADDED_P99_MS)):
         x = lat[q]
         lines.append(f"  {q}: direct {x['direct_ms']:7.2f} ms, gateway {x['gateway_ms']:7.2f}"
@@ -333,10 +363,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=640, help="per throughput run")
     ap.add_argument("--pairs", type=int, default=200, help="latency pairs")
     ap.add_argument("--records", type=int, default=64, help="journal records per thread")
+    ap.add_argument("--remote", action="store_true", help="measure a remote gateway "
+                    "(serve --gateway-only, following the leader) instead of the leader's")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
-        result = run(Path(tmp), args.requests, args.pairs, args.records)
+        result = run(Path(tmp), args.requests, args.pairs, args.records, args.remote)
     print(json.dumps(result, indent=2, sort_keys=True) if args.json else render(result))
     return 0
 

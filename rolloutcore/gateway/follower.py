@@ -273,6 +273,7 @@ class Follower:
         return {"gateway": self.config.name, "epoch": self.epoch, "version": self.version,
                 "admitted": self.admitted, "refused": self.refused,
                 "abandoned_at_start": self.abandoned, "journal_seq": self.journal.last_seq,
+                "fsyncs": 0 if self._durability is None else self._durability.fsyncs,
                 "held": {n: {"generation": h.generation, "open": h.open,
                              "inflight": h.inflight} for n, h in self.held.items()}}
 
