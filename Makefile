@@ -42,10 +42,12 @@ test: $(STAMP)
 vllm-tests: $(STAMP)
 	$(BIN)/pytest -q -p no:cacheprovider -m vllm --durations=15 $(PYTEST_ARGS)
 
+# One worker more than cores: many of these tests wait on timers and servers, not CPU.
 check: $(STAMP)
 	@$(MAKE) --no-print-directory -j2 --output-sync=target lint fast-tests \
-		MARKS="not vllm and not deep"
+		MARKS="not vllm and not deep" WORKERS=$$(( $$(nproc) + 1 ))
 
+WORKERS ?= $$(nproc)
 fast-tests: $(STAMP)
-	$(BIN)/pytest -q -p no:cacheprovider -m "$(MARKS)" -n $$(nproc) --dist worksteal \
+	$(BIN)/pytest -q -p no:cacheprovider -m "$(MARKS)" -n $(WORKERS) --dist worksteal \
 		--durations=15 $(PYTEST_ARGS)
