@@ -332,6 +332,29 @@ def test_the_registry_refuses_what_would_break_the_protocol(rig: Rig) -> None:
                       json={"gateway": "has-dash"}).status_code == 400
 
 
+def test_a_hold_taken_as_its_member_begins_to_drain_is_closed(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The member's drain listener fires between the binding of a hold and its entry in
+    the registry (it cannot see the hold): the registry finds the member no longer
+    admitting and marks the hold closing, so the gateway is told to close it and the
+    drain does not wait for it until it times out."""
+    reg = rig.registry.register("g9")
+    real_hold = rig.fleet.hold
+
+    def hold_then_drain(member: str, rollout: str, detail: dict[str, Any]) -> Any:
+        lease = real_hold(member, rollout, detail)
+        rig.registry._draining(member)  # the listener, as the member's drain begins
+        monkeypatch.setattr(rig.fleet, "admitting", dict)  # it admits no more
+        return lease
+
+    monkeypatch.setattr(rig.fleet, "hold", hold_then_drain)
+    rig.registry.hold("g9", reg["epoch"], "a", 0)
+    monkeypatch.undo()
+    assert rig.registry.status()["gateways"]["g9"]["closing"] == ["a"]
+    rig.registry.ack("g9", reg["epoch"], "a", 0)  # released: the fleet is as it was
+    assert rig.registry.status()["gateways"]["g9"]["holds"] == []
+
+
 def _with_policy(fleet: Fleet, drain: DrainPolicy) -> Any:
     class View:
         policy = RunnerPolicy(drain_policy=drain)

@@ -173,6 +173,13 @@ class GatewayRegistry:
                                       f"on {member} was taken")
             r.holds[member] = lease
             self._bump()
+        if member not in self.fleet.admitting():
+            # It began to drain (or stopped admitting) between the binding and the line
+            # above, so its drain listener did not see this hold: closing, or it waits.
+            with self._cond:
+                if r.holds.get(member) is lease:
+                    r.closing.add(member)
+                    self._bump()
         return _lease_json(lease)
 
     def ack(self, name: str, epoch: int, member: str, position: int) -> dict[str, Any]:
