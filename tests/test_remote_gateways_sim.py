@@ -355,6 +355,31 @@ def test_a_hold_taken_as_its_member_begins_to_drain_is_closed(
     assert rig.registry.status()["gateways"]["g9"]["holds"] == []
 
 
+def test_two_calls_taking_one_hold_leave_one_binding(rig: Rig,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gateway's hold call sent twice (a retry) whose second call binds while the first
+    is binding: one hold stands, the other binding is given back (a leaked one would hold
+    its member's drain for ever)."""
+    reg = rig.registry.register("g9")
+    real_hold = rig.fleet.hold
+    inner: list[dict[str, Any]] = []
+    calls = []
+
+    def hold_with_a_retry_inside(member: str, rollout: str, detail: dict[str, Any]) -> Any:
+        lease = real_hold(member, rollout, detail)
+        calls.append(rollout)
+        if len(calls) == 1:  # the retry arrives while the first call is in the fleet
+            inner.append(rig.registry.hold("g9", reg["epoch"], member, 0))
+        return lease
+
+    monkeypatch.setattr(rig.fleet, "hold", hold_with_a_retry_inside)
+    outer = rig.registry.hold("g9", reg["epoch"], "a", 0)
+    monkeypatch.undo()
+    assert outer == inner[0]
+    bound = [r for r in rig.fleet.members["a"].controller.bindings if "g9" in r]
+    assert bound == [outer["rollout"]], bound
+
+
 def _with_policy(fleet: Fleet, drain: DrainPolicy) -> Any:
     class View:
         policy = RunnerPolicy(drain_policy=drain)

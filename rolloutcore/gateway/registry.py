@@ -26,6 +26,8 @@ and a new leader's takeover fences every remote gateway of the leaders before it
 
 from __future__ import annotations
 
+import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -46,6 +48,8 @@ from rolloutcore.journal.gateway_records import HOLD_PREFIX
 class GatewayFencing(Protocol):
     def fence_gateway(self, gateway: str, epoch: int, deadline: float) -> str | None: ...
 
+
+log = logging.getLogger("rolloutcore.gateway.registry")
 
 #: The error code of a call whose epoch has no lease (the gateway registers again).
 LEASE_LOST = "gateway_lease_lost"
@@ -98,6 +102,7 @@ class GatewayRegistry:
         self._expired: list[Remote] = []  # leases ended, holds not yet all released
         self._settling = threading.Lock()
         self._last_epoch = 0
+        self._ids = itertools.count(1)
         self.version = 0  # bumped on every change a gateway's view shows
         self.fences: list[dict[str, Any]] = []  # what was fenced where (status, tests)
         fleet.drain_listeners.append(self._draining)
@@ -158,21 +163,27 @@ class GatewayRegistry:
             r = self._current(name, epoch)
             if member in r.holds:
                 return _lease_json(r.holds[member])
-            rollout = f"{HOLD_PREFIX}{name}:{member}:{epoch}:{self.version}"
+            rollout = f"{HOLD_PREFIX}{name}:{member}:{epoch}:{next(self._ids)}"
+        detail = {"gateway": name, "gateway_epoch": epoch, "position": int(position)}
         try:
-            lease = self.fleet.hold(member, rollout, {"gateway": name, "gateway_epoch": epoch,
-                                                      "position": int(position)})
+            lease = self.fleet.hold(member, rollout, detail)
         except FleetError as e:
             raise RegistryRefused(str(e)) from None
+        # Never into the fleet with the condition held (a member's drain listener takes
+        # it under the member's lock): what to give back is decided here, done after.
         with self._cond:
-            current = self._remotes.get(name)
-            if current is not r:  # expired or re-registered meanwhile: give it back
-                self._release(lease, {"gateway": name, "gateway_epoch": epoch,
-                                      "position": int(position), "unused": True})
-                raise LeaseEnded(f"gateway {name}: epoch {epoch} ended while its hold "
-                                      f"on {member} was taken")
-            r.holds[member] = lease
-            self._bump()
+            ended = self._remotes.get(name) is not r  # expired or re-registered meanwhile
+            other = None if ended else r.holds.get(member)  # a concurrent call's
+            if not ended and other is None:
+                r.holds[member] = lease
+                self._bump()
+        if ended or other is not None:
+            self._release(lease, {**detail, "unused": True})
+            if ended:
+                raise LeaseEnded(f"gateway {name}: epoch {epoch} ended while its hold on "
+                                 f"{member} was taken")
+            assert other is not None
+            return _lease_json(other)
         if member not in self.fleet.admitting():
             # It began to drain (or stopped admitting) between the binding and the line
             # above, so its drain listener did not see this hold: closing, or it waits.
@@ -234,7 +245,8 @@ class GatewayRegistry:
         try:
             self.fleet.unhold(lease, detail)
         except Exception as e:  # a member whose controller restarted: the hold is gone
-            detail = {**detail, "error": str(e)}
+            log.warning("the hold %s on %s was not released: %s", lease.rollout_id,
+                        lease.engine, e)
         with self._cond:
             self._bump()
 
