@@ -278,6 +278,11 @@ class Follower:
                              "inflight": h.inflight} for n, h in self.held.items()}}
 
     def _pick(self, floor: int) -> tuple[str, Held] | None:
+        if time.monotonic() - self.last_ok > self.lease_s * 0.8:
+            # Not heard from the leader for most of a lease (a thawed process, a cut
+            # link): its holds may be gone; the control loop finds out before anything
+            # more is admitted, whatever an engine that lost its fences would accept.
+            return None
         best = [(n, h) for n, h in self.held.items() if h.open and h.generation >= floor]
         if not best:
             return None
