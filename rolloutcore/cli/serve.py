@@ -129,15 +129,14 @@ def _serve_follower(args: argparse.Namespace) -> int:
     ``--controller`` (:mod:`rolloutcore.gateway.follower`), until SIGTERM or SIGINT."""
     from rolloutcore.fleet import FleetFileError, load_fleet_file
     from rolloutcore.gateway.follower import Follower, FollowerConfig, follower_server
+    from rolloutcore.gateway.registry import check_gateway_name
     from rolloutcore.gateway.server import bind
     from rolloutcore.journal import JournalError
 
     try:
         cfg = load_fleet_file(args.fleet)
         name = args.gateway_only
-        if not name or "-" in name or ";" in name or len(name) > 64:
-            raise ValueError(f"--gateway-only {name!r}: a gateway name is 1-64 characters "
-                             "without '-' or ';'")
+        check_gateway_name(name)
         if not args.controller or not args.controller.startswith(("http://", "https://")):
             raise ValueError("--gateway-only needs --controller URL (the leader's gateway, "
                              "http:// or https://)")

@@ -89,9 +89,7 @@ class Admission(FleetBase):
                     raise AdmissionTimeout("admit", Phase.READY, why)
                 self._changed.wait(left if cancel is None else min(left, 0.05))
             m.outstanding += 1
-            label = m.runner.targets[b.generation].label if b.generation in m.runner.targets \
-                else str(b.generation)
-            return Lease(rollout_id, m.name, m.url, b.generation, b.identity, label, b.seq)
+            return _lease(m, rollout_id, b)
 
     def hold(self, member: str, rollout_id: str, detail: Mapping[str, Any]) -> Lease:
         """Bind a placeholder for another gateway's rollouts on ``member`` (a remote
@@ -109,9 +107,7 @@ class Admission(FleetBase):
                 b = m.controller.admit(rollout_id, detail)
             except IllegalTransition as e:
                 raise FleetError(f"{member} refused the hold: {e}") from None
-            label = m.runner.targets[b.generation].label if b.generation in m.runner.targets \
-                else str(b.generation)
-            return Lease(rollout_id, m.name, m.url, b.generation, b.identity, label, b.seq)
+            return _lease(m, rollout_id, b)
 
     def admitting(self) -> dict[str, int]:
         """The members that admit now, with the generation each serves."""
@@ -181,10 +177,7 @@ class Admission(FleetBase):
                                     f"{dst.name} refused it ({e}): it ended there, "
                                     "aborted") from None
             dst.outstanding += 1
-            label = dst.runner.targets[bound.generation].label \
-                if bound.generation in dst.runner.targets else str(bound.generation)
-            return Lease(lease.rollout_id, dst.name, dst.url, bound.generation,
-                         bound.identity, label, bound.seq)
+            return _lease(dst, lease.rollout_id, bound)
 
     @contextmanager
     def rollout(self, rollout_id: str, *, wait: float = 0.0,
@@ -195,3 +188,9 @@ class Admission(FleetBase):
         finally:
             self.release(lease)
 
+
+def _lease(m: Member, rollout_id: str, b: Binding) -> Lease:
+    """The lease of a rollout (or hold) ``b`` bound on member ``m``, with its label."""
+    target = m.runner.targets.get(b.generation)
+    label = target.label if target is not None else str(b.generation)
+    return Lease(rollout_id, m.name, m.url, b.generation, b.identity, label, b.seq)

@@ -45,6 +45,13 @@ from rolloutcore.fleet import Fleet, FleetError, Lease
 from rolloutcore.journal.gateway_records import HOLD_PREFIX
 
 
+def check_gateway_name(name: str) -> None:
+    """ValueError unless ``name`` can name a gateway: its rollout ids are ``<name>-...`` and
+    its stamp ``<name>;<epoch>``, so neither character may be in it."""
+    if not name or "-" in name or ";" in name or len(name) > 64:
+        raise ValueError(f"gateway name {name!r}: 1-64 characters, no '-' or ';'")
+
+
 class GatewayFencing(Protocol):
     def fence_gateway(self, gateway: str, epoch: int, deadline: float) -> str | None: ...
 
@@ -115,8 +122,7 @@ class GatewayRegistry:
     def register(self, name: str) -> dict[str, Any]:
         """A gateway starts (or restarts): a new epoch. Its previous epoch, if any, is
         fenced on every engine first, and that one's holds are released after."""
-        if not name or "-" in name or ";" in name or len(name) > 64:
-            raise ValueError("a gateway name: 1-64 characters, no '-' or ';'")
+        check_gateway_name(name)
         with self._cond:
             old = self._remotes.pop(name, None)
             if old is not None:
@@ -369,5 +375,12 @@ def _lease_json(lease: Lease) -> dict[str, Any]:
             "identity": lease.identity, "label": lease.label, "rollout": lease.rollout_id}
 
 
-__all__ = ["LEASE_LOST", "REGISTRY_PATH", "GatewayRegistry", "LeaseEnded",
-           "RegistryRefused", "registry_routes"]
+__all__ = [
+    "LEASE_LOST",
+    "REGISTRY_PATH",
+    "GatewayRegistry",
+    "LeaseEnded",
+    "RegistryRefused",
+    "check_gateway_name",
+    "registry_routes",
+]
